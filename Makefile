@@ -1,0 +1,55 @@
+# Everything Phalanx needs installs from this file and pyproject.toml.
+#   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
+#   make test   every test: unit and end-to-end against the real control plane (built once, cached)
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch lies on these machines as a local wheel; pip also searches PyPI.
+PIP_FIND_LINKS ?= /opt/wheels
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+PYTEST_ARGS ?=
+
+.PHONY: install deps control-plane test unit e2e lint demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+# Third-party dependencies change rarely: reinstall them only when pyproject.toml changes.
+$(VENV)/.deps-stamp: pyproject.toml | $(BIN)/python
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install --find-links $(PIP_FIND_LINKS) ".[dev]"
+	touch $@
+
+deps: $(VENV)/.deps-stamp
+
+# Phalanx itself is installed (not editable): the repository's operator/ folder must never be
+# importable as the standard library's `operator`, so the package lives only under phalanx.*.
+install: deps
+	$(PIP) install --no-deps --no-build-isolation --force-reinstall . >/dev/null
+	@rm -rf build
+
+control-plane: install
+	$(BIN)/phalanx dev install
+
+lint: install
+	$(BIN)/ruff check src operator worker devcluster tests bench examples
+	$(BIN)/ruff format --check src operator worker devcluster tests bench examples
+
+test: control-plane
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+e2e: control-plane
+	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+demo: control-plane
+	$(BIN)/phalanx demo
+
+bench: control-plane
+	$(BIN)/phalanx bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The Phalanx worker: elastic launcher, training library and checkpoints."""

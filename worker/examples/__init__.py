@@ -1,0 +1,1 @@
+"""Example training scripts that the demo and the tests run."""
