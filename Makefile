@@ -22,11 +22,13 @@ $(VENV)/.deps-stamp: pyproject.toml | $(BIN)/python
 
 deps: $(VENV)/.deps-stamp
 
-# Phalanx itself is installed (not editable): the repository's operator/ folder must never be
-# importable as the standard library's `operator`, so the package lives only under phalanx.*.
+# Phalanx itself runs from this checkout: `src/` goes on the path through a .pth file, and
+# src/phalanx/{operator,worker,devcluster} link to the top-level folders. `src/` holds nothing but
+# `phalanx`, so the operator/ folder can never shadow the standard library's `operator` module.
 install: deps
-	$(PIP) install --no-deps --no-build-isolation --force-reinstall . >/dev/null
-	@rm -rf build
+	@$(BIN)/python -c "import sysconfig, shutil, pathlib; site = pathlib.Path(sysconfig.get_paths()['purelib']); \
+	shutil.rmtree(site / 'phalanx', ignore_errors=True); \
+	(site / 'phalanx-source.pth').write_text(str(pathlib.Path('src').resolve()) + '\\n')"
 
 control-plane: install
 	$(BIN)/phalanx dev install

@@ -59,4 +59,6 @@ cd "$SRC_DIR"
 export GOPATH=$SRC_DIR/.go CGO_ENABLED=0 GOCACHE=$WORK/gocache GOFLAGS=-mod=vendor
 HOME=$WORK/home make WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager cmd/kubectl"
 for b in "${BINARIES[@]}"; do install -m 0755 "_output/bin/$b" "$DEST/bin/$b"; done
+# The sources and Go cache take about 2.5 GB; the binaries are all that is needed from now on.
+rm -rf "$SRC_DIR" "$WORK/gocache" "$WORK/home"
 step "done: $DEST/bin"

@@ -1,0 +1,129 @@
+"""Finds the control-plane binaries, or builds them once into the cache.
+
+Search order for each binary: `$KUBEBUILDER_ASSETS` (the envtest convention), then `PATH`, then Phalanx's
+cache (`~/.cache/phalanx/k8s-1.20.2/bin`). Building from Debian's source package is the last resort.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from phalanx.errors import UserFacingError
+
+KUBERNETES_VERSION = "1.20.2"
+CONTROL_PLANE = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+ALL_BINARIES = ("etcd", *CONTROL_PLANE, "kubectl")
+BUILD_DISK_BYTES = 4 * 1024**3
+"""Free disk the build needs: sources, Go cache and binaries (about 3 GB at the peak)."""
+
+
+def cache_dir() -> Path:
+    """Root of everything Phalanx caches outside the repository."""
+    override = os.environ.get("PHALANX_CACHE_DIR")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "phalanx"
+
+
+def cached_bin_dir() -> Path:
+    return cache_dir() / f"k8s-{KUBERNETES_VERSION}" / "bin"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    kube_scheduler: Path
+    kube_controller_manager: Path
+    kubectl: Path
+
+    def as_dict(self) -> dict[str, str]:
+        return {name: str(getattr(self, name.replace("-", "_"))) for name in ALL_BINARIES}
+
+
+def _search_dirs() -> list[Path]:
+    dirs: list[Path] = []
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets:
+        dirs.append(Path(assets))
+    dirs.extend(Path(entry) for entry in os.environ.get("PATH", "").split(os.pathsep) if entry)
+    dirs.append(cached_bin_dir())
+    return dirs
+
+
+def _find(name: str, dirs: list[Path]) -> Path | None:
+    for directory in dirs:
+        candidate = directory / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def find_binaries() -> tuple[Binaries | None, list[str]]:
+    """Returns the binaries found, or None with the names that are missing."""
+    dirs = _search_dirs()
+    found = {name: _find(name, dirs) for name in ALL_BINARIES}
+    # kubectl must match the apiserver's version (client skew): take the one beside kube-apiserver if any.
+    apiserver = found["kube-apiserver"]
+    if apiserver is not None and (apiserver.parent / "kubectl").is_file():
+        found["kubectl"] = apiserver.parent / "kubectl"
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        return None, missing
+    return Binaries(**{name.replace("-", "_"): path for name, path in found.items()}), []  # type: ignore[arg-type]
+
+
+def require_binaries() -> Binaries:
+    binaries, missing = find_binaries()
+    if binaries is None:
+        raise UserFacingError(
+            f"control-plane binaries not found: {', '.join(missing)} "
+            f"(looked in $KUBEBUILDER_ASSETS, PATH and {cached_bin_dir()}). "
+            "Run `phalanx dev install` to build them once (7-10 minutes)."
+        )
+    return binaries
+
+
+def install(force: bool = False) -> Binaries:
+    """Builds the binaries into the cache unless they are already found."""
+    if not force:
+        binaries, missing = find_binaries()
+        if binaries is not None:
+            print(f"[phalanx install] control plane found: {binaries.kube_apiserver.parent}", flush=True)
+            return binaries
+        print(f"[phalanx install] missing: {', '.join(missing)}; building them", flush=True)
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if free < BUILD_DISK_BYTES and not cached_bin_dir().joinpath("kube-apiserver").exists():
+        raise UserFacingError(
+            f"not enough free disk in {cache} to build the control plane: "
+            f"{free / 1024**3:.1f} GiB free, {BUILD_DISK_BYTES / 1024**3:.0f} GiB needed "
+            "(set PHALANX_CACHE_DIR to a larger disk)."
+        )
+    for tool in ("apt-get", "dpkg", "tar", "make"):
+        if shutil.which(tool) is None:
+            raise UserFacingError(
+                f"cannot build the control plane: `{tool}` is missing. Provide the binaries instead through "
+                "$KUBEBUILDER_ASSETS (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)."
+            )
+    script = resources.files("phalanx.devcluster").joinpath("build_control_plane.sh")
+    with resources.as_file(script) as script_path:
+        result = subprocess.run(["bash", str(script_path), str(cached_bin_dir().parent)], check=False)
+    if result.returncode != 0:
+        raise UserFacingError(
+            f"building the control plane failed (exit {result.returncode}); see the output above. "
+            "It needs Debian bookworm's package archive (apt) and about 4 GB of disk."
+        )
+    return require_binaries()
+
+
+if __name__ == "__main__":
+    print(install(force="--force" in sys.argv).as_dict())

@@ -1,0 +1,54 @@
+"""`phalanx dev ...`: a local Kubernetes cluster for trying and testing Phalanx."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from pathlib import Path
+
+from phalanx.devcluster import binaries, controlplane
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    dev = subparsers.add_parser("dev", help="a local cluster: real control plane, pods run as processes")
+    commands = dev.add_subparsers(dest="dev_command", metavar="COMMAND", required=True)
+
+    def with_state_dir(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument(
+            "--state-dir",
+            type=Path,
+            default=controlplane.default_state_dir(),
+            help="where the cluster keeps its data, logs and kubeconfig (default: %(default)s; env PHALANX_DEV_STATE_DIR)",
+        )
+        return parser
+
+    up = with_state_dir(commands.add_parser("up", help="start the cluster (idempotent)"))
+    up.add_argument("--nodes", type=int, default=4, help="nodes whose pods run as local processes")
+    up.add_argument("--simulated-nodes", type=int, default=0, help="nodes whose pods only pretend to run (scale tests)")
+    up.add_argument("--gpus-per-node", type=int, default=0, help="advertise nvidia.com/gpu capacity on each node")
+    up.set_defaults(
+        handler=lambda a: controlplane.up(a.state_dir, a.nodes, a.simulated_nodes, a.gpus_per_node) and 0
+    )
+
+    down = with_state_dir(commands.add_parser("down", help="stop everything the cluster started"))
+    down.add_argument("--purge", action="store_true", help="also delete the state dir (etcd data, volumes, logs)")
+    down.set_defaults(handler=lambda a: controlplane.down(a.state_dir, purge=a.purge) or 0)
+
+    status = with_state_dir(commands.add_parser("status", help="say what runs"))
+    status.set_defaults(handler=lambda a: controlplane.status(a.state_dir))
+
+    install = commands.add_parser("install", help="find or build the control-plane binaries (once, 7-10 minutes)")
+    install.add_argument("--force", action="store_true", help="build even if binaries are found")
+    install.set_defaults(handler=lambda a: binaries.install(force=a.force) and 0)
+
+    kubectl = with_state_dir(commands.add_parser("kubectl", help="run the cluster's kubectl against it"))
+    kubectl.add_argument("args", nargs=argparse.REMAINDER)
+    kubectl.set_defaults(handler=_kubectl)
+
+
+def _kubectl(args: argparse.Namespace) -> int:
+    layout = controlplane.Layout(args.state_dir.resolve())
+    env = {**os.environ, "KUBECONFIG": str(layout.kubeconfig)}
+    argv = [a for a in args.args if a != "--"]
+    return subprocess.call([str(layout.bin / "kubectl"), *argv], env=env)

@@ -1,0 +1,487 @@
+"""`phalanx dev up/down/status`: the real control plane plus the node agent, as local daemons.
+
+Everything lives in one state dir: keys, etcd data, logs, pid files, the kubeconfig and `cluster.json`
+(ports and sizes). `up` is idempotent: a running cluster is left alone; a stopped one restarts with its data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+import yaml
+
+from phalanx.devcluster import processes
+from phalanx.devcluster.binaries import Binaries, require_binaries
+from phalanx.devcluster.pki import Pki, ensure_pki
+from phalanx.errors import UserFacingError
+
+COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+STOP_GRACE_SECONDS = {"node-agent": 30.0}
+"""The agent stops every pod it runs before it exits: give it longer than the others."""
+FIRST_CLUSTER_OCTET, LAST_CLUSTER_OCTET = 100, 250
+"""Each cluster owns 127.<octet>.0.0/16 for pod IPs and its DNS server; two clusters never share one."""
+
+
+def default_state_dir() -> Path:
+    override = os.environ.get("PHALANX_DEV_STATE_DIR")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "phalanx" / "dev"
+
+
+@dataclass
+class ClusterConfig:
+    """What `up` chose; kept in cluster.json so that a restart reuses the same ports and addresses."""
+
+    nodes: int
+    simulated_nodes: int
+    gpus_per_node: int
+    cluster_octet: int
+    etcd_port: int
+    etcd_peer_port: int
+    api_port: int
+    scheduler_port: int
+    controller_manager_port: int
+    binaries: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids"
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    def pid_file(self, component: str) -> Path:
+        return self.pids / f"{component}.pid"
+
+    def log_file(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+    def load_config(self) -> ClusterConfig | None:
+        try:
+            return ClusterConfig(**json.loads(self.config_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+# ---- ports and addresses -------------------------------------------------------------------------
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(exclude: set[int]) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in exclude:
+            exclude.add(port)
+            return port
+
+
+def free_cluster_octet(taken_by_others: set[int]) -> int:
+    """The first octet whose DNS address (127.<octet>.0.1:53) nobody has bound."""
+    for octet in range(FIRST_CLUSTER_OCTET, LAST_CLUSTER_OCTET + 1):
+        if octet in taken_by_others:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.bind((f"127.{octet}.0.1", 53))
+            except OSError:
+                continue
+        return octet
+    raise UserFacingError("no free 127.X.0.0/16 range for pod addresses: stop other local clusters first")
+
+
+def choose_config(previous: ClusterConfig | None, nodes: int, simulated: int, gpus: int, binaries: Binaries) -> ClusterConfig:
+    used: set[int] = set()
+
+    def reuse(port: int | None) -> int:
+        if port and port not in used and port_is_free(port):
+            used.add(port)
+            return port
+        return free_port(used)
+
+    old = previous
+    octet = old.cluster_octet if old else free_cluster_octet(set())
+    return ClusterConfig(
+        nodes=nodes,
+        simulated_nodes=simulated,
+        gpus_per_node=gpus,
+        cluster_octet=octet,
+        etcd_port=reuse(old.etcd_port if old else None),
+        etcd_peer_port=reuse(old.etcd_peer_port if old else None),
+        api_port=reuse(old.api_port if old else None),
+        scheduler_port=reuse(old.scheduler_port if old else None),
+        controller_manager_port=reuse(old.controller_manager_port if old else None),
+        binaries=binaries.as_dict(),
+    )
+
+
+# ---- component command lines ---------------------------------------------------------------------
+
+
+def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> list[str]:
+    bins = config.binaries
+    kubeconfig = str(layout.kubeconfig)
+    if name == "etcd":
+        return [
+            bins["etcd"],
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls=http://127.0.0.1:{config.etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{config.etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{config.etcd_peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{config.etcd_peer_port}",
+            f"--initial-cluster=default=http://127.0.0.1:{config.etcd_peer_port}",
+            "--unsafe-no-fsync",  # a throwaway dev cluster: durability of its etcd is not worth the latency
+            "--quota-backend-bytes=4294967296",
+        ]
+    if name == "kube-apiserver":
+        return [
+            bins["kube-apiserver"],
+            f"--etcd-servers=http://127.0.0.1:{config.etcd_port}",
+            f"--secure-port={config.api_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--token-auth-file={pki.token_file}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            # Node agents advertise only an InternalIP: `kubectl logs` must not try to resolve node names.
+            "--kubelet-preferred-address-types=InternalIP",
+            "--max-requests-inflight=800",
+            "--max-mutating-requests-inflight=400",
+            "--event-ttl=2h",
+        ]
+    if name == "kube-controller-manager":
+        return [
+            bins["kube-controller-manager"],
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            f"--root-ca-file={pki.apiserver_cert}",
+            f"--cluster-signing-cert-file={pki.apiserver_cert}",
+            f"--cluster-signing-key-file={pki.apiserver_key}",
+            f"--secure-port={config.controller_manager_port}",
+            "--bind-address=127.0.0.1",
+            "--port=0",  # no insecure port: it is fixed (10252) and would collide between clusters
+            "--controllers=*",
+            "--use-service-account-credentials=true",
+            # Short node-lifecycle periods: a crashed node is NotReady in seconds, not 40 s.
+            "--node-monitor-period=2s",
+            "--node-monitor-grace-period=8s",
+            "--pod-eviction-timeout=30s",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "--concurrent-replicaset-syncs=10",
+            "--concurrent-gc-syncs=40",
+        ]
+    if name == "kube-scheduler":
+        return [
+            bins["kube-scheduler"],
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            f"--secure-port={config.scheduler_port}",
+            "--port=0",  # no insecure port: it is fixed (10251) and would collide between clusters
+            "--bind-address=127.0.0.1",
+            "--kube-api-qps=300",
+            "--kube-api-burst=600",
+        ]
+    if name == "node-agent":
+        argv = [
+            sys.executable, "-m", "phalanx.devcluster.agent",
+            f"--kubeconfig={kubeconfig}",
+            f"--state-dir={layout.root}",
+            f"--nodes={config.nodes}",
+            f"--simulated-nodes={config.simulated_nodes}",
+            f"--cluster-octet={config.cluster_octet}",
+            f"--api-port={config.api_port}",
+        ]  # fmt: skip
+        if config.gpus_per_node:
+            argv.append(f"--gpus-per-node={config.gpus_per_node}")
+        return argv
+    raise ValueError(name)
+
+
+def write_kubeconfig(layout: Layout, pki: Pki, api_port: int) -> None:
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "phalanx-dev",
+                "cluster": {
+                    "server": f"https://127.0.0.1:{api_port}",
+                    "certificate-authority": str(pki.apiserver_cert),
+                },
+            }
+        ],
+        "users": [{"name": "admin", "user": {"token": pki.admin_token()}}],
+        "contexts": [{"name": "phalanx-dev", "context": {"cluster": "phalanx-dev", "user": "admin"}}],
+        "current-context": "phalanx-dev",
+    }
+    layout.kubeconfig.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    layout.kubeconfig.chmod(0o600)
+
+
+# ---- readiness -----------------------------------------------------------------------------------
+
+
+def _http_ok(url: str, token: str | None = None, ca: Path | None = None) -> bool:
+    context = None
+    if url.startswith("https"):
+        context = ssl.create_default_context(cafile=str(ca)) if ca else ssl._create_unverified_context()
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def _kubectl_json(config: ClusterConfig, layout: Layout, *args: str) -> dict | None:
+    import subprocess
+
+    result = subprocess.run(
+        [config.binaries["kubectl"], f"--kubeconfig={layout.kubeconfig}", *args, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=20,
+    )
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def _nodes_ready(config: ClusterConfig, layout: Layout) -> bool:
+    nodes = _kubectl_json(config, layout, "get", "nodes")
+    if nodes is None:
+        return False
+    ready = 0
+    for node in nodes["items"]:
+        conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+        ready += conditions.get("Ready") == "True"
+    return ready >= config.nodes + config.simulated_nodes
+
+
+def _service_accounts_ready(config: ClusterConfig, layout: Layout) -> bool:
+    account = _kubectl_json(config, layout, "get", "serviceaccount", "default", "-n", "default")
+    return bool(account and account.get("secrets"))
+
+
+def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> Callable[[], bool]:
+    if name == "etcd":
+        return lambda: _http_ok(f"http://127.0.0.1:{config.etcd_port}/health")
+    if name == "kube-apiserver":
+        return lambda: _http_ok(f"https://127.0.0.1:{config.api_port}/readyz", pki.admin_token(), pki.apiserver_cert)
+    if name == "kube-controller-manager":
+        # Pods need their ServiceAccount, whose token the controller-manager makes.
+        return lambda: _http_ok(
+            f"https://127.0.0.1:{config.controller_manager_port}/healthz"
+        ) and _service_accounts_ready(config, layout)
+    if name == "kube-scheduler":
+        return lambda: _http_ok(f"https://127.0.0.1:{config.scheduler_port}/healthz")
+    if name == "node-agent":
+        return lambda: _nodes_ready(config, layout)
+    raise ValueError(name)
+
+
+READY_TIMEOUT_SECONDS = {"etcd": 30, "kube-apiserver": 90, "kube-controller-manager": 90, "kube-scheduler": 60, "node-agent": 90}
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _explain_failure(name: str, layout: Layout) -> str:
+    tail = _log_tail(layout.log_file(name))
+    hint = ""
+    if "address already in use" in tail:
+        hint = " A port it needs is taken by another program; `phalanx dev down` then `up` picks free ports."
+    elif "no space left" in tail.lower():
+        hint = " The disk is full."
+    return f"{name} did not become ready.{hint} Last lines of {layout.log_file(name)}:\n{tail}"
+
+
+def _wait_ready(name: str, record: processes.PidRecord, check: Callable[[], bool], layout: Layout) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS[name]
+    while time.monotonic() < deadline:
+        if not record.alive():
+            raise UserFacingError(_explain_failure(name, layout))
+        if check():
+            return
+        time.sleep(0.25)
+    raise UserFacingError(_explain_failure(name, layout))
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+
+def running_components(layout: Layout) -> dict[str, processes.PidRecord]:
+    running = {}
+    for name in COMPONENT_ORDER:
+        record = processes.read_pid_file(layout.pid_file(name))
+        if record is not None and record.alive():
+            running[name] = record
+    return running
+
+
+def usage_text(layout: Layout) -> str:
+    return (
+        f"export KUBECONFIG={layout.kubeconfig}\n"
+        f"export PATH={layout.bin}:$PATH   # kubectl {json.loads(layout.config_file.read_text())['binaries']['kubectl']}"
+    )
+
+
+def up(state_dir: Path, nodes: int = 4, simulated_nodes: int = 0, gpus_per_node: int = 0, quiet: bool = False) -> Layout:
+    layout = Layout(state_dir.resolve())
+    say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
+    previous = layout.load_config()
+    running = running_components(layout)
+    if previous and len(running) == len(COMPONENT_ORDER):
+        if (previous.nodes, previous.simulated_nodes) != (nodes, simulated_nodes):
+            say(
+                f"cluster already running in {layout.root} with {previous.nodes} nodes and "
+                f"{previous.simulated_nodes} simulated nodes; `phalanx dev down` first to change its size"
+            )
+        else:
+            say(f"cluster already running in {layout.root}")
+        say(usage_text(layout))
+        return layout
+    if running:
+        say(f"restarting a partly running cluster in {layout.root}")
+        down(state_dir, quiet=True)
+    if nodes < 0 or simulated_nodes < 0 or nodes + simulated_nodes == 0:
+        raise UserFacingError("a cluster needs at least one node (--nodes) or simulated node (--simulated-nodes)")
+
+    binaries = require_binaries()
+    for directory in (layout.root, layout.logs, layout.pids, layout.bin, layout.etcd_data):
+        directory.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(layout.root).free < 512 * 1024**2:
+        raise UserFacingError(f"less than 512 MiB free under {layout.root}: free some disk first")
+    pki = ensure_pki(layout.pki)
+    config = choose_config(previous, nodes, simulated_nodes, gpus_per_node, binaries)
+    layout.config_file.write_text(json.dumps(asdict(config), indent=2))
+    write_kubeconfig(layout, pki, config.api_port)
+    kubectl_link = layout.bin / "kubectl"
+    kubectl_link.unlink(missing_ok=True)
+    kubectl_link.symlink_to(binaries.kubectl)
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(layout.kubeconfig)}
+    started = time.monotonic()
+    try:
+        for name in COMPONENT_ORDER:
+            record = processes.start_daemon(
+                component_argv(name, config, layout, pki),
+                pid_file=layout.pid_file(name),
+                log_file=layout.log_file(name),
+                env=env,
+            )
+            _wait_ready(name, record, readiness_check(name, config, layout, pki), layout)
+            say(f"  {name:<24} ready (pid {record.pid})")
+    except BaseException:
+        down(state_dir, quiet=True)
+        raise
+    say(
+        f"cluster up in {time.monotonic() - started:.1f} s: {nodes} nodes, {simulated_nodes} simulated nodes, "
+        f"apiserver https://127.0.0.1:{config.api_port}\n{usage_text(layout)}"
+    )
+    return layout
+
+
+def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
+    layout = Layout(state_dir.resolve())
+    say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
+    records = {name: processes.read_pid_file(layout.pid_file(name)) for name in COMPONENT_ORDER}
+    # Collect every descendant first: once a parent is gone its children are re-parented and lost from view.
+    leftovers: list[psutil.Process] = []
+    for record in records.values():
+        if record is not None:
+            leftovers.extend(processes.descendants(record))
+    for name in reversed(COMPONENT_ORDER):
+        record = records[name]
+        process = record.process() if record else None
+        if process is not None:
+            processes.stop_processes([process], STOP_GRACE_SECONDS.get(name, 10.0))
+            say(f"  stopped {name} (pid {record.pid})")
+        layout.pid_file(name).unlink(missing_ok=True)
+    processes.stop_processes([p for p in leftovers if p.is_running()], 5.0)
+    if purge and layout.root.exists():
+        shutil.rmtree(layout.root, ignore_errors=True)
+        say(f"removed {layout.root}")
+    say("cluster down")
+
+
+def status(state_dir: Path) -> int:
+    layout = Layout(state_dir.resolve())
+    config = layout.load_config()
+    if config is None:
+        print(f"no cluster in {layout.root}")
+        return 1
+    running = running_components(layout)
+    for name in COMPONENT_ORDER:
+        record = running.get(name)
+        print(f"  {name:<24} {'running (pid %d)' % record.pid if record else 'stopped'}")
+    print(f"nodes: {config.nodes} + {config.simulated_nodes} simulated; pod addresses 127.{config.cluster_octet}.0.0/16")
+    if len(running) == len(COMPONENT_ORDER):
+        print(usage_text(layout))
+        return 0
+    return 1

@@ -1,0 +1,139 @@
+"""One real local cluster per test session, a fresh namespace per test, component logs on failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from phalanx.devcluster import controlplane
+
+REAL_NODES = 4
+SIMULATED_NODES = 5
+"""Simulated nodes hold 250 pods each: enough for the 1,000-pod gang tests."""
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    kubeconfig: Path
+    api: client.ApiClient
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def kubectl_path(self) -> Path:
+        return self.state_dir / "bin" / "kubectl"
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+        return result
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = None) -> None:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump_all(
+            manifest if isinstance(manifest, list) else [manifest]
+        )
+        self.kubectl("apply", *(["-n", namespace] if namespace else []), "-f", "-", input=text)
+
+    def get_json(self, *args: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.5, message: str = "") -> Any:
+    """Polls until `predicate` returns something truthy; fails the test with `message` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as error:  # the object may not exist yet
+            last_error = error
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {message or predicate}" + (
+        f" (last error: {last_error})" if last_error else ""
+    ))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reuse = os.environ.get("PHALANX_TEST_STATE_DIR")
+    state_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("cluster")
+    layout = controlplane.up(state_dir, nodes=REAL_NODES, simulated_nodes=SIMULATED_NODES, quiet=True)
+    api = config.new_client_from_config(config_file=str(layout.kubeconfig))
+    try:
+        yield Cluster(state_dir=layout.root, kubeconfig=layout.kubeconfig, api=api)
+    finally:
+        api.close()
+        if not reuse:
+            controlplane.down(state_dir, quiet=True)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: cluster.core.read_namespaced_service_account("default", name).secrets,
+        timeout=60,
+        message=f"the default ServiceAccount of namespace {name}",
+    )
+    request.node.phalanx_namespace = name
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or "cluster" not in getattr(item, "fixturenames", ()):
+        return
+    cluster: Cluster | None = getattr(item, "funcargs", {}).get("cluster")
+    if cluster is None:
+        return
+    for log in sorted(cluster.logs_dir().glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-40:]
+        report.sections.append((f"log {log.name} (last 40 lines)", "\n".join(lines)))
+    namespace = getattr(item, "phalanx_namespace", None)
+    scope = ["-n", namespace] if namespace else ["-A"]
+    for what in (["get", "pods", "-o", "wide", *scope], ["get", "events", "--sort-by=.lastTimestamp", *scope]):
+        result = cluster.kubectl(*what, check=False, timeout=30)
+        report.sections.append((f"kubectl {' '.join(what)}", result.stdout + result.stderr))

@@ -1,0 +1,120 @@
+"""Pure parts of the local cluster: binary lookup, port choice, command lines, error messages."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.devcluster import binaries, controlplane
+from phalanx.devcluster.pki import ensure_pki
+from phalanx.errors import UserFacingError
+
+
+def make_fake_binaries(directory: Path, names: tuple[str, ...] = binaries.ALL_BINARIES) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = directory / name
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+
+
+@pytest.fixture
+def isolated_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_missing_binaries_give_a_clear_message(isolated_search: Path) -> None:
+    with pytest.raises(UserFacingError, match="kube-apiserver.*phalanx dev install"):
+        binaries.require_binaries()
+
+
+def test_kubebuilder_assets_come_before_path_and_cache(isolated_search: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_fake_binaries(isolated_search / "assets")
+    make_fake_binaries(binaries.cached_bin_dir())
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(isolated_search / "assets"))
+    found = binaries.require_binaries()
+    assert found.kube_apiserver.parent == isolated_search / "assets"
+
+
+def test_cache_is_the_last_resort_and_kubectl_follows_the_apiserver(
+    isolated_search: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_fake_binaries(isolated_search / "path", ("etcd", "kubectl"))  # a kubectl of another version on PATH
+    make_fake_binaries(binaries.cached_bin_dir())
+    monkeypatch.setenv("PATH", str(isolated_search / "path"))
+    found = binaries.require_binaries()
+    assert found.etcd.parent == isolated_search / "path"
+    assert found.kube_apiserver.parent == binaries.cached_bin_dir()
+    assert found.kubectl.parent == binaries.cached_bin_dir()
+
+
+def test_install_refuses_without_disk(isolated_search: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(binaries, "BUILD_DISK_BYTES", 1 << 60)
+    with pytest.raises(UserFacingError, match="not enough free disk"):
+        binaries.install()
+
+
+def fake_binaries_dict() -> dict[str, str]:
+    return {name: f"/bin/{name}" for name in binaries.ALL_BINARIES}
+
+
+def test_ports_are_reused_when_free_and_replaced_when_taken(tmp_path: Path) -> None:
+    fake = binaries.Binaries(**{k.replace("-", "_"): Path(v) for k, v in fake_binaries_dict().items()})
+    first = controlplane.choose_config(None, 2, 0, 0, fake)
+    ports = [first.etcd_port, first.etcd_peer_port, first.api_port, first.scheduler_port, first.controller_manager_port]
+    assert len(set(ports)) == 5
+    again = controlplane.choose_config(first, 2, 0, 0, fake)
+    assert again.api_port == first.api_port and again.cluster_octet == first.cluster_octet
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", first.api_port))
+        blocker.listen()
+        moved = controlplane.choose_config(first, 2, 0, 0, fake)
+    assert moved.api_port != first.api_port
+
+
+def test_component_command_lines(tmp_path: Path) -> None:
+    layout = controlplane.Layout(tmp_path)
+    pki = ensure_pki(layout.pki)
+    config = controlplane.ClusterConfig(
+        nodes=2, simulated_nodes=3, gpus_per_node=1, cluster_octet=123, etcd_port=1, etcd_peer_port=2, api_port=3,
+        scheduler_port=4, controller_manager_port=5, binaries=fake_binaries_dict(),
+    )  # fmt: skip
+    apiserver = controlplane.component_argv("kube-apiserver", config, layout, pki)
+    assert "--secure-port=3" in apiserver and "--etcd-servers=http://127.0.0.1:1" in apiserver
+    assert "--kubelet-preferred-address-types=InternalIP" in apiserver
+    manager = controlplane.component_argv("kube-controller-manager", config, layout, pki)
+    assert "--node-monitor-grace-period=8s" in manager and "--port=0" in manager
+    agent = controlplane.component_argv("node-agent", config, layout, pki)
+    assert agent[:3] == [sys.executable, "-m", "phalanx.devcluster.agent"]
+    assert {"--nodes=2", "--simulated-nodes=3", "--cluster-octet=123", "--api-port=3", "--gpus-per-node=1"} <= set(agent)
+    assert pki.admin_token() and (layout.pki / "tokens.csv").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_taken_port_is_explained(tmp_path: Path) -> None:
+    layout = controlplane.Layout(tmp_path)
+    layout.logs.mkdir()
+    layout.log_file("etcd").write_text("listen tcp 127.0.0.1:2379: bind: address already in use\n")
+    assert "port it needs is taken" in controlplane._explain_failure("etcd", layout)
+
+
+def test_status_without_cluster_says_so(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", "dev", "status", "--state-dir", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "no cluster in" in result.stdout
+
+
+def test_zero_nodes_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserFacingError, match="at least one node"):
+        controlplane.up(tmp_path, nodes=0, simulated_nodes=0, quiet=True)
