@@ -25,20 +25,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     up = with_state_dir(commands.add_parser("up", help="start the cluster (idempotent)"))
     up.add_argument("--nodes", type=int, default=4, help="nodes whose pods run as local processes")
-    up.add_argument("--simulated-nodes", type=int, default=0, help="nodes whose pods only pretend to run (scale tests)")
-    up.add_argument("--gpus-per-node", type=int, default=0, help="advertise nvidia.com/gpu capacity on each node")
+    up.add_argument(
+        "--simulated-nodes", type=int, default=0, help="nodes whose pods only pretend to run (scale tests)"
+    )
+    up.add_argument(
+        "--gpus-per-node", type=int, default=0, help="advertise nvidia.com/gpu capacity on each node"
+    )
     up.set_defaults(
         handler=lambda a: controlplane.up(a.state_dir, a.nodes, a.simulated_nodes, a.gpus_per_node) and 0
     )
 
     down = with_state_dir(commands.add_parser("down", help="stop everything the cluster started"))
-    down.add_argument("--purge", action="store_true", help="also delete the state dir (etcd data, volumes, logs)")
+    down.add_argument(
+        "--purge", action="store_true", help="also delete the state dir (etcd data, volumes, logs)"
+    )
     down.set_defaults(handler=lambda a: controlplane.down(a.state_dir, purge=a.purge) or 0)
 
     status = with_state_dir(commands.add_parser("status", help="say what runs"))
     status.set_defaults(handler=lambda a: controlplane.status(a.state_dir))
 
-    install = commands.add_parser("install", help="find or build the control-plane binaries (once, 7-10 minutes)")
+    install = commands.add_parser(
+        "install", help="find or build the control-plane binaries (once, 7-10 minutes)"
+    )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
     install.set_defaults(handler=lambda a: binaries.install(force=a.force) and 0)
 

@@ -140,7 +140,9 @@ def free_cluster_octet(taken_by_others: set[int]) -> int:
     raise UserFacingError("no free 127.X.0.0/16 range for pod addresses: stop other local clusters first")
 
 
-def choose_config(previous: ClusterConfig | None, nodes: int, simulated: int, gpus: int, binaries: Binaries) -> ClusterConfig:
+def choose_config(
+    previous: ClusterConfig | None, nodes: int, simulated: int, gpus: int, binaries: Binaries
+) -> ClusterConfig:
     used: set[int] = set()
 
     def reuse(port: int | None) -> int:
@@ -328,12 +330,15 @@ def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) 
     if name == "etcd":
         return lambda: _http_ok(f"http://127.0.0.1:{config.etcd_port}/health")
     if name == "kube-apiserver":
-        return lambda: _http_ok(f"https://127.0.0.1:{config.api_port}/readyz", pki.admin_token(), pki.apiserver_cert)
+        return lambda: _http_ok(
+            f"https://127.0.0.1:{config.api_port}/readyz", pki.admin_token(), pki.apiserver_cert
+        )
     if name == "kube-controller-manager":
         # Pods need their ServiceAccount, whose token the controller-manager makes.
-        return lambda: _http_ok(
-            f"https://127.0.0.1:{config.controller_manager_port}/healthz"
-        ) and _service_accounts_ready(config, layout)
+        return lambda: (
+            _http_ok(f"https://127.0.0.1:{config.controller_manager_port}/healthz")
+            and _service_accounts_ready(config, layout)
+        )
     if name == "kube-scheduler":
         return lambda: _http_ok(f"https://127.0.0.1:{config.scheduler_port}/healthz")
     if name == "node-agent":
@@ -341,7 +346,13 @@ def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) 
     raise ValueError(name)
 
 
-READY_TIMEOUT_SECONDS = {"etcd": 30, "kube-apiserver": 90, "kube-controller-manager": 90, "kube-scheduler": 60, "node-agent": 90}
+READY_TIMEOUT_SECONDS = {
+    "etcd": 30,
+    "kube-apiserver": 90,
+    "kube-controller-manager": 90,
+    "kube-scheduler": 60,
+    "node-agent": 90,
+}
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -391,7 +402,9 @@ def usage_text(layout: Layout) -> str:
     )
 
 
-def up(state_dir: Path, nodes: int = 4, simulated_nodes: int = 0, gpus_per_node: int = 0, quiet: bool = False) -> Layout:
+def up(
+    state_dir: Path, nodes: int = 4, simulated_nodes: int = 0, gpus_per_node: int = 0, quiet: bool = False
+) -> Layout:
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
     previous = layout.load_config()
@@ -410,7 +423,9 @@ def up(state_dir: Path, nodes: int = 4, simulated_nodes: int = 0, gpus_per_node:
         say(f"restarting a partly running cluster in {layout.root}")
         down(state_dir, quiet=True)
     if nodes < 0 or simulated_nodes < 0 or nodes + simulated_nodes == 0:
-        raise UserFacingError("a cluster needs at least one node (--nodes) or simulated node (--simulated-nodes)")
+        raise UserFacingError(
+            "a cluster needs at least one node (--nodes) or simulated node (--simulated-nodes)"
+        )
 
     binaries = require_binaries()
     for directory in (layout.root, layout.logs, layout.pids, layout.bin, layout.etcd_data):
@@ -479,8 +494,11 @@ def status(state_dir: Path) -> int:
     running = running_components(layout)
     for name in COMPONENT_ORDER:
         record = running.get(name)
-        print(f"  {name:<24} {'running (pid %d)' % record.pid if record else 'stopped'}")
-    print(f"nodes: {config.nodes} + {config.simulated_nodes} simulated; pod addresses 127.{config.cluster_octet}.0.0/16")
+        state = f"running (pid {record.pid})" if record else "stopped"
+        print(f"  {name:<24} {state}")
+    print(
+        f"nodes: {config.nodes} + {config.simulated_nodes} simulated; pod addresses 127.{config.cluster_octet}.0.0/16"
+    )
     if len(running) == len(COMPONENT_ORDER):
         print(usage_text(layout))
         return 0

@@ -49,7 +49,9 @@ def _openssl(*args: str) -> None:
 def ensure_pki(directory: Path) -> Pki:
     """Creates whatever is missing; existing keys are kept so restarts keep tokens valid."""
     if shutil.which("openssl") is None:
-        raise UserFacingError("`openssl` is needed to make the cluster's certificates; install it (apt-get install openssl).")
+        raise UserFacingError(
+            "`openssl` is needed to make the cluster's certificates; install it (apt-get install openssl)."
+        )
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
     if not pki.service_account_key.exists():

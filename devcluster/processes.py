@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,7 +25,10 @@ class PidRecord:
     def process(self) -> psutil.Process | None:
         try:
             process = psutil.Process(self.pid)
-            if abs(process.create_time() - self.create_time) > 0.5 or process.status() == psutil.STATUS_ZOMBIE:
+            if (
+                abs(process.create_time() - self.create_time) > 0.5
+                or process.status() == psutil.STATUS_ZOMBIE
+            ):
                 return None
             return process
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -60,7 +64,9 @@ def start_daemon(
             env=dict(env) if env is not None else None,
         )
     record = PidRecord(pid=process.pid, create_time=psutil.Process(process.pid).create_time())
-    pid_file.write_text(json.dumps({"pid": record.pid, "create_time": record.create_time, "argv": list(argv)}))
+    pid_file.write_text(
+        json.dumps({"pid": record.pid, "create_time": record.create_time, "argv": list(argv)})
+    )
     return record
 
 
@@ -75,14 +81,10 @@ def descendants(record: PidRecord) -> list[psutil.Process]:
 
 
 def _signal_group(process: psutil.Process, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(os.getpgid(process.pid), sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         process.send_signal(sig)
-    except psutil.NoSuchProcess:
-        pass
 
 
 def stop_processes(processes: Sequence[psutil.Process], grace_seconds: float) -> None:

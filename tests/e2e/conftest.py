@@ -58,12 +58,18 @@ class Cluster:
             check=False,
         )
         if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}"
+            )
         return result
 
-    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = None) -> None:
-        text = manifest if isinstance(manifest, str) else yaml.safe_dump_all(
-            manifest if isinstance(manifest, list) else [manifest]
+    def apply(
+        self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = None
+    ) -> None:
+        text = (
+            manifest
+            if isinstance(manifest, str)
+            else yaml.safe_dump_all(manifest if isinstance(manifest, list) else [manifest])
         )
         self.kubectl("apply", *(["-n", namespace] if namespace else []), "-f", "-", input=text)
 
@@ -86,9 +92,10 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.5
         except Exception as error:  # the object may not exist yet
             last_error = error
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {message or predicate}" + (
-        f" (last error: {last_error})" if last_error else ""
-    ))
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {message or predicate}"
+        + (f" (last error: {last_error})" if last_error else "")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -134,6 +141,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append((f"log {log.name} (last 40 lines)", "\n".join(lines)))
     namespace = getattr(item, "phalanx_namespace", None)
     scope = ["-n", namespace] if namespace else ["-A"]
-    for what in (["get", "pods", "-o", "wide", *scope], ["get", "events", "--sort-by=.lastTimestamp", *scope]):
+    for what in (
+        ["get", "pods", "-o", "wide", *scope],
+        ["get", "events", "--sort-by=.lastTimestamp", *scope],
+    ):
         result = cluster.kubectl(*what, check=False, timeout=30)
         report.sections.append((f"kubectl {' '.join(what)}", result.stdout + result.stderr))

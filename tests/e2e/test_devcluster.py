@@ -20,7 +20,12 @@ pytestmark = pytest.mark.e2e
 
 
 def python_container(name: str, script: str, **extra: object) -> dict:
-    return {"name": name, "image": "python:3.11", "command": ["python", "-c", textwrap.dedent(script)], **extra}
+    return {
+        "name": name,
+        "image": "python:3.11",
+        "command": ["python", "-c", textwrap.dedent(script)],
+        **extra,
+    }
 
 
 def pod_phase(cluster: Cluster, namespace: str, name: str) -> str:
@@ -101,7 +106,9 @@ def test_http_between_pods_by_ip_and_dns(cluster: Cluster, namespace: str) -> No
         },
         namespace,
     )
-    wait_for(lambda: pod_phase(cluster, namespace, "client") in ("Succeeded", "Failed"), 90, message="client pod")
+    wait_for(
+        lambda: pod_phase(cluster, namespace, "client") in ("Succeeded", "Failed"), 90, message="client pod"
+    )
     logs = cluster.kubectl("logs", "client", "-n", namespace).stdout
     assert pod_phase(cluster, namespace, "client") == "Succeeded", logs
     assert logs.count("ok http://") == 3
@@ -117,7 +124,9 @@ def job(name: str, exit_code: int) -> dict:
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [python_container("main", f"import sys; print('exiting'); sys.exit({exit_code})")],
+                    "containers": [
+                        python_container("main", f"import sys; print('exiting'); sys.exit({exit_code})")
+                    ],
                 }
             },
         },
@@ -126,8 +135,12 @@ def job(name: str, exit_code: int) -> dict:
 
 def test_job_pods_succeed_and_fail_with_exit_code(cluster: Cluster, namespace: str) -> None:
     cluster.apply([job("good", 0), job("bad", 3)], namespace)
-    cluster.kubectl("wait", "--for=condition=complete", "job/good", "-n", namespace, "--timeout=90s", timeout=100)
-    cluster.kubectl("wait", "--for=condition=failed", "job/bad", "-n", namespace, "--timeout=90s", timeout=100)
+    cluster.kubectl(
+        "wait", "--for=condition=complete", "job/good", "-n", namespace, "--timeout=90s", timeout=100
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=failed", "job/bad", "-n", namespace, "--timeout=90s", timeout=100
+    )
     (good,) = pods_of(cluster, namespace, "job-name=good")
     (bad,) = pods_of(cluster, namespace, "job-name=bad")
     assert good.status.phase == "Succeeded"
@@ -138,9 +151,11 @@ def test_job_pods_succeed_and_fail_with_exit_code(cluster: Cluster, namespace: s
     assert bad.status.container_statuses[0].state.terminated.reason == "Error"
 
 
-def test_delete_pod_sends_sigterm_within_grace_period(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+def test_delete_pod_sends_sigterm_within_grace_period(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "terminated"
-    script = f"""
+    script = """
         import signal, sys, time, pathlib
         def on_term(signum, frame):
             pathlib.Path("/out/terminated").write_text("SIGTERM")
@@ -157,14 +172,22 @@ def test_delete_pod_sends_sigterm_within_grace_period(cluster: Cluster, namespac
             "metadata": {"name": "sleeper"},
             "spec": {
                 "terminationGracePeriodSeconds": 20,
-                "containers": [python_container("main", script, volumeMounts=[{"name": "out", "mountPath": "/out"}])],
+                "containers": [
+                    python_container("main", script, volumeMounts=[{"name": "out", "mountPath": "/out"}])
+                ],
                 "volumes": [{"name": "out", "hostPath": {"path": str(tmp_path)}}],
             },
         },
         namespace,
     )
-    cluster.kubectl("wait", "--for=condition=Ready", "pod/sleeper", "-n", namespace, "--timeout=60s", timeout=70)
-    wait_for(lambda: "waiting" in cluster.kubectl("logs", "sleeper", "-n", namespace).stdout, 30, message="log line")
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/sleeper", "-n", namespace, "--timeout=60s", timeout=70
+    )
+    wait_for(
+        lambda: "waiting" in cluster.kubectl("logs", "sleeper", "-n", namespace).stdout,
+        30,
+        message="log line",
+    )
     started = time.monotonic()
     cluster.kubectl("delete", "pod", "sleeper", "-n", namespace, "--wait=true", "--timeout=60s", timeout=70)
     assert time.monotonic() - started < 20, "the pod outlived its grace period"
@@ -182,7 +205,9 @@ def test_deleting_a_deployment_collects_its_replicaset_and_pods(cluster: Cluster
                 "selector": {"matchLabels": {"app": "idle"}},
                 "template": {
                     "metadata": {"labels": {"app": "idle"}},
-                    "spec": {"containers": [python_container("main", "import time\nwhile True: time.sleep(1)")]},
+                    "spec": {
+                        "containers": [python_container("main", "import time\nwhile True: time.sleep(1)")]
+                    },
                 },
             },
         },
@@ -192,8 +217,10 @@ def test_deleting_a_deployment_collects_its_replicaset_and_pods(cluster: Cluster
     assert len(cluster.get_json("replicasets", "-n", namespace)["items"]) == 1
     cluster.kubectl("delete", "deployment", "idle", "-n", namespace)
     wait_for(
-        lambda: not cluster.get_json("replicasets", "-n", namespace)["items"]
-        and not cluster.get_json("pods", "-n", namespace)["items"],
+        lambda: (
+            not cluster.get_json("replicasets", "-n", namespace)["items"]
+            and not cluster.get_json("pods", "-n", namespace)["items"]
+        ),
         60,
         message="garbage collection of the ReplicaSet and its pods",
     )
@@ -220,16 +247,22 @@ def test_crashed_node_goes_not_ready_and_its_processes_die(cluster: Cluster, nam
             "metadata": {"name": "victim"},
             "spec": {
                 "nodeName": node,
-                "containers": [python_container("main", f"import time\nwhile True: time.sleep(1)  # {marker}")],
+                "containers": [
+                    python_container("main", f"import time\nwhile True: time.sleep(1)  # {marker}")
+                ],
             },
         },
         namespace,
     )
-    cluster.kubectl("wait", "--for=condition=Ready", "pod/victim", "-n", namespace, "--timeout=60s", timeout=70)
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/victim", "-n", namespace, "--timeout=60s", timeout=70
+    )
     assert _processes_with_marker(marker), "the pod's process should be running"
     cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true", "--overwrite")
     try:
-        wait_for(lambda: not _processes_with_marker(marker), 20, message="the crashed node's processes to die")
+        wait_for(
+            lambda: not _processes_with_marker(marker), 20, message="the crashed node's processes to die"
+        )
 
         def node_not_ready() -> bool:
             node_obj = cluster.core.read_node(node)
@@ -240,7 +273,10 @@ def test_crashed_node_goes_not_ready_and_its_processes_die(cluster: Cluster, nam
     finally:
         cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", "--overwrite")
     wait_for(
-        lambda: next(c for c in cluster.core.read_node(node).status.conditions if c.type == "Ready").status == "True",
+        lambda: (
+            next(c for c in cluster.core.read_node(node).status.conditions if c.type == "Ready").status
+            == "True"
+        ),
         60,
         message=f"{node} to come back Ready",
     )
@@ -260,18 +296,40 @@ def test_kubectl_logs_returns_container_output(cluster: Cluster, namespace: str)
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "talker"},
-            "spec": {"containers": [python_container("main", script), python_container("side", "print('side car')\nimport time\ntime.sleep(3600)")]},
+            "spec": {
+                "containers": [
+                    python_container("main", script),
+                    python_container("side", "print('side car')\nimport time\ntime.sleep(3600)"),
+                ]
+            },
         },
         namespace,
     )
-    cluster.kubectl("wait", "--for=condition=Ready", "pod/talker", "-n", namespace, "--timeout=60s", timeout=70)
-    wait_for(lambda: "to stderr" in cluster.kubectl("logs", "talker", "-c", "main", "-n", namespace).stdout, 30)
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/talker", "-n", namespace, "--timeout=60s", timeout=70
+    )
+    wait_for(
+        lambda: "to stderr" in cluster.kubectl("logs", "talker", "-c", "main", "-n", namespace).stdout, 30
+    )
     logs = cluster.kubectl("logs", "talker", "-c", "main", "-n", namespace).stdout
     assert logs.splitlines()[:3] == ["line 0", "line 1", "line 2"]
     assert cluster.kubectl("logs", "talker", "-c", "side", "-n", namespace).stdout.strip() == "side car"
-    assert cluster.kubectl("logs", "talker", "-c", "main", "--tail=1", "-n", namespace).stdout.strip() == "to stderr"
+    assert (
+        cluster.kubectl("logs", "talker", "-c", "main", "--tail=1", "-n", namespace).stdout.strip()
+        == "to stderr"
+    )
     follower = subprocess.Popen(
-        [str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", "logs", "-f", "talker", "-c", "main", "-n", namespace],
+        [
+            str(cluster.kubectl_path),
+            f"--kubeconfig={cluster.kubeconfig}",
+            "logs",
+            "-f",
+            "talker",
+            "-c",
+            "main",
+            "-n",
+            namespace,
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -302,16 +360,22 @@ def test_pvc_data_outlives_its_pod(cluster: Cluster, namespace: str) -> None:
             "metadata": {"name": name},
             "spec": {
                 "restartPolicy": "Never",
-                "containers": [python_container("main", script, volumeMounts=[{"name": "data", "mountPath": "/data"}])],
+                "containers": [
+                    python_container("main", script, volumeMounts=[{"name": "data", "mountPath": "/data"}])
+                ],
                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
             },
         }
 
     cluster.apply(pod("writer", "open('/data/checkpoint.txt', 'w').write('step-42')"), namespace)
-    wait_for(lambda: pod_phase(cluster, namespace, "writer") == "Succeeded", 90, message="writer pod to succeed")
+    wait_for(
+        lambda: pod_phase(cluster, namespace, "writer") == "Succeeded", 90, message="writer pod to succeed"
+    )
     cluster.kubectl("delete", "pod", "writer", "-n", namespace)
     cluster.apply(pod("reader", "print(open('/data/checkpoint.txt').read())"), namespace)
-    wait_for(lambda: pod_phase(cluster, namespace, "reader") == "Succeeded", 90, message="reader pod to succeed")
+    wait_for(
+        lambda: pod_phase(cluster, namespace, "reader") == "Succeeded", 90, message="reader pod to succeed"
+    )
     assert cluster.kubectl("logs", "reader", "-n", namespace).stdout.strip() == "step-42"
     assert cluster.get_json("pvc", "data", "-n", namespace)["status"]["phase"] == "Bound"
 
@@ -334,7 +398,9 @@ def test_fault_injection_kill_and_freeze(cluster: Cluster, namespace: str) -> No
         },
         namespace,
     )
-    cluster.kubectl("wait", "--for=condition=Ready", "pod/counter", "-n", namespace, "--timeout=60s", timeout=70)
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/counter", "-n", namespace, "--timeout=60s", timeout=70
+    )
 
     def line_count() -> int:
         return len(cluster.kubectl("logs", "counter", "-n", namespace).stdout.splitlines())
@@ -374,9 +440,17 @@ def test_thousand_pods_on_simulated_nodes(cluster: Cluster, namespace: str, reco
                     "metadata": {"labels": {"app": "fleet"}},
                     "spec": {
                         "nodeSelector": {"phalanx.dev/simulated": "true"},
-                        "tolerations": [{"key": "phalanx.dev/simulated", "operator": "Exists", "effect": "NoSchedule"}],
-                        "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "infinity"],
-                                        "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}],
+                        "tolerations": [
+                            {"key": "phalanx.dev/simulated", "operator": "Exists", "effect": "NoSchedule"}
+                        ],
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "busybox",
+                                "command": ["sleep", "infinity"],
+                                "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
+                            }
+                        ],
                     },
                 },
             },
@@ -403,10 +477,20 @@ def test_down_leaves_no_process_or_port(tmp_path: Path) -> None:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "lingerer", "namespace": "default"},
-        "spec": {"containers": [python_container("main", "import time\nwhile True: time.sleep(1)  # lingerer-marker")]},
+        "spec": {
+            "containers": [
+                python_container("main", "import time\nwhile True: time.sleep(1)  # lingerer-marker")
+            ]
+        },
     }
-    subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(manifest), text=True, check=True, capture_output=True)
-    subprocess.run([*kubectl, "wait", "--for=condition=Ready", "pod/lingerer", "--timeout=60s"], check=True, capture_output=True)
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"], input=json.dumps(manifest), text=True, check=True, capture_output=True
+    )
+    subprocess.run(
+        [*kubectl, "wait", "--for=condition=Ready", "pod/lingerer", "--timeout=60s"],
+        check=True,
+        capture_output=True,
+    )
     config = layout.load_config()
     assert config is not None
     pids = [json.loads(p.read_text())["pid"] for p in layout.pids.glob("*.pid")]
@@ -417,10 +501,18 @@ def test_down_leaves_no_process_or_port(tmp_path: Path) -> None:
     assert sorted(json.loads(p.read_text())["pid"] for p in layout.pids.glob("*.pid")) == sorted(pids)
 
     controlplane.down(tmp_path / "small", quiet=True)
-    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
     assert not _processes_with_marker("lingerer-marker")
     assert not _processes_with_marker(str(layout.root))
-    ports = {config.etcd_port, config.etcd_peer_port, config.api_port, config.scheduler_port, config.controller_manager_port}
+    ports = {
+        config.etcd_port,
+        config.etcd_peer_port,
+        config.api_port,
+        config.scheduler_port,
+        config.controller_manager_port,
+    }
     listening = {c.laddr.port for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}
     assert not ports & listening
     dns_address = f"127.{config.cluster_octet}.0.1"

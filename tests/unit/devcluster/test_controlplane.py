@@ -31,11 +31,13 @@ def isolated_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_missing_binaries_give_a_clear_message(isolated_search: Path) -> None:
-    with pytest.raises(UserFacingError, match="kube-apiserver.*phalanx dev install"):
+    with pytest.raises(UserFacingError, match=r"kube-apiserver.*phalanx dev install"):
         binaries.require_binaries()
 
 
-def test_kubebuilder_assets_come_before_path_and_cache(isolated_search: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kubebuilder_assets_come_before_path_and_cache(
+    isolated_search: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_fake_binaries(isolated_search / "assets")
     make_fake_binaries(binaries.cached_bin_dir())
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(isolated_search / "assets"))
@@ -68,7 +70,13 @@ def fake_binaries_dict() -> dict[str, str]:
 def test_ports_are_reused_when_free_and_replaced_when_taken(tmp_path: Path) -> None:
     fake = binaries.Binaries(**{k.replace("-", "_"): Path(v) for k, v in fake_binaries_dict().items()})
     first = controlplane.choose_config(None, 2, 0, 0, fake)
-    ports = [first.etcd_port, first.etcd_peer_port, first.api_port, first.scheduler_port, first.controller_manager_port]
+    ports = [
+        first.etcd_port,
+        first.etcd_peer_port,
+        first.api_port,
+        first.scheduler_port,
+        first.controller_manager_port,
+    ]
     assert len(set(ports)) == 5
     again = controlplane.choose_config(first, 2, 0, 0, fake)
     assert again.api_port == first.api_port and again.cluster_octet == first.cluster_octet
@@ -93,7 +101,13 @@ def test_component_command_lines(tmp_path: Path) -> None:
     assert "--node-monitor-grace-period=8s" in manager and "--port=0" in manager
     agent = controlplane.component_argv("node-agent", config, layout, pki)
     assert agent[:3] == [sys.executable, "-m", "phalanx.devcluster.agent"]
-    assert {"--nodes=2", "--simulated-nodes=3", "--cluster-octet=123", "--api-port=3", "--gpus-per-node=1"} <= set(agent)
+    assert {
+        "--nodes=2",
+        "--simulated-nodes=3",
+        "--cluster-octet=123",
+        "--api-port=3",
+        "--gpus-per-node=1",
+    } <= set(agent)
     assert pki.admin_token() and (layout.pki / "tokens.csv").stat().st_mode & 0o777 == 0o600
 
 
