@@ -23,6 +23,7 @@ import psutil
 import yaml
 
 from phalanx.devcluster import processes
+from phalanx.devcluster.agent.volumes import shm_root
 from phalanx.devcluster.binaries import Binaries, require_binaries
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.errors import UserFacingError
@@ -479,6 +480,8 @@ def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
             say(f"  stopped {name} (pid {record.pid})")
         layout.pid_file(name).unlink(missing_ok=True)
     processes.stop_processes([p for p in leftovers if p.is_running()], 5.0)
+    # The pods' /dev/shm lives in memory outside the state dir; nothing runs that could use it any more.
+    shutil.rmtree(shm_root(layout.root), ignore_errors=True)
     if purge and layout.root.exists():
         shutil.rmtree(layout.root, ignore_errors=True)
         say(f"removed {layout.root}")

@@ -1,1 +1,68 @@
 """The Phalanx worker: elastic launcher, training library and checkpoints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phalanx.worker.checkpoint import Checkpointer, RestoreInfo, cleanup_snapshots
+    from phalanx.worker.data import ElasticSampler, MicroBatch, micro_batches, rank_share
+    from phalanx.worker.exitcodes import LauncherExit, TrainerExit
+    from phalanx.worker.guards import (
+        CollectiveWatchdog,
+        NonFiniteLossError,
+        NonFiniteLossGuard,
+        global_mean_loss,
+        process_group_timeout,
+    )
+    from phalanx.worker.heartbeat import StatusPublisher
+    from phalanx.worker.state import TrainState
+
+# Resolved lazily: helper processes (the checkpoint saver, the launcher) import this package and must
+# not pay for importing torch.
+__all__ = [
+    "Checkpointer",
+    "CollectiveWatchdog",
+    "ElasticSampler",
+    "LauncherExit",
+    "MicroBatch",
+    "NonFiniteLossError",
+    "NonFiniteLossGuard",
+    "RestoreInfo",
+    "StatusPublisher",
+    "TrainState",
+    "TrainerExit",
+    "cleanup_snapshots",
+    "global_mean_loss",
+    "micro_batches",
+    "process_group_timeout",
+    "rank_share",
+]
+
+_LAZY_EXPORTS = {
+    "TrainState": "phalanx.worker.state",
+    "Checkpointer": "phalanx.worker.checkpoint",
+    "RestoreInfo": "phalanx.worker.checkpoint",
+    "cleanup_snapshots": "phalanx.worker.checkpoint",
+    # Worker runtime: data order, guards, progress records, exit codes.
+    "ElasticSampler": "phalanx.worker.data",
+    "MicroBatch": "phalanx.worker.data",
+    "micro_batches": "phalanx.worker.data",
+    "rank_share": "phalanx.worker.data",
+    "NonFiniteLossGuard": "phalanx.worker.guards",
+    "NonFiniteLossError": "phalanx.worker.guards",
+    "CollectiveWatchdog": "phalanx.worker.guards",
+    "global_mean_loss": "phalanx.worker.guards",
+    "process_group_timeout": "phalanx.worker.guards",
+    "StatusPublisher": "phalanx.worker.heartbeat",
+    "LauncherExit": "phalanx.worker.exitcodes",
+    "TrainerExit": "phalanx.worker.exitcodes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY_EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)

@@ -405,15 +405,15 @@ def test_fault_injection_kill_and_freeze(cluster: Cluster, namespace: str) -> No
     def line_count() -> int:
         return len(cluster.kubectl("logs", "counter", "-n", namespace).stdout.splitlines())
 
-    cluster.kubectl("annotate", "pod", "counter", "phalanx.dev/freeze=true", "--overwrite")
+    cluster.kubectl("annotate", "pod", "counter", "-n", namespace, "phalanx.dev/freeze=true", "--overwrite")
     time.sleep(1.5)
     frozen_at = line_count()
     time.sleep(2)
     assert line_count() == frozen_at, "a frozen pod must not make progress"
-    cluster.kubectl("annotate", "pod", "counter", "phalanx.dev/freeze=false", "--overwrite")
+    cluster.kubectl("annotate", "pod", "counter", "-n", namespace, "phalanx.dev/freeze=false", "--overwrite")
     wait_for(lambda: line_count() > frozen_at, 20, message="the thawed pod to make progress again")
 
-    cluster.kubectl("annotate", "pod", "counter", "phalanx.dev/kill=now", "--overwrite")
+    cluster.kubectl("annotate", "pod", "counter", "-n", namespace, "phalanx.dev/kill=now", "--overwrite")
 
     def restarted() -> bool:
         status = cluster.core.read_namespaced_pod("counter", namespace).status.container_statuses[0]
@@ -517,3 +517,43 @@ def test_down_leaves_no_process_or_port(tmp_path: Path) -> None:
     assert not ports & listening
     dns_address = f"127.{config.cluster_octet}.0.1"
     assert not [c for c in psutil.net_connections("inet") if c.laddr and c.laddr.ip == dns_address]
+
+
+def test_each_pod_has_its_own_dev_shm_kept_across_container_restarts(
+    cluster: Cluster, namespace: str
+) -> None:
+    script = """
+        import os, pathlib, sys, time
+        marker = pathlib.Path("/dev/shm/snapshot")
+        others = sorted(p.name for p in pathlib.Path("/dev/shm").iterdir())
+        print("saw", others, "restart" if marker.exists() else "first", flush=True)
+        if not marker.exists():
+            marker.write_text(os.environ["HOSTNAME"])
+            sys.exit(1)  # crash once: the restarted container must still find its snapshot
+        assert marker.read_text() == os.environ["HOSTNAME"]
+        time.sleep(3600)
+    """
+
+    def pod(name: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"restartPolicy": "OnFailure", "containers": [python_container("main", script)]},
+        }
+
+    cluster.apply([pod("shm-a"), pod("shm-b")], namespace)
+    for name in ("shm-a", "shm-b"):
+        cluster.kubectl(
+            "wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace, "--timeout=60s", timeout=70
+        )
+        wait_for(
+            lambda name=name: "restart" in cluster.kubectl("logs", name, "-n", namespace).stdout,
+            40,
+            message=f"{name} restarted with its /dev/shm intact",
+        )
+        logs = cluster.kubectl("logs", name, "-n", namespace).stdout
+        assert "saw ['snapshot'] restart" in logs, logs
+        assert (
+            cluster.core.read_namespaced_pod(name, namespace).status.container_statuses[0].restart_count == 1
+        )

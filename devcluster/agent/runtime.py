@@ -1,0 +1,139 @@
+"""Container processes: start (in their own session, logs pumped with timestamps), signal, pid files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+UNSHARE = ["unshare", "-m", "-u", "--propagation", "private", "--"]
+
+
+def probe_namespaces() -> bool:
+    """Whether `unshare` may create mount + UTS namespaces here (needs root or user namespaces)."""
+    try:
+        result = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+def timestamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def exit_code_of(returncode: int) -> int:
+    """Shell convention: killed by signal N -> 128 + N (what a container runtime reports)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def process_start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class ContainerProcess:
+    """One run of one container: the sandboxed process and the thread copying its output into the log."""
+
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        run_dir: Path,
+        log_path: Path,
+        namespaced: bool,
+        on_exit: Callable[[], None],
+    ) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        name = spec["container"]
+        spec_path = run_dir / f"{name}.json"
+        spec_path.write_text(json.dumps(spec))
+        self.log_path = log_path
+        self.log_closed = threading.Event()
+        self._on_exit = on_exit
+        launcher = [sys.executable, "-m", "phalanx.devcluster.agent.sandbox", str(spec_path)]
+        argv = [*UNSHARE, *launcher] if namespaced else launcher
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self.popen.pid
+        self.pid_file = run_dir / f"{name}.pid"
+        self.pid_file.write_text(f"{self.pid} {process_start_time(self.pid) or ''}\n")
+        self._pump = threading.Thread(target=self._copy_output, name=f"log-{name}", daemon=True)
+        self._pump.start()
+
+    def _copy_output(self) -> None:
+        assert self.popen.stdout is not None
+        try:
+            with open(self.log_path, "ab", buffering=0) as sink:
+                for line in iter(self.popen.stdout.readline, b""):
+                    if not line.endswith(b"\n"):
+                        line += b"\n"
+                    sink.write(timestamp().encode() + b" " + line)
+        except Exception:
+            log.exception("log pump of %s failed", self.log_path)
+        finally:
+            self.popen.stdout.close()
+            self.log_closed.set()
+            self._on_exit()
+
+    def poll(self) -> int | None:
+        """The exit code once the main process has exited (then the rest of its group is killed)."""
+        code = self.popen.poll()
+        if code is None:
+            return None
+        signal_group(self.pid, signal.SIGKILL)  # like a container: when its main process ends, all of it ends
+        self.pid_file.unlink(missing_ok=True)
+        return exit_code_of(code)
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            signal_group(self.pid, sig)
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.popen.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+def kill_orphans(state_dir: Path) -> int:
+    """Kill the process groups of a previous agent (pid files whose process still has the recorded start time)."""
+    killed = 0
+    for pid_file in state_dir.glob("pods/*/run/*.pid"):
+        try:
+            pid_text, _, started = pid_file.read_text().strip().partition(" ")
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            pid_file.unlink(missing_ok=True)
+            continue
+        if started and process_start_time(pid) == started:
+            signal_group(pid, signal.SIGKILL)
+            killed += 1
+        pid_file.unlink(missing_ok=True)
+    return killed

@@ -1,0 +1,287 @@
+"""`phalanx demo`: the whole product on one machine, in one command.
+
+Brings up the local cluster, installs the operator with its Helm chart, applies the tiny-GPT example,
+kills one worker mid-training through the node agent's fault injection, waits for the job to finish and
+prints a short report (steps, time, restarts, recovery, final loss, logs and a loss plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx.devcluster import controlplane
+from phalanx.errors import UserFacingError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEMO_NAMESPACE = "phalanx-demo"
+OPERATOR_NAMESPACE = "phalanx-system"
+RELEASE = "phalanx"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="local cluster + operator + a TrainingJob trained through a failure"
+    )
+    parser.add_argument("--state-dir", type=Path, default=controlplane.default_state_dir())
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--example", type=Path, default=REPO_ROOT / "examples" / "tinygpt.yaml")
+    parser.add_argument("--chart", type=Path, default=REPO_ROOT / "charts" / "phalanx")
+    parser.add_argument(
+        "--kill-at-fraction", type=float, default=0.35, help="kill a worker at this share of the steps"
+    )
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the job to finish")
+    parser.add_argument(
+        "--report", type=Path, default=None, help="where to write the report (default: state dir)"
+    )
+    parser.set_defaults(handler=run)
+
+
+class Kube:
+    """The few kubectl calls the demo makes, against the local cluster."""
+
+    def __init__(self, layout: controlplane.Layout) -> None:
+        self.layout = layout
+
+    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [str(self.layout.bin / "kubectl"), f"--kubeconfig={self.layout.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise UserFacingError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def json(self, *args: str) -> dict[str, Any]:
+        return json.loads(self("get", *args, "-o", "json"))
+
+
+def say(message: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def wait(what: str, predicate: Any, timeout: float, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise UserFacingError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def install_operator(layout: controlplane.Layout, chart: Path) -> None:
+    import helm_python
+
+    config = helm_python.Config(kubeconfig_path=str(layout.kubeconfig), namespace=OPERATOR_NAMESPACE)
+    try:
+        installed = {release.get("name") for release in config.list()} if hasattr(config, "list") else set()
+    except helm_python.HelmError:
+        installed = set()
+    if RELEASE in installed:
+        config.upgrade(str(chart), RELEASE, namespace=OPERATOR_NAMESPACE)
+        say(f"upgraded Helm release {RELEASE!r} in {OPERATOR_NAMESPACE}")
+    else:
+        config.install(str(chart), RELEASE, namespace=OPERATOR_NAMESPACE, create_namespace=True)
+        say(f"installed Helm release {RELEASE!r} into {OPERATOR_NAMESPACE}")
+
+
+def condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def is_true(job: dict[str, Any], kind: str) -> bool:
+    found = condition(job, kind)
+    return bool(found and found["status"] == "True")
+
+
+def loss_log(kube: Kube, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The example's per-step log, read from the checkpoint volume's host path."""
+    claim = job["spec"].get("checkpoint", {}).get("claimName")
+    if not claim:
+        return []
+    pvc = kube.json("pvc", claim, "-n", DEMO_NAMESPACE)
+    volume = pvc["spec"].get("volumeName")
+    if not volume:
+        return []
+    host_path = Path(kube.json("pv", volume)["spec"]["hostPath"]["path"])
+    records = []
+    for path in sorted(host_path.rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return [r for r in records if "loss" in r and "step" in r]
+
+
+def plot_loss(records: list[dict[str, Any]], kill_step: int | None, path: Path) -> Path | None:
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    losses = [r["loss"] for r in records]
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    axis.plot(steps, losses, linewidth=1)
+    if kill_step is not None:
+        axis.axvline(kill_step, color="red", linestyle="--", label=f"worker killed (step {kill_step})")
+        axis.legend()
+    axis.set_xlabel("step")
+    axis.set_ylabel("training loss")
+    axis.set_title("tiny GPT under Phalanx")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    parse = lambda text: datetime.fromisoformat(text.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    say("bringing up the local cluster")
+    layout = controlplane.up(args.state_dir, nodes=args.nodes)
+    kube = Kube(layout)
+    kube("apply", "-f", str(REPO_ROOT / "crds"))
+    install_operator(layout, args.chart)
+    wait(
+        "the operator pod to be Ready",
+        lambda: "True" in kube(
+            "get", "pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=phalanx",
+            "-o", "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}", check=False,
+        ),
+        180,
+    )  # fmt: skip
+    say("operator running")
+
+    manifest = list(yaml.safe_load_all(args.example.read_text()))
+    job_manifest = next(doc for doc in manifest if doc and doc.get("kind") == "TrainingJob")
+    name = job_manifest["metadata"]["name"]
+    kube("create", "namespace", DEMO_NAMESPACE, check=False)
+    kube("delete", "trainingjob", name, "-n", DEMO_NAMESPACE, "--ignore-not-found", "--wait=true")
+    kube("apply", "-n", DEMO_NAMESPACE, "-f", str(args.example))
+    say(
+        f"applied {args.example.relative_to(REPO_ROOT) if args.example.is_relative_to(REPO_ROOT) else args.example}"
+    )
+
+    total_steps = _total_steps(job_manifest)
+    kill_step = max(1, int(total_steps * args.kill_at_fraction))
+    wait(
+        f"training to reach step {kill_step}",
+        lambda: (
+            (kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step") or 0)
+            >= kill_step
+            or is_true(kube.json("trainingjob", name, "-n", DEMO_NAMESPACE), "Succeeded")
+        ),
+        args.timeout,
+    )
+    workers = kube.json(
+        "pods", "-n", DEMO_NAMESPACE, "-l", f"phalanx.dev/job-name={name},phalanx.dev/role=worker"
+    )
+    victim = sorted(pod["metadata"]["name"] for pod in workers["items"])[-1]
+    step_at_kill = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step")
+    kube("annotate", "pod", victim, "-n", DEMO_NAMESPACE, "phalanx.dev/kill=demo", "--overwrite")
+    killed_at = time.monotonic()
+    say(f"killed the processes of worker {victim} at step {step_at_kill} (node agent fault injection)")
+
+    resumed_after = None
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        job = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE)
+        step = job.get("status", {}).get("step") or 0
+        if resumed_after is None and step_at_kill is not None and step > step_at_kill:
+            resumed_after = time.monotonic() - killed_at
+            say(f"training resumed: step {step}, {resumed_after:.1f} s after the kill")
+        if is_true(job, "Succeeded") or is_true(job, "Failed"):
+            break
+        time.sleep(1)
+    else:
+        raise UserFacingError(f"the TrainingJob did not finish within {args.timeout:.0f} s")
+
+    records = loss_log(kube, job)
+    report_dir = args.report or layout.root / "demo"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    plot = plot_loss(records, step_at_kill, report_dir / "loss.png")
+    status = job.get("status", {})
+    incidents = status.get("incidents", [])
+    summary = {
+        "job": f"{DEMO_NAMESPACE}/{name}",
+        "result": "Succeeded"
+        if is_true(job, "Succeeded")
+        else f"Failed: {(condition(job, 'Failed') or {}).get('message')}",
+        "steps": status.get("step"),
+        "training_seconds": _seconds_between(status.get("startTime"), status.get("completionTime")),
+        "restarts": status.get("restarts", {}),
+        "killed_worker": victim,
+        "killed_at_step": step_at_kill,
+        "seconds_until_progress_after_kill": round(resumed_after, 1) if resumed_after else None,
+        "incidents": incidents,
+        "first_loss": records[0]["loss"] if records else None,
+        "final_loss": records[-1]["loss"] if records else None,
+        "loss_plot": str(plot) if plot else None,
+        "cluster_logs": str(layout.logs),
+        "demo_seconds": round(time.monotonic() - started, 1),
+    }
+    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(_format_summary(summary, layout))
+    return 0 if is_true(job, "Succeeded") else 1
+
+
+def _total_steps(job_manifest: dict[str, Any]) -> int:
+    containers = job_manifest["spec"]["template"]["spec"]["containers"]
+    command = [
+        str(part)
+        for container in containers
+        for part in container.get("command", []) + container.get("args", [])
+    ]
+    for flag, value in itertools.pairwise(command):
+        if flag == "--steps":
+            return int(value)
+    return 300
+
+
+def _format_summary(summary: dict[str, Any], layout: controlplane.Layout) -> str:
+    restarts = summary["restarts"] or {}
+    by_cause = (
+        ", ".join(f"{cause}: {count}" for cause, count in (restarts.get("byCause") or {}).items()) or "none"
+    )
+    recoveries = [
+        i.get("secondsToRecover") for i in summary["incidents"] if i.get("secondsToRecover") is not None
+    ]
+    lines = [
+        "",
+        "=== Phalanx demo ===",
+        f"job                {summary['job']}: {summary['result']}",
+        f"steps              {summary['steps']} in {summary['training_seconds']} s of training",
+        f"injected failure   killed {summary['killed_worker']} at step {summary['killed_at_step']}",
+        f"restarts           {restarts.get('total', 0)} ({by_cause})",
+        f"recovery           {', '.join(f'{s:.1f} s' for s in recoveries) if recoveries else 'n/a'} (operator), "
+        f"progress again {summary['seconds_until_progress_after_kill']} s after the kill",
+        f"loss               {summary['first_loss']} -> {summary['final_loss']}",
+        f"loss plot          {summary['loss_plot']}",
+        f"logs               kubectl logs -n {DEMO_NAMESPACE} -l phalanx.dev/job-name; cluster: {summary['cluster_logs']}",
+        f"use the cluster    export KUBECONFIG={layout.kubeconfig}; export PATH={layout.bin}:$PATH",
+        f"demo took          {summary['demo_seconds']} s",
+    ]
+    return "\n".join(lines)

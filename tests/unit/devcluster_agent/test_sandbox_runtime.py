@@ -1,0 +1,141 @@
+"""Container processes: the sandbox (namespaces when permitted, the documented fallback otherwise), logs, exit
+codes, signals and orphan cleanup. Real processes, no cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from phalanx.devcluster.agent.runtime import ContainerProcess, exit_code_of, kill_orphans, probe_namespaces
+
+NAMESPACED = probe_namespaces()
+
+
+def spec(tmp_path: Path, argv: list[str], **extra: object) -> dict:
+    return {
+        "container": "main",
+        "argv": argv,
+        "env": {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "GREETING": "hi"},
+        "working_dir": str(tmp_path / "wd"),
+        "hostname": "pod-host",
+        "mounts": [],
+        "hosts_file": None,
+        "resolv_file": None,
+        "namespaced": False,
+        **extra,
+    }
+
+
+def run(tmp_path: Path, container_spec: dict, namespaced: bool, timeout: float = 20) -> tuple[int, str]:
+    done = threading.Event()
+    process = ContainerProcess(
+        container_spec, tmp_path / "run", tmp_path / "logs" / "0.log", namespaced, done.set
+    )
+    assert process.wait(timeout)
+    assert done.wait(timeout)
+    code = process.poll()
+    assert code is not None
+    return code, (tmp_path / "logs" / "0.log").read_text()
+
+
+def test_command_runs_with_env_and_working_dir_and_logs_are_timestamped(tmp_path: Path) -> None:
+    code, log = run(tmp_path, spec(tmp_path, ["sh", "-c", 'echo "$GREETING from $(pwd)"; exit 4']), False)
+    assert code == 4
+    stamp, text = log.strip().split(" ", 1)
+    assert stamp.endswith("Z") and stamp[:2] == "20"
+    assert text == f"hi from {tmp_path / 'wd'}"
+
+
+def test_missing_executable_exits_127_with_a_message(tmp_path: Path) -> None:
+    code, log = run(tmp_path, spec(tmp_path, ["no-such-program-xyz"]), False)
+    assert code == 127
+    assert "executable file not found" in log
+
+
+def test_fallback_links_volumes_where_the_mount_path_is_free(tmp_path: Path) -> None:
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "f").write_text("data")
+    target = tmp_path / "mnt" / "data"
+    mounts = [{"source": str(volume), "target": str(target), "read_only": False}]
+    code, log = run(tmp_path, spec(tmp_path, ["cat", str(target / "f")], mounts=mounts), False)
+    assert (code, log.split(" ", 1)[1]) == (0, "data\n")
+    assert target.is_symlink()
+
+
+def test_namespaces_give_hostname_bind_mounts_and_pod_etc_files(tmp_path: Path) -> None:
+    """With unshare permitted (root), mounts and hostname are private to the pod; otherwise the fallback runs."""
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "f").write_text("data")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.8.0.2\tpod-host\n")
+    target = tmp_path / "mnt" / "data"
+    mounts = [{"source": str(volume), "target": str(target), "read_only": True}]
+    script = f"hostname; cat {target}/f; echo; cat /etc/hosts; touch {target}/new 2>/dev/null && echo writable; true"
+    code, log = run(
+        tmp_path,
+        spec(tmp_path, ["sh", "-c", script], mounts=mounts, hosts_file=str(hosts), namespaced=NAMESPACED),
+        NAMESPACED,
+    )
+    lines = [line.split(" ", 1)[1] for line in log.splitlines()]
+    assert code == 0
+    if NAMESPACED:
+        assert lines[:3] == ["pod-host", "data", "127.8.0.2\tpod-host"]
+        assert "writable" not in lines
+        assert not target.is_symlink() and not (target / "f").exists()  # the mount stayed inside the pod
+        assert os.uname().nodename != "pod-host"
+    else:
+        assert lines[1] == "data"
+
+
+def test_signals_reach_the_whole_process_group(tmp_path: Path) -> None:
+    container_spec = spec(tmp_path, ["sh", "-c", "sleep 300 & sleep 300; wait"])
+    process = ContainerProcess(
+        container_spec, tmp_path / "run", tmp_path / "logs" / "0.log", False, lambda: None
+    )
+    time.sleep(0.5)
+    process.signal(signal.SIGKILL)
+    assert process.wait(10)
+    assert process.poll() == 137
+    assert live_members(process.pid) == []
+
+
+def live_members(group: int, patience: float = 5.0) -> list[int]:
+    """Processes of the group that are not zombies (killed orphans may wait a moment to be reaped by init)."""
+    deadline = time.monotonic() + patience
+    while True:
+        out = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True)
+        alive = []
+        for pid in map(int, out.stdout.split()):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def test_orphans_of_a_previous_agent_are_killed_by_pid_file(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run_dir = state / "pods" / "uid" / "run"
+    container_spec = spec(tmp_path, ["sleep", "300"])
+    process = ContainerProcess(container_spec, run_dir, tmp_path / "logs" / "0.log", False, lambda: None)
+    (run_dir / "stale.pid").write_text("999999 123\n")
+    assert kill_orphans(state) == 1
+    assert process.wait(10)
+    assert not list(run_dir.glob("*.pid"))
+
+
+def test_exit_codes_of_signals() -> None:
+    assert exit_code_of(-9) == 137
+    assert exit_code_of(-15) == 143
+    assert exit_code_of(3) == 3

@@ -1,0 +1,125 @@
+"""Durable checkpoints: atomic commit, keep-K purge, fallback past a corrupted checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from helpers import advance_to, build_state, expected_fingerprint, fingerprint
+
+from phalanx.worker import Checkpointer, cleanup_snapshots
+from phalanx.worker.checkpoint import durable, layout
+
+
+def saved_steps(directory: Path) -> list[int]:
+    return sorted(durable.complete_steps(directory))
+
+
+def fresh_load(workdir: Path) -> tuple[int, str, dict]:
+    """Load as a new job would after losing every in-memory snapshot."""
+    cleanup_snapshots(directory=workdir / "ckpt")
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt")
+    step = ckpt.load()
+    assert ckpt.last_restore is not None
+    source = ckpt.last_restore.source
+    ckpt.close()
+    return step, source, fingerprint(state)
+
+
+def train_and_save(workdir: Path, steps: int, interval: int, keep: int) -> None:
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=interval, keep=keep)
+    for step in range(1, steps + 1):
+        advance_to(state, step)
+        ckpt.save(step)
+        ckpt.wait()  # one durable save per interval, so the purge is deterministic
+    ckpt.close()
+
+
+def test_save_writes_manifest_and_loads_exact_state(workdir: Path) -> None:
+    train_and_save(workdir, steps=4, interval=2, keep=3)
+    assert saved_steps(workdir / "ckpt") == [2, 4]
+    manifest = json.loads((workdir / "ckpt" / "step-4" / layout.MANIFEST_NAME).read_text())
+    entry = manifest["files"][layout.STATE_FILE]
+    assert entry["bytes"] == (workdir / "ckpt" / "step-4" / layout.STATE_FILE).stat().st_size
+    assert len(entry["sha256"]) == 64
+    assert not [p for p in (workdir / "ckpt").iterdir() if p.name.startswith(".tmp")]
+    step, source, state = fresh_load(workdir)
+    assert (step, source) == (4, "disk")
+    assert state == expected_fingerprint(4)
+
+
+def test_save_and_purge_keeps_last_k_checkpoints(workdir: Path) -> None:
+    train_and_save(workdir, steps=10, interval=1, keep=3)
+    assert saved_steps(workdir / "ckpt") == [8, 9, 10]
+
+
+def test_folder_without_manifest_or_with_tmp_name_is_never_loaded(workdir: Path) -> None:
+    train_and_save(workdir, steps=2, interval=2, keep=3)
+    ckpt_dir = workdir / "ckpt"
+    (ckpt_dir / "step-9").mkdir()
+    (ckpt_dir / "step-9" / layout.STATE_FILE).write_bytes(b"torn")
+    (ckpt_dir / ".tmp-step-11-123-abc").mkdir()
+    step, source, state = fresh_load(workdir)
+    assert (step, source) == (2, "disk")
+    assert state == expected_fingerprint(2)
+
+
+def test_corrupted_newest_checkpoint_falls_back_to_previous(
+    workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    train_and_save(workdir, steps=6, interval=3, keep=3)
+    newest = workdir / "ckpt" / "step-6" / layout.STATE_FILE
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    data[-1] ^= 0x01
+    newest.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="phalanx.worker.checkpoint.durable"):
+        step, source, state = fresh_load(workdir)
+    assert (step, source) == (3, "disk")
+    assert state == expected_fingerprint(3)
+    assert any(
+        "step-6" in record.message and "sha256 mismatch" in record.message for record in caplog.records
+    )
+
+
+def test_fresh_start_without_any_state(workdir: Path) -> None:
+    step, source, _ = fresh_load(workdir)
+    assert (step, source) == (0, "none")
+
+
+def test_purge_removes_leftovers_of_dead_writers(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        tmp = durable.new_tmp_dir(tmp_path, step)
+        (tmp / "a.bin").write_bytes(b"x" * step)
+        durable.commit(tmp, step, "replicated")
+    (tmp_path / ".tmp-step-2-1-dead").mkdir()
+    (tmp_path / "step-1x").mkdir()
+    (tmp_path / "step-0").mkdir()
+    removed = {path.name for path in durable.purge(tmp_path, keep=2)}
+    assert removed == {"step-1", ".tmp-step-2-1-dead", "step-0"}
+    assert saved_steps(tmp_path) == [2, 3]
+
+
+def test_manifest_problems_are_named() -> None:
+    manifest = layout.build_manifest(5, {"state.bin": (3, "ab" * 32)}, "replicated")
+    assert layout.manifest_problem(manifest, 5) is None
+    assert "names step 5" in (layout.manifest_problem(manifest, 6) or "")
+    assert layout.steps_to_purge([1, 5, 3, 4], keep=2) == [3, 1]
+    assert layout.steps_to_purge([1, 2], keep=0) == []
+
+
+def test_resumed_training_keeps_going_from_the_loaded_step(workdir: Path) -> None:
+    train_and_save(workdir, steps=4, interval=4, keep=3)
+    cleanup_snapshots(directory=workdir / "ckpt")
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=2, keep=3)
+    start = ckpt.load()
+    for step in range(start + 1, start + 3):
+        advance_to(state, step)
+        ckpt.save(step)
+    ckpt.close()
+    assert saved_steps(workdir / "ckpt") == [4, 6]

@@ -1,0 +1,81 @@
+"""In-memory snapshots outlive the process that wrote them, and a crash mid-write keeps the previous one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import WORKER, advance_to, build_state, expected_fingerprint, fingerprint, run_ranks
+
+from phalanx.worker import Checkpointer, cleanup_snapshots
+from phalanx.worker.checkpoint import shm_store, slots
+
+
+def test_snapshot_survives_the_writing_process(workdir: Path) -> None:
+    writer = run_ranks("snapshot_writer", 1, workdir, extra={"steps": 4})[0]
+    reader = run_ranks("snapshot_reader", 1, workdir)[0]
+    assert reader["pid"] != writer["pid"]
+    assert (reader["step"], reader["source"]) == (4, "memory")
+    assert reader["state"] == expected_fingerprint(4)
+    assert not (workdir / "ckpt").exists() or not list((workdir / "ckpt").iterdir()), "disk was touched"
+
+
+def test_crash_mid_write_leaves_previous_snapshot_intact(workdir: Path) -> None:
+    # The writer kills itself, so it runs without the result file run_ranks expects.
+    process = subprocess.run(
+        [
+            sys.executable,
+            str(WORKER),
+            "snapshot_writer",
+            "0",
+            "1",
+            "0",
+            str(workdir),
+            '{"steps": 5, "crash_at": 5, "width": 256}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert process.returncode == -9, process.stdout + process.stderr
+    store = shm_store.SnapshotStore(shm_store.store_dir(shm_store.job_namespace(workdir / "ckpt"), 0))
+    states = sorted(
+        (header.get("state"), header.get("step")) for header in store.headers().values() if header
+    )
+    assert ("writing", None) in states, f"the crash did not happen mid-write: {states}"
+    reader = run_ranks("snapshot_reader", 1, workdir, extra={"width": 256})[0]
+    assert (reader["step"], reader["source"]) == (4, "memory")
+    expected = build_state(width=256)
+    advance_to(expected, 4)
+    assert reader["state"] == fingerprint(expected)
+
+
+def test_snapshot_store_keys_by_job_and_local_rank(workdir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PHALANX_JOB_UID", "job-a")
+    a = shm_store.job_namespace(workdir / "ckpt")
+    monkeypatch.setenv("PHALANX_JOB_UID", "job-b")
+    b = shm_store.job_namespace(workdir / "ckpt")
+    monkeypatch.delenv("PHALANX_JOB_UID")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    assert shm_store.job_namespace(workdir / "ckpt") == a
+    assert a != b
+    assert shm_store.store_dir(a, 0) != shm_store.store_dir(a, 1)
+
+
+def test_torn_header_is_ignored_and_cleanup_removes_snapshots(workdir: Path) -> None:
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0)
+    ckpt.save(1)
+    ckpt.save(2)
+    newest = ckpt.store.newest()
+    assert newest is not None and newest.step == 2
+    with open(newest.path, "r+b") as handle:
+        handle.seek(40)
+        handle.write(b"\x00\x01\x02")
+    assert slots.read_header(newest.path) is None
+    survivor = ckpt.store.newest()
+    assert survivor is not None and survivor.step == 1
+    ckpt.close()
+    assert cleanup_snapshots(directory=workdir / "ckpt") == 1
+    assert not shm_store.store_dir(ckpt.namespace, 0).exists()

@@ -1,0 +1,180 @@
+"""One training process of a checkpoint test scenario: ``worker_main.py SCENARIO RANK WORLD PORT DIR EXTRA``.
+
+Runs as a real process (own PID, own gloo connection); writes its findings to
+``DIR/result-SCENARIO-RANK.json`` for the test to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import advance_to, build_state, fingerprint
+
+from phalanx.worker import Checkpointer
+
+
+def init_group(rank: int, world: int, port: int) -> None:
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def draws() -> list[float]:
+    return [random.random(), float(np.random.rand()), *torch.rand(3).tolist()]
+
+
+def peer_phase1(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, snapshot_every=1)
+    for step in range(1, int(extra["last_step"][rank]) + 1):
+        advance_to(state, step)
+        ckpt.save(step)
+    ckpt.close()
+    return {}
+
+
+def peer_phase2(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, snapshot_every=1)
+    step = ckpt.load()
+    assert ckpt.last_restore is not None
+    result = {"step": step, "source": ckpt.last_restore.source, "state": fingerprint(state)}
+    ckpt.close()
+    return result
+
+
+def durable_then_resume(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Replicated durable save in a group; then resume from disk only (snapshots wiped by the test)."""
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=int(extra["interval"]), keep=2)
+    if extra["phase"] == "save":
+        for step in range(1, int(extra["steps"]) + 1):
+            advance_to(state, step)
+            ckpt.save(step)
+        ckpt.close()
+        return {"draws": draws()}
+    step = ckpt.load()
+    assert ckpt.last_restore is not None
+    result = {"step": step, "source": ckpt.last_restore.source, "state": fingerprint(state), "draws": draws()}
+    ckpt.close()
+    return result
+
+
+def sigterm_save(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Train with snapshots only; SIGTERM makes it write the newest snapshot durably and exit."""
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, snapshot_every=1)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        saved = ckpt.emergency_save()
+        (workdir / "emergency.json").write_text(json.dumps({"step": saved}))
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    for step in range(1, int(extra["steps"]) + 1):
+        advance_to(state, step)
+        ckpt.save(step)
+    (workdir / "ready").write_text("ready")
+    time.sleep(120)
+    return {}
+
+
+def snapshot_writer(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Write snapshots; with ``crash_at`` SIGKILL itself in the middle of copying that step."""
+    from phalanx.worker.checkpoint import payload
+
+    state = build_state(width=int(extra.get("width", 16)))
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, snapshot_every=1)
+    crash_at = extra.get("crash_at")
+    original = payload.write_into
+
+    def write_then_die(target: torch.Tensor, packed: payload.PackPlan, non_blocking: bool = False) -> None:
+        # Copy only the first half of the tensors, as a process killed mid-copy would have.
+        half = payload.PackPlan(
+            packed.skeleton,
+            packed.tensors[: len(packed.tensors) // 2],
+            packed.refs[: len(packed.refs) // 2],
+            packed.data_start,
+            packed.total_bytes,
+        )
+        original(target, half, non_blocking)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    for step in range(1, int(extra["steps"]) + 1):
+        advance_to(state, step)
+        if step == crash_at:
+            payload.write_into = write_then_die  # type: ignore[assignment]
+        ckpt.save(step)
+    return {"pid": os.getpid()}
+
+
+def snapshot_reader(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    state = build_state(width=int(extra.get("width", 16)))
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, snapshot_every=1)
+    step = ckpt.load()
+    assert ckpt.last_restore is not None
+    result = {
+        "step": step,
+        "source": ckpt.last_restore.source,
+        "state": fingerprint(state),
+        "pid": os.getpid(),
+    }
+    ckpt.close()
+    return result
+
+
+def sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    from sharded_model import build_sharded_state, full_state, train_steps
+
+    state, _mesh = build_sharded_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, keep=2, sharded=True)
+    if extra["phase"] == "save":
+        train_steps(state, int(extra["steps"]))
+        ckpt.save(int(extra["steps"]), force_durable=True)
+        ckpt.close()
+        return {"full": full_state(state)}
+    step = ckpt.load()
+    assert ckpt.last_restore is not None
+    result = {"step": step, "source": ckpt.last_restore.source, "full": full_state(state)}
+    ckpt.close()
+    return result
+
+
+SCENARIOS = {
+    "peer_phase1": peer_phase1,
+    "peer_phase2": peer_phase2,
+    "durable_then_resume": durable_then_resume,
+    "sigterm_save": sigterm_save,
+    "snapshot_writer": snapshot_writer,
+    "snapshot_reader": snapshot_reader,
+    "sharded": sharded,
+}
+
+
+def main() -> None:
+    scenario, rank, world, port, workdir, extra = sys.argv[1:7]
+    init_group(int(rank), int(world), int(port))
+    torch.manual_seed(1234 + int(rank))
+    random.seed(99 + int(rank))
+    np.random.seed(7 + int(rank))
+    result = SCENARIOS[scenario](int(rank), Path(workdir), json.loads(extra))
+    Path(workdir, f"result-{scenario}-{rank}.json").write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Non-finite loss rollback under the launcher, the restart-epoch hook, and the launcher's exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+from localjob import LocalJob, wait_for
+
+from phalanx.worker import rendezvous
+from phalanx.worker.exitcodes import LauncherExit
+
+
+def test_nan_loss_is_rolled_back_and_training_finishes(job: LocalJob) -> None:
+    job.start_node("a", ["--steps", "12", "--nan-at-step", "5"], nnodes="1")
+    assert job.wait_node("a", 90) == 0, job.node_output("a")
+    summary = job.any_summary()
+    assert summary["rollbacks"] == 1
+    assert summary["final_step"] == 12
+    assert [event["step"] for event in job.restores() if event["reason"] == "non-finite loss"] == [4]
+    steps = [record["step"] for record in job.steps()]
+    assert steps == list(range(1, 13))
+
+
+def test_restart_epoch_makes_the_group_restart_at_once(job: LocalJob) -> None:
+    job.start_node("a", ["--steps", "30", "--step-delay", "0.1"], nnodes="1")
+    wait_for(lambda: job.last_step() >= 5, 60, "training to start")
+    store = rendezvous.connect("127.0.0.1", job.port, timeout=5)
+    rendezvous.request_restart(store)
+    assert job.wait_node("a", 90) == 0, job.node_output("a")
+    assert "restart-epoch 0->1" in job.node_output("a")
+    resumed = [event for event in job.restores() if event["step"] > 0]
+    assert [event["source"] for event in resumed] == ["memory"]
+
+
+def test_training_survives_the_rendezvous_store_restarting(job: LocalJob) -> None:
+    job.start_node("a", ["--steps", "40", "--step-delay", "0.1"], nnodes="1")
+    wait_for(lambda: job.last_step() >= 5, 60, "training to start")
+    port = job.port
+    job.stop_store()
+    wait_for(lambda: "store lost" in job.node_output("a"), 30, "the launcher to notice")
+    job.start_store(port)
+    assert job.wait_node("a", 90) == 0, job.node_output("a")
+    assert "re-forming the group" in job.node_output("a")
+    assert job.any_summary()["final_step"] == 40
+
+
+def test_user_error_exits_1(job: LocalJob) -> None:
+    job.start_node("a", [], nnodes="1", command=[sys.executable, "-c", "import sys; sys.exit(7)"])
+    assert job.wait_node("a", 90) == LauncherExit.USER_CODE_FAILED, job.node_output("a")
+    assert "without completing a step" in job.node_output("a")
+
+
+def test_bad_config_exits_2(job: LocalJob) -> None:
+    job.start_node("a", [], nnodes="3:1")
+    assert job.wait_node("a", 30) == LauncherExit.BAD_CONFIG, job.node_output("a")
+    job.start_node("b", [], nnodes="1", command=["no-such-command-phalanx"])
+    assert job.wait_node("b", 30) == LauncherExit.BAD_CONFIG
+    assert "command not found" in job.node_output("b")
+
+
+def test_unreachable_rendezvous_exits_3(job: LocalJob) -> None:
+    job.stop_store()
+    job.start_node("a", [], nnodes="1", launcher_args=["--join-timeout", "3", "--store-timeout", "1"])
+    assert job.wait_node("a", 60) == LauncherExit.RENDEZVOUS_UNREACHABLE, job.node_output("a")

@@ -1,0 +1,349 @@
+"""The checkpointer a training loop uses: snapshots in memory, async durable saves, fast restore.
+
+Restore order: the newest complete state anywhere, preferring this pod's in-memory snapshot, then a
+peer's snapshot sent over the process group, then the newest verified durable checkpoint on disk.
+All ranks agree on one step (the newest any rank holds) and meet at a barrier before training on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.worker.checkpoint import durable, layout, payload, persister, shm_store
+from phalanx.worker.checkpoint.collectives import Group
+from phalanx.worker.state import TrainState, capture_rng, restore_rng
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    """Where :meth:`Checkpointer.load` found the state: ``source`` is memory, peer, disk or none."""
+
+    step: int
+    source: str
+    seconds: float
+
+
+def _nonnegative(name: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+class Checkpointer:
+    """Saves and restores a :class:`TrainState` (see the module docstring for the restore order).
+
+    ``interval_steps``: a durable save every that many steps (0: only forced ones). ``keep``: durable
+    checkpoints kept (0: all). ``snapshot_every``: an in-memory snapshot every that many steps (0:
+    only with durable saves). ``sharded``: model and optimizer hold per-rank shards (DTensors or
+    per-rank tensors), saved with torch.distributed.checkpoint and resharded on load.
+    ``process_group``: None means the default group when one is initialised, else a single process.
+    """
+
+    def __init__(
+        self,
+        state: TrainState,
+        directory: str | os.PathLike[str],
+        interval_steps: int = 50,
+        keep: int = 3,
+        snapshot_every: int = 1,
+        sharded: bool = False,
+        process_group: dist.ProcessGroup | None = None,
+        namespace: str | None = None,
+        local_rank: int | None = None,
+    ) -> None:
+        self.state = state
+        self.directory = Path(directory)
+        self.interval_steps = _nonnegative("interval_steps", interval_steps)
+        self.keep = _nonnegative("keep", keep)
+        self.snapshot_every = _nonnegative("snapshot_every", snapshot_every)
+        self.sharded = sharded
+        self.group = Group.resolve(process_group)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        self.namespace = namespace or shm_store.job_namespace(self.directory)
+        self.store = shm_store.SnapshotStore(shm_store.store_dir(self.namespace, self.local_rank))
+        self.last_restore: RestoreInfo | None = None
+        self.stats: dict[str, float] = {
+            "last_stall_seconds": 0.0,
+            "last_snapshot_step": -1,
+            "last_snapshot_bytes": 0,
+            "snapshots_total": 0,
+            "last_persist_seconds": 0.0,
+            "last_persist_bytes": 0,
+            "last_durable_step": -1,
+            "persists_total": 0,
+            "persist_failures_total": 0,
+            "saver_restarts_total": 0,
+            "last_restore_seconds": 0.0,
+            "last_restore_step": -1,
+        }
+        self._persister = persister.PersisterClient()
+        self._pinned: set[Path] = set()
+        self._durable_pending = False
+        self._closed = False
+        if sharded:
+            from phalanx.worker.checkpoint.sharded import ShardedWriter
+
+            self._sharded = ShardedWriter(self)
+        else:
+            self._sharded = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    @property
+    def is_writer(self) -> bool:
+        """The one rank that writes replicated checkpoints and purges old ones."""
+        return self.group.rank == 0
+
+    @property
+    def saver_pid(self) -> int | None:
+        """PID of the saver process (None until the first durable save)."""
+        return self._persister.pid
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int, force_durable: bool = False) -> None:
+        """Call after finishing ``step`` on every rank (with the same ``force_durable`` everywhere)."""
+        self._collect_persist_result(timeout=0.0)
+        if self._sharded is not None:
+            self._sharded.poll()
+        durable_due = force_durable or (self.interval_steps > 0 and step % self.interval_steps == 0)
+        snapshot_due = durable_due or (self.snapshot_every > 0 and step % self.snapshot_every == 0)
+        self.state.step = step
+        if snapshot_due:
+            started = time.perf_counter()
+            rank_rngs = self._gather_rank_rngs() if durable_due else None
+            info = self._snapshot(step, rank_rngs)
+            self.stats["last_stall_seconds"] = time.perf_counter() - started
+            self.stats["last_snapshot_step"] = step
+            self.stats["last_snapshot_bytes"] = int(info.header["payload_bytes"])
+            self.stats["snapshots_total"] += 1
+        if durable_due:
+            if self._sharded is not None:
+                self._sharded.save(step)
+                return
+            self._durable_pending = True
+        if self._durable_pending and self.is_writer:
+            self._submit_newest(info if snapshot_due else None)
+
+    def _gather_rank_rngs(self) -> dict[int, Any] | None:
+        if not self.group.distributed or self.sharded:
+            return None
+        gathered = self.group.gather_objects(capture_rng(), dst=0)
+        return dict(enumerate(gathered)) if gathered is not None else None
+
+    def _snapshot(self, step: int, rank_rngs: dict[int, Any] | None) -> shm_store.SlotInfo:
+        content = {
+            "format": SNAPSHOT_FORMAT,
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "state": self._sharded.snapshot_state() if self._sharded else self.state.state_dict(),
+            "rng": capture_rng(),
+            "rank_rngs": rank_rngs,
+        }
+        meta = {
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "namespace": self.namespace,
+            "sharded": self.sharded,
+            "pid": os.getpid(),
+            "created_unix": time.time(),
+        }
+        return self.store.write(payload.plan(content), meta, pinned=self._pinned)
+
+    def _submit_newest(self, newest: shm_store.SlotInfo | None = None) -> None:
+        if self._persister.in_flight is not None:
+            return
+        newest = newest or self.store.newest()
+        if newest is None:
+            return
+        restarts_before = self._persister.restarts
+        self._persister.submit(newest, self.directory, self.keep, {"world_size": self.world_size})
+        self.stats["saver_restarts_total"] += self._persister.restarts - restarts_before
+        self._pinned = {newest.path}
+        self._durable_pending = False
+
+    def _collect_persist_result(self, timeout: float | None) -> None:
+        reply = self._persister.poll(timeout=timeout)
+        if reply is None:
+            return
+        self._pinned = set()
+        if reply.get("ok"):
+            self.stats["last_persist_seconds"] = float(reply["seconds"])
+            self.stats["last_persist_bytes"] = int(reply["bytes"])
+            self.stats["last_durable_step"] = int(reply["step"])
+            self.stats["persists_total"] += 1
+        else:
+            self.stats["persist_failures_total"] += 1
+            self._durable_pending = True
+            log.warning(
+                "durable save of step %s failed: %s; retrying with the next snapshot",
+                reply.get("step"),
+                reply.get("error"),
+            )
+
+    def emergency_save(self) -> int | None:
+        """Write the newest snapshot durably, now and in this process (for SIGTERM). Returns its step."""
+        if self._sharded is not None:
+            return self._sharded.emergency_save()
+        if not self.is_writer:
+            return None
+        newest = self.store.newest()
+        if newest is None or newest.step < self.state.step:
+            newest = self._snapshot(self.state.step, None)
+        started = time.perf_counter()
+        result = persister.persist_slot(
+            newest.path,
+            newest.seq,
+            self.directory,
+            newest.step,
+            self.keep,
+            {"world_size": self.world_size},
+            purge=False,
+        )
+        self.stats["last_persist_seconds"] = time.perf_counter() - started
+        self.stats["last_durable_step"] = newest.step
+        log.info("emergency save of step %d written to %s", newest.step, result["path"])
+        return newest.step
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the pending durable save (if any) is on disk."""
+        if self._sharded is not None:
+            self._sharded.wait()
+            return
+        self._collect_persist_result(timeout=timeout)
+        if self._durable_pending and self.is_writer:
+            self._submit_newest()
+            self._collect_persist_result(timeout=timeout)
+
+    def close(self) -> None:
+        """Wait for pending persistence and release the saver process and mappings."""
+        if self._closed:
+            return
+        self.wait()
+        self._persister.close()
+        if self._sharded is not None:
+            self._sharded.close()
+        self.store.close()
+        self._closed = True
+
+    # ------------------------------------------------------------------ loading
+    def load(self) -> int:
+        """Restore the newest complete state any rank or the disk holds; returns the step to resume from."""
+        started = time.perf_counter()
+        if self._sharded is not None:
+            step, source = self._sharded.load()
+        else:
+            step, source = self._load_replicated()
+        seconds = time.perf_counter() - started
+        self.last_restore = RestoreInfo(step, source, seconds)
+        self.stats["last_restore_seconds"] = seconds
+        self.stats["last_restore_step"] = step
+        log.info("restored step %d from %s in %.3f s", step, source, seconds)
+        return step
+
+    def local_snapshot(self) -> shm_store.SlotInfo | None:
+        newest = self.store.newest()
+        if newest is None or newest.header.get("namespace") != self.namespace:
+            return None
+        if bool(newest.header.get("sharded")) != self.sharded:
+            return None
+        return newest
+
+    def _load_replicated(self) -> tuple[int, str]:
+        group = self.group
+        mine = self.local_snapshot()
+        my_step = mine.step if mine else -1
+        my_bytes = int(mine.header["payload_bytes"]) if mine else 0
+        held = group.all_gather_ints([my_step, my_bytes])
+        newest_memory = max(step for step, _ in held)
+
+        buffer: torch.Tensor | None = None
+        disk = [-1, 0]
+        if group.rank == 0:
+            found = durable.newest_loadable(self.directory, newer_than=newest_memory)
+            if found is not None:
+                buffer = _read_file(found.path / layout.STATE_FILE)
+                disk = [found.step, buffer.numel()]
+        disk_step, disk_bytes = group.broadcast_ints(disk, src=0)
+
+        if disk_step > newest_memory:
+            step, donor, size, source_for_holders = disk_step, 0, disk_bytes, "disk"
+            holders = {0}
+        elif newest_memory >= 0:
+            holders = {rank for rank, (step, _) in enumerate(held) if step == newest_memory}
+            donor = min(holders)
+            step, size, source_for_holders = newest_memory, held[donor][1], "memory"
+            if group.rank in holders:
+                assert mine is not None
+                buffer = self.store.read(mine)
+        else:
+            group.barrier()
+            return 0, "none"
+
+        needy = [rank for rank in range(group.world_size) if rank not in holders]
+        if group.rank == donor:
+            assert buffer is not None
+            for rank in needy:
+                group.send(buffer, dst=rank)
+        elif group.rank in needy:
+            buffer = torch.empty(size, dtype=torch.uint8)
+            group.recv(buffer, src=donor)
+        assert buffer is not None
+        if source_for_holders == "disk":
+            source = "disk"
+        elif group.rank in holders:
+            source = "memory"
+        else:
+            source = "peer"
+        self._apply(payload.read_from(buffer), source)
+        group.barrier()
+        return step, source
+
+    def _apply(self, content: dict[str, Any], source: str) -> None:
+        self.state.load_state_dict(content["state"])
+        self.state.step = int(content["step"])
+        same_layout = content["rank"] == self.rank and content["world_size"] == self.world_size
+        rank_rngs = content.get("rank_rngs")
+        if source == "disk" and rank_rngs and len(rank_rngs) == self.world_size:
+            restore_rng(rank_rngs[self.rank])
+        elif source in ("memory", "disk") and same_layout:
+            restore_rng(content["rng"])
+        else:
+            log.info(
+                "RNG state not restored (saved by rank %s of %s)", content["rank"], content["world_size"]
+            )
+
+
+def _read_file(path: Path) -> torch.Tensor:
+    size = path.stat().st_size
+    buffer = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(buffer.numpy())
+    with open(path, "rb", buffering=0) as handle:
+        position = 0
+        while position < size:
+            count = handle.readinto(view[position:])
+            if not count:
+                raise OSError(f"{path} ended early")
+            position += count
+    return buffer

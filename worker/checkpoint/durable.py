@@ -1,0 +1,228 @@
+"""Durable checkpoints on a (shared) filesystem: atomic commit, verification, keep-K purge.
+
+Torch-free on purpose: the saver process imports this module, and must start fast and stay small.
+Commit protocol: files are written into a temporary folder and fsynced, the folder is renamed to
+``step-<N>``, then ``manifest.json`` (per-file size and sha256) is written atomically. A folder without
+a manifest is never loaded, and a folder whose files disagree with its manifest is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.worker.checkpoint import layout
+
+log = logging.getLogger(__name__)
+
+HASH_CHUNK_BYTES = 8 << 20
+STALE_TMP_SECONDS = 3600.0
+"""A temporary folder older than this belongs to a writer that died; it is removed by the purge."""
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory fsync makes renames and new names in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary name, fsynced, so readers see all or nothing."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def write_file_from_chunks(path: Path, chunks: Iterable[bytes | memoryview]) -> tuple[int, str]:
+    """Write ``chunks`` to a new file, fsync it, and return its size and sha256."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "wb") as handle:
+        for chunk in chunks:
+            digest.update(chunk)
+            handle.write(chunk)
+            size += len(chunk)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return size, digest.hexdigest()
+
+
+def hash_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    buffer = bytearray(HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(view):
+            digest.update(view[:count])
+            size += count
+    return size, digest.hexdigest()
+
+
+def new_tmp_dir(directory: Path, step: int) -> Path:
+    """Create the temporary folder a writer fills before :func:`commit`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    unique = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = directory / layout.tmp_dir_name(step, unique)
+    tmp.mkdir()
+    return tmp
+
+
+def commit(
+    tmp: Path,
+    step: int,
+    kind: str,
+    hashes: Mapping[str, tuple[int, str]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Make the filled temporary folder ``tmp`` the complete checkpoint ``step-<step>``.
+
+    ``hashes`` gives size and sha256 of files the writer hashed while writing (and fsynced); any other
+    file in the folder is hashed and fsynced here. If a complete checkpoint of that step already exists
+    it wins and ``tmp`` is discarded.
+    """
+    known = dict(hashes or {})
+    files: dict[str, tuple[int, str]] = {}
+    for entry in sorted(tmp.iterdir()):
+        if not entry.is_file():
+            raise ValueError(f"checkpoint folder {tmp} holds a non-file entry {entry.name}")
+        if entry.name in known:
+            files[entry.name] = known[entry.name]
+        else:
+            fsync_path(entry)
+            files[entry.name] = hash_file(entry)
+    fsync_path(tmp)
+    final = tmp.parent / layout.step_dir_name(step)
+    if final.exists():
+        if (final / layout.MANIFEST_NAME).exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            return final
+        # A folder renamed but never given its manifest: a writer died between the two steps.
+        shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    fsync_path(final.parent)
+    manifest = layout.build_manifest(step, files, kind, {"created_unix": time.time(), **(extra or {})})
+    write_file_atomic(final / layout.MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
+    return final
+
+
+def read_manifest(path: Path, step: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest of checkpoint folder ``path`` or the reason it has none usable."""
+    try:
+        manifest = json.loads((path / layout.MANIFEST_NAME).read_bytes())
+    except FileNotFoundError:
+        return None, "no manifest (incomplete)"
+    except (OSError, ValueError) as error:
+        return None, f"unreadable manifest: {error}"
+    if not isinstance(manifest, dict):
+        return None, "manifest is not an object"
+    problem = layout.manifest_problem(manifest, step)
+    return (None, problem) if problem else (manifest, None)
+
+
+def verify(path: Path, step: int, checksums: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+    """Check folder ``path`` against its manifest: sizes always, sha256 when ``checksums``."""
+    manifest, problem = read_manifest(path, step)
+    if manifest is None:
+        return None, problem
+    for name, entry in manifest["files"].items():
+        file_path = path / name
+        try:
+            size = file_path.stat().st_size
+        except OSError as error:
+            return None, f"{name}: {error.strerror or error}"
+        if size != entry["bytes"]:
+            return None, f"{name}: size {size} != manifest {entry['bytes']}"
+        if checksums:
+            _, digest = hash_file(file_path)
+            if digest != entry["sha256"]:
+                return None, f"{name}: sha256 mismatch (file corrupt)"
+    return manifest, None
+
+
+def complete_steps(directory: Path) -> list[int]:
+    """Steps whose folder has a manifest, newest first (not verified)."""
+    try:
+        names = [entry.name for entry in directory.iterdir()]
+    except FileNotFoundError:
+        return []
+    return [
+        step
+        for step in layout.steps_newest_first(names)
+        if (directory / layout.step_dir_name(step) / layout.MANIFEST_NAME).exists()
+    ]
+
+
+@dataclass(frozen=True)
+class LoadableCheckpoint:
+    step: int
+    path: Path
+    manifest: dict[str, Any]
+
+
+def newest_loadable(
+    directory: Path, newer_than: int = -1, checksums: bool = True
+) -> LoadableCheckpoint | None:
+    """The newest checkpoint that passes verification; each rejected one is logged with the reason."""
+    rejected: list[str] = []
+    for step in complete_steps(directory):
+        if step <= newer_than:
+            break
+        path = directory / layout.step_dir_name(step)
+        manifest, problem = verify(path, step, checksums)
+        if manifest is not None:
+            if rejected:
+                log.warning(
+                    "checkpoint fallback: loading %s after rejecting %s", path.name, "; ".join(rejected)
+                )
+            return LoadableCheckpoint(step, path, manifest)
+        rejected.append(f"{path.name} ({problem})")
+        log.warning("checkpoint %s rejected: %s; trying the previous one", path, problem)
+    if rejected:
+        log.warning("no loadable checkpoint in %s; rejected: %s", directory, "; ".join(rejected))
+    return None
+
+
+def purge(directory: Path, keep: int, now: float | None = None) -> list[Path]:
+    """Remove complete checkpoints beyond the newest ``keep`` and leftovers of dead writers.
+
+    Only one writer per job calls this. Leftovers are temporary folders of steps older than the newest
+    complete checkpoint (or older than an hour) and final-named folders without a manifest older than
+    the newest complete checkpoint.
+    """
+    now = time.time() if now is None else now
+    complete = complete_steps(directory)
+    newest = complete[0] if complete else -1
+    removed: list[Path] = []
+    for step in layout.steps_to_purge(complete, keep):
+        removed.append(directory / layout.step_dir_name(step))
+    with contextlib.suppress(FileNotFoundError):
+        for entry in directory.iterdir():
+            tmp_step = layout.parse_tmp_dir(entry.name)
+            final_step = layout.parse_step_dir(entry.name)
+            if tmp_step is not None:
+                with contextlib.suppress(OSError):
+                    if tmp_step < newest or now - entry.stat().st_mtime > STALE_TMP_SECONDS:
+                        removed.append(entry)
+            elif final_step is not None and final_step < newest and final_step not in complete:
+                removed.append(entry)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed

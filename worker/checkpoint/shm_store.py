@@ -1,0 +1,225 @@
+"""In-memory snapshots of one pod-local process, kept in shared memory so they outlive the process.
+
+The store of a training process lives at ``<root>/phalanx-snap-<namespace>/local-<LOCAL_RANK>/`` with
+a few slot files (see :mod:`slots`). When torchrun restarts the training processes of a pod they get
+new PIDs and possibly new ranks, but the same namespace and LOCAL_RANK, so they find the newest
+snapshot of that pod without touching disk. Writes go to a slot that is neither the newest one nor
+pinned by the saver process, so a crash mid-write leaves the previous snapshot intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phalanx.worker.checkpoint import payload, slots
+
+log = logging.getLogger(__name__)
+
+SLOT_COUNT = 3
+"""Two slots for double buffering plus one the saver process may hold while it persists."""
+_GROW_QUANTUM = 1 << 20
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def snapshot_root() -> Path:
+    """Where stores live: ``PHALANX_SNAPSHOT_DIR``, else /dev/shm, else the temporary directory."""
+    configured = os.environ.get("PHALANX_SNAPSHOT_DIR")
+    if configured:
+        return Path(configured)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+def job_namespace(directory: str | os.PathLike[str] | None) -> str:
+    """The key of this job's snapshots: the job id from the environment plus a hash of the directory.
+
+    ``PHALANX_JOB_UID`` (set by the operator) or ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``)
+    names the job; the checkpoint directory tells apart two checkpointers of one job.
+    """
+    job = os.environ.get("PHALANX_JOB_UID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
+    if job in ("", "none"):
+        job = "local"
+    where = os.path.abspath(os.fspath(directory)) if directory is not None else ""
+    digest = hashlib.sha256(where.encode()).hexdigest()[:12]
+    return _UNSAFE.sub("_", f"{job}-{digest}")
+
+
+def store_dir(namespace: str, local_rank: int, root: Path | None = None) -> Path:
+    return (root or snapshot_root()) / f"phalanx-snap-{namespace}" / f"local-{local_rank}"
+
+
+def cleanup_snapshots(namespace: str | None = None, directory: str | os.PathLike[str] | None = None) -> int:
+    """Remove every in-memory snapshot of a job (call when the job ends). Returns folders removed."""
+    ns = namespace or job_namespace(directory)
+    target = snapshot_root() / f"phalanx-snap-{ns}"
+    if not target.exists():
+        return 0
+    shutil.rmtree(target, ignore_errors=True)
+    return 1
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """A committed snapshot: its slot file and header (``step``, ``seq``, ``rank``, ``world_size``...)."""
+
+    path: Path
+    header: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.header["step"])
+
+    @property
+    def seq(self) -> int:
+        return int(self.header["seq"])
+
+
+class _Mapping:
+    """A writable mapping of one slot file, optionally registered as pinned memory for GPU copies."""
+
+    def __init__(self, path: Path, size: int, pin: bool) -> None:
+        self.size = size
+        self.tensor = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+        self.pinned = False
+        if pin:
+            self.pinned = _register_pinned(self.tensor)
+
+    def release(self) -> None:
+        if self.pinned:
+            with contextlib.suppress(Exception):
+                torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+        self.pinned = False
+        del self.tensor
+
+
+def _register_pinned(tensor: torch.Tensor) -> bool:
+    """Page-lock a shared mapping so device-to-host copies run at full speed (False if refused)."""
+    try:
+        result = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel(), 0)
+    except Exception as error:
+        log.info("pinning the snapshot buffer failed (%s); copying unpinned", error)
+        return False
+    code = getattr(result, "value", result)
+    return code in (0, None) or str(code).endswith("Success")
+
+
+class SnapshotStore:
+    """The snapshot slots of one process of a pod, at ``path``."""
+
+    def __init__(self, path: Path, slot_count: int = SLOT_COUNT) -> None:
+        self.path = path
+        self.slot_paths = [path / f"slot-{index}" for index in range(slot_count)]
+        self._fds: dict[Path, int] = {}
+        self._maps: dict[Path, _Mapping] = {}
+        # This process is the only writer of its store: after one read, headers are tracked in memory
+        # so a save does not reread every slot file.
+        self._known: dict[Path, dict[str, Any] | None] | None = None
+
+    def headers(self) -> dict[Path, dict[str, Any] | None]:
+        return {slot: slots.read_header(slot) for slot in self.slot_paths}
+
+    def newest(self) -> SlotInfo | None:
+        committed = [
+            SlotInfo(slot, header) for slot, header in self.headers().items() if slots.is_committed(header)
+        ]
+        if not committed:
+            return None
+        return max(committed, key=lambda info: (info.step, info.seq))
+
+    def _fd(self, slot: Path) -> int:
+        if slot not in self._fds:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._fds[slot] = os.open(slot, os.O_RDWR | os.O_CREAT, 0o600)
+        return self._fds[slot]
+
+    def _mapping(self, slot: Path, needed: int, pin: bool) -> _Mapping:
+        current = self._maps.get(slot)
+        if current is not None and current.size >= needed and (current.pinned or not pin):
+            return current
+        if current is not None:
+            current.release()
+            del self._maps[slot]
+        fd = self._fd(slot)
+        size = max(os.fstat(fd).st_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
+        os.ftruncate(fd, size)
+        self._maps[slot] = _Mapping(slot, size, pin)
+        return self._maps[slot]
+
+    def _tracked_headers(self) -> dict[Path, dict[str, Any] | None]:
+        if self._known is None:
+            self._known = self.headers()
+        return self._known
+
+    def choose_slot(self, pinned: set[Path]) -> Path:
+        """A slot that is neither the newest snapshot nor pinned; the oldest such one."""
+        headers = self._tracked_headers()
+        committed = [SlotInfo(slot, header) for slot, header in headers.items() if slots.is_committed(header)]
+        newest = max(committed, key=lambda info: (info.step, info.seq)) if committed else None
+        candidates = [
+            slot for slot in self.slot_paths if slot not in pinned and (newest is None or slot != newest.path)
+        ]
+        if not candidates:
+            raise RuntimeError("no free snapshot slot (all pinned)")
+
+        def age(slot: Path) -> tuple[int, int]:
+            header = headers[slot]
+            if not slots.is_committed(header):
+                return (-1, -1)
+            return (int(header["step"]), int(header["seq"]))
+
+        return min(candidates, key=age)
+
+    def write(
+        self, packed: payload.PackPlan, meta: dict[str, Any], pinned: set[Path] | None = None
+    ) -> SlotInfo:
+        """Copy a planned state into a free slot and commit it with ``meta`` (must hold ``step``)."""
+        slot = self.choose_slot(pinned or set())
+        fd = self._fd(slot)
+        known = self._tracked_headers()
+        seq = 1 + max((int(header.get("seq", 0)) for header in known.values() if header), default=0)
+        writing = {"state": slots.STATE_WRITING, "seq": seq}
+        slots.write_header_fd(fd, writing)
+        known[slot] = writing
+        on_device = any(tensor.device.type != "cpu" for tensor in packed.tensors)
+        mapping = self._mapping(slot, slots.HEADER_BYTES + packed.total_bytes, pin=on_device)
+        target = mapping.tensor[slots.HEADER_BYTES : slots.HEADER_BYTES + packed.total_bytes]
+        payload.write_into(target, packed, non_blocking=mapping.pinned)
+        if on_device:
+            torch.cuda.synchronize()
+        header = {
+            **meta,
+            "state": slots.STATE_COMMITTED,
+            "seq": seq,
+            "payload_bytes": packed.total_bytes,
+        }
+        slots.write_header_fd(fd, header)
+        known[slot] = header
+        return SlotInfo(slot, header)
+
+    def read(self, info: SlotInfo) -> torch.Tensor:
+        """A private copy of the snapshot's payload; raises SnapshotChanged if it was overwritten."""
+        buffer = torch.empty(int(info.header["payload_bytes"]), dtype=torch.uint8)
+        slots.read_payload_into(info.path, info.seq, memoryview(buffer.numpy()))
+        return buffer
+
+    def close(self) -> None:
+        for mapping in self._maps.values():
+            mapping.release()
+        self._maps.clear()
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()

@@ -1,0 +1,151 @@
+"""Launcher settings: read from the operator's environment contract, overridden by command-line flags.
+
+See docs/ARCHITECTURE.md ("Operator -> worker contract") for the variables. Everything here is pure:
+`settings_from(env, overrides)` turns a mapping into a validated `LaunchSettings`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Environment variable -> LaunchSettings field.
+ENV_FIELDS: dict[str, str] = {
+    "PHALANX_RDZV_ENDPOINT": "rdzv_endpoint",
+    "PHALANX_JOB_UID": "run_id",
+    "PHALANX_JOB_NAME": "job_name",
+    "PHALANX_MIN_NODES": "min_nodes",
+    "PHALANX_MAX_NODES": "max_nodes",
+    "PHALANX_NPROC_PER_NODE": "nproc_per_node",
+    "PHALANX_ROLE": "role",
+    "PHALANX_MAX_RESTARTS": "max_restarts",
+    "PHALANX_RDZV_JOIN_TIMEOUT": "join_timeout",
+    "PHALANX_RDZV_LAST_CALL_TIMEOUT": "last_call_timeout",
+    "PHALANX_RDZV_KEEPALIVE_INTERVAL": "keepalive_interval",
+    "PHALANX_RDZV_KEEPALIVE_TIMEOUT": "keepalive_timeout",
+    "PHALANX_HEARTBEAT_INTERVAL": "heartbeat_interval",
+    "PHALANX_HEARTBEAT_TIMEOUT": "heartbeat_timeout",
+    "PHALANX_METRICS_PORT": "metrics_port",
+    "PHALANX_COLLECTIVE_TIMEOUT": "collective_timeout",
+    "POD_NAME": "pod_name",
+    "POD_NAMESPACE": "pod_namespace",
+    "POD_IP": "local_addr",
+}
+
+# The key in the rendezvous store that the operator bumps (an integer counter, `TCPStore.add`) to make
+# every launcher restart its worker group and re-rendezvous at once.
+RESTART_EPOCH_KEY = "phalanx/restart-epoch"
+
+
+class LaunchSettings(BaseModel):
+    """Everything the launcher needs; defaults favour fast recovery over torch's conservative ones."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rdzv_endpoint: str = Field(min_length=1)
+    """`host:port` of the job's rendezvous store (never hosted by a worker)."""
+    run_id: str = Field(default="phalanx-local", min_length=1)
+    """Rendezvous id: the TrainingJob uid, so two jobs never share a rendezvous."""
+    job_name: str = ""
+    """TrainingJob name, for logs and metrics only."""
+    min_nodes: int = Field(default=1, ge=1)
+    """Fewest launchers (pods) the group trains with."""
+    max_nodes: int = Field(default=1, ge=1)
+    """Most launchers in the group; a launcher arriving beyond it waits as a standby."""
+    nproc_per_node: int = Field(default=1, ge=1)
+    """Training processes per launcher."""
+    role: Literal["worker", "spare"] = "worker"
+    """`spare` joins only once the group is formed, so it waits as a standby instead of taking a slot."""
+    max_restarts: int = Field(default=1000, ge=0)
+    """Worker-group restarts after failures before giving up; big because the operator owns the real budget.
+    Membership changes and operator-requested restarts never spend it."""
+    max_failures_without_progress: int = Field(default=3, ge=1)
+    """Consecutive failed attempts that completed no training step before the command counts as broken (exit 1)."""
+    join_timeout: float = Field(default=120.0, gt=0)
+    """Seconds to wait for a rendezvous round to form (torch default: 600)."""
+    last_call_timeout: float = Field(default=1.0, gt=0)
+    """Seconds to wait for more nodes once `min_nodes` have joined (torch default: 30)."""
+    keepalive_interval: float = Field(default=1.0, gt=0)
+    """Seconds between rendezvous keep-alives (torch default: 5)."""
+    keepalive_timeout: float = Field(default=5.0, gt=0)
+    """Seconds without keep-alive after which a node is dropped from the rendezvous (torch default: 15)."""
+    store_timeout: float = Field(default=15.0, gt=0)
+    """Seconds one rendezvous-store operation may take before it counts as a connection failure."""
+    monitor_interval: float = Field(default=0.2, gt=0)
+    """Seconds between checks of the training processes, the restart epoch and waiting nodes."""
+    shutdown_grace: float = Field(default=30.0, ge=0)
+    """Seconds training processes get to save after SIGTERM before they are killed."""
+    local_addr: str = "127.0.0.1"
+    """Address this launcher advertises and binds to (the pod IP)."""
+    pod_name: str = ""
+    """Pod name: names the heartbeat Lease."""
+    pod_namespace: str = ""
+    """Pod namespace: holds the heartbeat Lease."""
+    heartbeat_interval: float = Field(default=5.0, gt=0)
+    """Seconds between Lease renewals."""
+    heartbeat_timeout: float = Field(default=30.0, gt=0)
+    """Seconds of silence after which the operator calls the pod dead (written into the Lease)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus port of this pod; 0 turns the endpoint off."""
+    collective_timeout: float = Field(default=300.0, gt=0)
+    """Seconds a training process may sit in one collective before its watchdog ends it."""
+    command: tuple[str, ...] = Field(min_length=1)
+    """The user's training command."""
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> LaunchSettings:
+        if self.max_nodes < self.min_nodes:
+            raise ValueError(f"max_nodes ({self.max_nodes}) is below min_nodes ({self.min_nodes})")
+        if self.keepalive_timeout < self.keepalive_interval:
+            raise ValueError("keepalive_timeout must be at least keepalive_interval")
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
+        return self
+
+    @property
+    def rdzv_host(self) -> str:
+        return self.rdzv_endpoint.rpartition(":")[0]
+
+    @property
+    def rdzv_port(self) -> int:
+        return int(self.rdzv_endpoint.rpartition(":")[2])
+
+    @property
+    def keepalive_max_attempts(self) -> int:
+        """Missed keep-alives that make a node dead, as torch counts it."""
+        return max(1, math.ceil(self.keepalive_timeout / self.keepalive_interval))
+
+
+class SettingsError(ValueError):
+    """The launcher's configuration is invalid (exit code 2)."""
+
+
+def settings_from(env: Mapping[str, str], overrides: Mapping[str, Any]) -> LaunchSettings:
+    """Build settings from the environment, then flags (`overrides`, None meaning "not given")."""
+    values: dict[str, Any] = {}
+    for variable, field in ENV_FIELDS.items():
+        raw = env.get(variable, "").strip()
+        if raw:
+            values[field] = raw
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    try:
+        return LaunchSettings.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'settings'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise SettingsError(problems) from None
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """`"2"` -> (2, 2); `"1:4"` -> (1, 4)."""
+    low, _, high = text.partition(":")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise SettingsError(f"--nnodes must be N or MIN:MAX, got {text!r}") from None

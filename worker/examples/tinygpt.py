@@ -1,0 +1,359 @@
+"""A tiny GPT-style character model trained with DDP under the Phalanx launcher.
+
+    python -m phalanx.worker.launch --nnodes 1:2 -- python -m phalanx.worker.examples.tinygpt --steps 300
+
+Trains on a synthetic corpus (worker/examples/corpus.py) with gloo on CPU, or NCCL on CUDA when present.
+It uses everything a Phalanx training script should: TrainState + Checkpointer (resume from memory, peers
+or disk), ElasticSampler (constant global batch whatever the world size), the non-finite-loss guard,
+the collective watchdog, progress records for heartbeats, and an emergency save on SIGTERM.
+Run alone (`python -m phalanx.worker.examples.tinygpt`) it trains in a single process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from phalanx.worker.data import ElasticSampler, micro_batches, rank_share
+from phalanx.worker.examples.corpus import generate
+from phalanx.worker.exitcodes import LauncherExit, TrainerExit
+from phalanx.worker.guards import (
+    CollectiveWatchdog,
+    NonFiniteLossError,
+    NonFiniteLossGuard,
+    global_mean_loss,
+    process_group_timeout,
+)
+from phalanx.worker.heartbeat import StatusPublisher
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: save durably and stop."""
+
+
+# -- model ------------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab: int, block: int, width: int = 96, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.token = nn.Embedding(vocab, width)
+        self.position = nn.Embedding(block, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer(
+            "mask", torch.triu(torch.ones(block, block, dtype=torch.bool), 1), persistent=False
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        x = self.token(tokens) + self.position(torch.arange(length, device=tokens.device))
+        mask = self.mask[:length, :length]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+
+class CharDataset:
+    """Windows of `block + 1` characters; sample i starts at i * block."""
+
+    def __init__(self, text: str, block: int) -> None:
+        self.vocab = sorted(set(text))
+        lookup = {character: index for index, character in enumerate(self.vocab)}
+        self.data = torch.tensor([lookup[character] for character in text], dtype=torch.long)
+        self.block = block
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.block
+
+    def batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        windows = torch.stack([self.data[i * self.block : i * self.block + self.block + 1] for i in indices])
+        return windows[:, :-1], windows[:, 1:]
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def checksum(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def append_json(path: str | None, record: dict[str, Any]) -> None:
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Join the group torchrun formed (if any); the device is chosen at run time."""
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cpu")
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if "MASTER_ADDR" not in os.environ:
+        return 0, 1, device
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=process_group_timeout())
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m phalanx.worker.examples.tinygpt", description=__doc__)
+    add = parser.add_argument
+    add("--steps", type=int, default=300, help="train until this step")
+    add("--global-batch", type=int, default=32, help="samples per step, the same at every world size")
+    add("--micro-batch", type=int, default=16, help="most samples per forward/backward on one rank")
+    add("--block", type=int, default=32, help="characters of context")
+    add("--width", type=int, default=96, help="model width")
+    add("--layers", type=int, default=2, help="transformer blocks")
+    add("--lr", type=float, default=3e-3, help="peak learning rate")
+    add("--seed", type=int, default=0, help="model init and data order")
+    add("--corpus-chars", type=int, default=60_000, help="size of the synthetic corpus")
+    add("--checkpoint-dir", default=os.environ.get("PHALANX_CHECKPOINT_DIR") or "phalanx-checkpoints")
+    add("--checkpoint-interval", type=int, default=int(os.environ.get("PHALANX_CHECKPOINT_INTERVAL") or 50))
+    add("--checkpoint-keep", type=int, default=int(os.environ.get("PHALANX_CHECKPOINT_KEEP") or 3))
+    add("--max-rollbacks", type=int, default=3, help="non-finite losses tolerated before giving up")
+    add("--threads", type=int, default=1, help="torch CPU threads per process")
+    add("--step-delay", type=float, default=0.0, help="seconds to sleep per step (tests)")
+    add("--fail-at-step", type=int, default=0, help="crash the last rank once at this step (tests)")
+    add("--nan-at-step", type=int, default=0, help="make rank 0's loss NaN once at this step (tests)")
+    add("--log-file", help="append one JSON line per step (rank 0) and per restore (every rank)")
+    add("--summary-file", help="write the final JSON summary here (rank 0)")
+    add("--print-every", type=int, default=0, help="print the loss every N steps (0: only the summary)")
+    return parser.parse_args(argv)
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    from phalanx.worker import Checkpointer, TrainState
+
+    torch.set_num_threads(args.threads)
+    rank, world_size, device = init_distributed()
+    publisher = StatusPublisher.from_env()
+    publisher.publish(phase="starting", rank=rank, world_size=world_size)
+    watchdog = CollectiveWatchdog().start()
+
+    dataset = CharDataset(generate(args.corpus_chars), args.block)
+    torch.manual_seed(args.seed)
+    model = TinyGPT(len(dataset.vocab), args.block, width=args.width, layers=args.layers).to(device)
+    ddp = DistributedDataParallel(model) if world_size > 1 else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    warmup = 20
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    sampler = ElasticSampler(len(dataset), args.global_batch, seed=args.seed)
+    state = TrainState(model=model, optimizer=optimizer, lr_scheduler=scheduler, data_cursor=sampler)
+    ckpt = Checkpointer(
+        state,
+        directory=args.checkpoint_dir,
+        interval_steps=args.checkpoint_interval,
+        keep=args.checkpoint_keep,
+        snapshot_every=1,
+    )
+    guard = NonFiniteLossGuard(ckpt, sampler, max_rollbacks=args.max_rollbacks)
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        signal.signal(signum, signal.SIG_IGN)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    restores: list[dict[str, Any]] = []
+
+    def restore(reason: str, do_load: Any) -> int:
+        publisher.publish(phase="restoring")
+        step = do_load()
+        info = ckpt.last_restore
+        event = {
+            "event": "restore",
+            "reason": reason,
+            "rank": rank,
+            "world_size": world_size,
+            "step": step,
+            "source": info.source if info else "none",
+            "seconds": round(info.seconds, 4) if info else 0.0,
+            "time": time.time(),
+        }
+        restores.append(event)
+        append_json(args.log_file, event)
+        return step
+
+    started = time.time()
+    step = restore("start", ckpt.load)
+    loss_value = float("nan")
+    nan_injected = False
+    try:
+        while step < args.steps:
+            step_started = time.perf_counter()
+            batch = rank_share(sampler.next_global_batch(), rank, world_size)
+            local_loss = torch.zeros((), device=device)
+            with watchdog.watch(f"step {step + 1}"):
+                for micro in micro_batches(batch, args.micro_batch, world_size, args.global_batch):
+                    inputs, targets = (tensor.to(device) for tensor in dataset.batch(micro.indices))
+                    sync = micro.sync or not isinstance(ddp, DistributedDataParallel)
+                    context = ddp.no_sync() if not sync else _nullcontext()
+                    with context:
+                        logits = ddp(inputs)
+                        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+                        if args.nan_at_step == step + 1 and rank == 0 and not nan_injected:
+                            nan_injected = True
+                            loss = loss * float("nan")
+                        scaled = loss * micro.loss_scale
+                        scaled.backward()
+                    local_loss = local_loss + scaled.detach()
+                mean_loss = global_mean_loss(local_loss)
+            if not math.isfinite(mean_loss):
+                optimizer.zero_grad(set_to_none=True)
+                step = restore("non-finite loss", guard.rollback)
+                continue
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss_value = mean_loss
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            publisher.publish(phase="saving")
+            ckpt.save(step)
+            step_seconds = time.perf_counter() - step_started
+            publisher.publish(
+                phase="training",
+                step=step,
+                loss=loss_value,
+                step_seconds=step_seconds,
+                samples_per_second=args.global_batch / step_seconds,
+                grad_norm=grad_norm,
+                checkpoint_step=int(ckpt.stats["last_durable_step"]),
+                checkpoint_stall_seconds=float(ckpt.stats["last_stall_seconds"]),
+            )
+            if rank == 0:
+                append_json(
+                    args.log_file,
+                    {"step": step, "loss": loss_value, "world_size": world_size, "time": time.time()},
+                )
+                if args.print_every and step % args.print_every == 0:
+                    print(f"step {step} loss {loss_value:.4f} world {world_size}", flush=True)
+            if args.fail_at_step and step == args.fail_at_step and rank == world_size - 1:
+                _fail_once(args)
+        ckpt.save(step, force_durable=True)
+        ckpt.wait()
+    except Terminated:
+        publisher.publish(phase="saving")
+        saved = ckpt.emergency_save()
+        ckpt.close()
+        print(
+            f"phalanx: SIGTERM: saved step {saved}" if saved is not None else "", file=sys.stderr, flush=True
+        )
+        raise
+    ckpt.close()
+    watchdog.stop()
+    publisher.publish(phase="finished", step=step)
+    return {
+        "final_step": step,
+        "final_loss": loss_value,
+        "checksum": checksum(model),
+        "world_size": world_size,
+        "rank": rank,
+        "parameters": sum(parameter.numel() for parameter in model.parameters()),
+        "restores": restores,
+        "rollbacks": guard.rollbacks,
+        "wall_seconds": round(time.time() - started, 3),
+        "device": str(device),
+    }
+
+
+def _fail_once(args: argparse.Namespace) -> None:
+    """Crash once per checkpoint directory, so a resumed run passes the step."""
+    marker = Path(args.checkpoint_dir) / f".fail-at-step-{args.fail_at_step}"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    print(f"phalanx example: failing on purpose at step {args.fail_at_step}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _peer_lost(error: BaseException) -> bool:
+    text = str(error)
+    return any(
+        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        summary = train(args)
+    except Terminated:
+        return int(LauncherExit.TERMINATED)
+    except NonFiniteLossError as error:
+        print(f"phalanx example: {error}", file=sys.stderr, flush=True)
+        return int(TrainerExit.NON_FINITE_LOSS)
+    except RuntimeError as error:
+        if not _peer_lost(error):
+            raise
+        # Expected when another rank dies: the launcher re-forms the group; no traceback needed.
+        print(
+            f"phalanx example: lost a peer: {str(error).splitlines()[0][:200]}", file=sys.stderr, flush=True
+        )
+        return 1
+    if summary["rank"] == 0:
+        line = json.dumps({key: value for key, value in summary.items() if key != "rank"})
+        print(line, flush=True)
+        if args.summary_file:
+            Path(args.summary_file).write_text(line + "\n")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

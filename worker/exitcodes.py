@@ -1,0 +1,41 @@
+"""Exit codes of the launcher and of training processes (documented in worker/README.md).
+
+The operator reads the launcher's exit code to tell a user's fault (spend the user's budget or fail the
+job) from an infrastructure fault (replace the pod, never charge the user).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class LauncherExit(IntEnum):
+    SUCCESS = 0
+    """Every training process of the group finished."""
+    USER_CODE_FAILED = 1
+    """The training command failed repeatedly before completing a single step (a bug, not bad luck)."""
+    BAD_CONFIG = 2
+    """Invalid flags or environment, or the command does not exist."""
+    RENDEZVOUS_UNREACHABLE = 3
+    """The rendezvous store stayed unreachable, or a round did not form within the join timeout (infra)."""
+    RESTART_BUDGET_EXHAUSTED = 4
+    """The worker group failed more often than `max_restarts` allows."""
+    LOSS_DIVERGED = 5
+    """A training process gave up after too many non-finite losses (see guards.NonFiniteLossGuard)."""
+    TERMINATED = 143
+    """SIGTERM: training processes were asked to save, then stopped (128 + 15)."""
+
+
+class TrainerExit(IntEnum):
+    """Codes a training process uses to tell the launcher why it stopped."""
+
+    NON_FINITE_LOSS = 86
+    """Loss was NaN/Inf more often than the rollback budget allows: restarting cannot help."""
+    COLLECTIVE_TIMEOUT = 87
+    """The watchdog ended a rank stuck in one collective: restart the group (infrastructure)."""
+    ORPHANED = 88
+    """The launcher died: the process ends itself rather than train unsupervised."""
+
+
+# Training-process exit codes after which restarting the group is pointless.
+FATAL_TRAINER_EXITS: dict[int, LauncherExit] = {TrainerExit.NON_FINITE_LOSS: LauncherExit.LOSS_DIVERGED}

@@ -1,0 +1,615 @@
+"""The pod's long-lived process: runs the user's command under torchrun's elastic agent.
+
+    python -m phalanx.worker.launch [options] -- <user command...>
+
+Settings come from the operator's environment contract (docs/ARCHITECTURE.md); flags override them.
+What this adds to torchrun (see worker/README.md):
+- c10d rendezvous against an external store (worker/rendezvous.py), fast timeouts, a standby role;
+- survives the store going away: training continues, the launcher reconnects, then re-rendezvous;
+- `phalanx/restart-epoch` in the store: when the operator bumps it, the worker group restarts at once;
+- restarts kill training processes outright (state lives in in-memory snapshots), SIGTERM lets them save;
+- exit codes that tell user errors from infrastructure failures (worker/exitcodes.py);
+- heartbeat Lease and Prometheus metrics from the training processes' status records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousGracefulExitError,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
+
+from phalanx.worker import heartbeat, rendezvous
+from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
+from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
+from phalanx.worker.metrics import PodMetrics
+
+logger = logging.getLogger("phalanx.launch")
+
+# Errors that mean "the rendezvous store is not answering" wherever they surface.
+STORE_ERRORS: tuple[type[BaseException], ...] = (RendezvousConnectionError, dist.DistError)
+
+
+class StoreUnreachableError(Exception):
+    """The rendezvous store did not come back within the join timeout."""
+
+
+class LauncherStop(Exception):
+    """The launcher decided to stop the group for good; carries the exit code."""
+
+    def __init__(self, code: LauncherExit, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RendezvousClient:
+    """Owns the connection to the external store and the torch rendezvous handler built on it."""
+
+    def __init__(self, settings: LaunchSettings) -> None:
+        self.settings = settings
+        self.store = self._connect_until(time.monotonic() + settings.join_timeout)
+        self.handler = DynamicRendezvousHandler.from_backend(
+            run_id=settings.run_id,
+            store=self.store,
+            backend=C10dRendezvousBackend(self.store, settings.run_id),
+            min_nodes=settings.min_nodes,
+            max_nodes=settings.max_nodes,
+            local_addr=settings.local_addr,
+            timeout=RendezvousTimeout(
+                join=timedelta(seconds=settings.join_timeout),
+                last_call=timedelta(seconds=settings.last_call_timeout),
+                close=timedelta(seconds=max(settings.join_timeout / 4, 5)),
+                heartbeat=timedelta(seconds=settings.keepalive_timeout),
+            ),
+            keep_alive_interval=settings.keepalive_interval,  # type: ignore[arg-type]
+            keep_alive_max_attempt=settings.keepalive_max_attempts,
+        )
+
+    def _connect_once(self) -> dist.TCPStore:
+        return rendezvous.connect(
+            self.settings.rdzv_host, self.settings.rdzv_port, timeout=self.settings.store_timeout
+        )
+
+    def _connect_until(self, deadline: float) -> dist.TCPStore:
+        while True:
+            try:
+                return rendezvous.connect(
+                    self.settings.rdzv_host,
+                    self.settings.rdzv_port,
+                    timeout=min(self.settings.store_timeout, max(deadline - time.monotonic(), 1.0)),
+                )
+            except (RuntimeError, dist.DistError) as error:
+                if time.monotonic() >= deadline:
+                    raise StoreUnreachableError(
+                        f"rendezvous store {self.settings.rdzv_endpoint} unreachable for "
+                        f"{self.settings.join_timeout:g}s: {error}"
+                    ) from None
+                time.sleep(1.0)
+
+    def try_reconnect(self) -> bool:
+        """One quick attempt to reach the store again; on success every later call uses the new client."""
+        try:
+            store = rendezvous.connect(self.settings.rdzv_host, self.settings.rdzv_port, timeout=2.0)
+            backend = C10dRendezvousBackend(store, self.settings.run_id)
+        except (RuntimeError, dist.DistError, RendezvousConnectionError):
+            return False
+        self._swap(store, backend)
+        return True
+
+    def reconnect_until(self, deadline: float) -> None:
+        while not self.try_reconnect():
+            if time.monotonic() >= deadline:
+                raise StoreUnreachableError(
+                    f"rendezvous store {self.settings.rdzv_endpoint} unreachable for "
+                    f"{self.settings.join_timeout:g}s"
+                )
+            time.sleep(1.0)
+
+    def _swap(self, store: dist.TCPStore, backend: C10dRendezvousBackend) -> None:
+        # A restarted store has lost the rendezvous state; the handler's next sync reads the fresh one
+        # (or the surviving one after a network blip) and its next join works against it.
+        self.store = store
+        self.handler._store = store
+        self.handler._state_holder._backend = backend  # type: ignore[attr-defined]
+        self.handler._state_holder._token = None  # type: ignore[attr-defined]
+
+    def restart_epoch(self) -> int:
+        return rendezvous.read_restart_epoch(self.store)
+
+    def in_standby(self) -> bool:
+        """Whether this node waits in torch's redundancy list (read from the local copy of the state)."""
+        with contextlib.suppress(Exception):
+            state = self.handler._state_holder.state  # type: ignore[attr-defined]
+            return self.handler._this_node in state.redundancy_list
+        return False
+
+    def wait_for_formed_group(self) -> None:
+        """A spare lets the workers form the first round, so it lands in the redundancy list, not a slot.
+
+        Once any round has formed it joins at once: a group re-forming after a loss needs it now.
+        """
+        holder = self.handler._state_holder  # type: ignore[attr-defined]
+        while True:
+            holder.sync()
+            state = holder.state
+            if state.closed:
+                raise RendezvousGracefulExitError("the rendezvous is closed: the job has ended")
+            if state.complete or state.round > 0:
+                return
+            time.sleep(0.5)
+
+
+class PhalanxAgent(LocalElasticAgent):
+    """torchrun's local agent with Phalanx's restart policy, store resilience and restart epoch."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        settings: LaunchSettings,
+        client: RendezvousClient,
+        reporter: PodReporter,
+        log_dir: str,
+    ) -> None:
+        super().__init__(
+            spec=spec,
+            logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+            start_method="spawn",
+            exit_barrier_timeout=max(settings.join_timeout, 60.0),
+            shutdown_timeout=math.ceil(settings.shutdown_grace),
+        )
+        self._settings = settings
+        self._client = client
+        self._reporter = reporter
+        self._epoch_seen = 0
+        self._attempt = 0
+        self._restart_cause = "start"
+        self._failures_without_progress = 0
+        self._step_at_start: int | None = None
+        self._store_lost_at: float | None = None
+        self._last_reconnect_try = 0.0
+        self.stop_reason: LauncherStop | None = None
+
+    # -- worker lifecycle -------------------------------------------------------------------------
+
+    def _stop_workers(self, worker_group: Any) -> None:
+        # State lives in in-memory snapshots that survive the processes, so a restart kills at once:
+        # waiting for ranks stuck in a collective is what makes recoveries slow.
+        if self._pcontext is not None:
+            self._pcontext.close(signal.SIGKILL, timeout=10)
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        self._attempt += 1
+        os.environ["PHALANX_GROUP_ATTEMPT"] = str(self._attempt)
+        os.environ["PHALANX_RESTART_CAUSE"] = self._restart_cause
+        self._step_at_start = self._reporter.current().step
+        pids = super()._start_workers(worker_group)
+        self._reporter.launcher_phase = None
+        logger.info(
+            "group attempt %d (%s): rank %d of %d nodes, world size %d",
+            self._attempt,
+            self._restart_cause,
+            worker_group.group_rank,
+            worker_group.group_world_size,
+            worker_group.workers[0].world_size if worker_group.workers else 0,
+        )
+        return pids
+
+    def _rendezvous(self, worker_group: Any) -> None:
+        self._reporter.launcher_phase = "rendezvous"
+        started = time.monotonic()
+        super()._rendezvous(worker_group)
+        self._reporter.metrics.rendezvous_seconds.set(time.monotonic() - started)
+        with contextlib.suppress(*STORE_ERRORS):
+            self._epoch_seen = self._client.restart_epoch()
+
+    def _initialize_resilient(self) -> None:
+        """Rendezvous and start workers; rides out a store outage up to the join timeout."""
+        deadline: float | None = None
+        while True:
+            try:
+                self._initialize_workers(self._worker_group)
+                return
+            except STORE_ERRORS as error:
+                now = time.monotonic()
+                deadline = deadline or now + self._settings.join_timeout
+                logger.warning("rendezvous store unreachable (%s); reconnecting", type(error).__name__)
+                self._stop_workers(self._worker_group)
+                self._client.reconnect_until(deadline)
+                self._restart_cause = "store-reconnected"
+
+    def _restart(self, cause: str) -> None:
+        self._restart_cause = cause
+        self._reporter.metrics.restarts.labels(cause=cause).inc()
+        logger.warning("restarting the worker group: %s", cause)
+        self._stop_workers(self._worker_group)
+        self._worker_group.state = WorkerState.STOPPED
+        self._initialize_resilient()
+
+    # -- the supervision loop ---------------------------------------------------------------------
+
+    def _invoke_run(self, role: str = "default") -> RunResult:
+        spec = self._worker_group.spec
+        if self._settings.role == "spare":
+            self._reporter.launcher_phase = "standby"
+            self._client.wait_for_formed_group()
+        self._initialize_resilient()
+        while True:
+            time.sleep(spec.monitor_interval)
+            result = self._monitor_workers(self._worker_group)
+            self._worker_group.state = result.state
+            if result.state == WorkerState.SUCCEEDED:
+                self._reporter.launcher_phase = "finished"
+                self._exit_barrier()
+                return result
+            if result.state in {WorkerState.UNHEALTHY, WorkerState.FAILED}:
+                self._on_failure(result)
+                continue
+            cause = self._membership_change()
+            if cause is not None:
+                self._restart(cause)
+
+    def _on_failure(self, result: RunResult) -> None:
+        codes = sorted({failure.exitcode for failure in result.failures.values()})
+        fatal = [FATAL_TRAINER_EXITS[code] for code in codes if code in FATAL_TRAINER_EXITS]
+        if fatal:
+            self._give_up(result, LauncherStop(fatal[0], f"training process exit codes {codes}: not retried"))
+        progressed = self._made_progress()
+        self._failures_without_progress = 0 if progressed else self._failures_without_progress + 1
+        if self._failures_without_progress >= self._settings.max_failures_without_progress:
+            self._give_up(
+                result,
+                LauncherStop(
+                    LauncherExit.USER_CODE_FAILED,
+                    f"the training command failed {self._failures_without_progress} times in a row "
+                    f"without completing a step (exit codes {codes})",
+                ),
+            )
+        if self._remaining_restarts <= 0:
+            self._give_up(
+                result,
+                LauncherStop(
+                    LauncherExit.RESTART_BUDGET_EXHAUSTED,
+                    f"restart budget of {self._settings.max_restarts} spent (last exit codes {codes})",
+                ),
+            )
+        self._remaining_restarts -= 1
+        self._restart(f"failure exit={codes}")
+
+    def _give_up(self, result: RunResult, stop: LauncherStop) -> None:
+        self._stop_workers(self._worker_group)
+        self._worker_group.state = WorkerState.FAILED
+        self.stop_reason = stop
+        raise stop
+
+    def _made_progress(self) -> bool:
+        step = self._reporter.current().step
+        return step is not None and (self._step_at_start is None or step > self._step_at_start)
+
+    def _membership_change(self) -> str | None:
+        """Why the healthy group must re-form now, or None. Store trouble never stops training."""
+        if self._store_lost_at is not None:
+            now = time.monotonic()
+            if now - self._last_reconnect_try < 1.0:
+                return None
+            self._last_reconnect_try = now
+            if not self._client.try_reconnect():
+                return None
+            logger.warning(
+                "rendezvous store back after %.1fs; re-forming the group", now - self._store_lost_at
+            )
+            self._store_lost_at = None
+            return "store-reconnected"
+        try:
+            epoch = self._client.restart_epoch()
+            if epoch != self._epoch_seen:
+                return f"restart-epoch {self._epoch_seen}->{epoch}"
+            waiting = self._client.handler.num_nodes_waiting()
+            if waiting > 0:
+                return f"{waiting} node(s) waiting to join"
+        except STORE_ERRORS as error:
+            logger.warning("rendezvous store lost (%s); training continues", type(error).__name__)
+            self._store_lost_at = time.monotonic()
+        return None
+
+
+class PodReporter:
+    """Reads the training processes' status records; renews the Lease and updates the metrics."""
+
+    def __init__(self, settings: LaunchSettings, status_dir: Path, metrics: PodMetrics) -> None:
+        self.settings = settings
+        self.status_dir = status_dir
+        self.metrics = metrics
+        self.launcher_phase: heartbeat.Phase | None = "starting"
+        self.standby_probe: Callable[[], bool] = lambda: False
+        self._stop = threading.Event()
+        self._lease: Any = None
+        self._last_phase: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="phalanx-reporter", daemon=True)
+
+    def current(self) -> heartbeat.PodStatus:
+        phase = self.launcher_phase
+        if phase == "rendezvous" and self.standby_probe():
+            phase = "standby"
+        return heartbeat.combine(heartbeat.read_records(self.status_dir), phase)
+
+    def start(self) -> None:
+        from phalanx.worker.lease import LeaseClient
+
+        settings = self.settings
+        if LeaseClient.available(os.environ, settings.pod_name, settings.pod_namespace):
+            try:
+                self._lease = LeaseClient(settings.pod_name, settings.pod_namespace)
+            except Exception as error:
+                logger.warning("heartbeats off: cannot configure the Kubernetes client: %s", error)
+        if settings.metrics_port:
+            self.metrics.serve(settings.metrics_port, settings.local_addr)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self._tick(renew=True)
+
+    def _loop(self) -> None:
+        next_renewal = 0.0
+        while not self._stop.wait(min(1.0, self.settings.heartbeat_interval)):
+            now = time.monotonic()
+            renew = now >= next_renewal
+            if renew:
+                next_renewal = now + self.settings.heartbeat_interval
+            try:
+                self._tick(renew)
+            except Exception as error:
+                logger.warning("heartbeat failed: %s", error)
+
+    def _tick(self, renew: bool) -> None:
+        status = self.current()
+        if status.phase != self._last_phase:
+            if status.phase == "standby" or self._last_phase == "standby":
+                logger.info("phase %s -> %s", self._last_phase, status.phase)
+            self._last_phase = status.phase
+        self.metrics.update(status)
+        if renew and self._lease is not None:
+            body = heartbeat.lease_body(
+                pod_name=self.settings.pod_name,
+                namespace=self.settings.pod_namespace,
+                pod_uid=self._lease.pod_uid(),
+                status=status,
+                now=datetime.now(UTC),
+                lease_duration_seconds=math.ceil(self.settings.heartbeat_timeout),
+            )
+            self._lease.renew(body)
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--rdzv-endpoint", help="host:port of the rendezvous store (env PHALANX_RDZV_ENDPOINT)")
+    add("--rdzv-id", dest="run_id", help="rendezvous id (env PHALANX_JOB_UID)")
+    add("--nnodes", help="N or MIN:MAX launchers (env PHALANX_MIN_NODES, PHALANX_MAX_NODES)")
+    add("--nproc-per-node", type=int, help="training processes per launcher (env PHALANX_NPROC_PER_NODE)")
+    add("--role", choices=["worker", "spare"], help="spare: join as a standby (env PHALANX_ROLE)")
+    add("--max-restarts", type=int, help="restart budget after failures (default 1000)")
+    add("--max-failures-without-progress", type=int, help="consecutive step-less failures before exit 1")
+    add("--join-timeout", type=float, help="seconds for a rendezvous round to form (default 120)")
+    add("--last-call-timeout", type=float, help="seconds to wait for more nodes after min (default 1)")
+    add("--keepalive-interval", type=float, help="seconds between rendezvous keep-alives (default 1)")
+    add("--keepalive-timeout", type=float, help="seconds until a silent node is dropped (default 5)")
+    add("--store-timeout", type=float, help="seconds one store operation may take (default 15)")
+    add("--monitor-interval", type=float, help="seconds between checks of the workers (default 0.2)")
+    add("--shutdown-grace", type=float, help="seconds workers get to save after SIGTERM (default 30)")
+    add("--local-addr", help="address this node advertises (env POD_IP, default 127.0.0.1)")
+    add("--metrics-port", type=int, help="Prometheus port, 0 off (env PHALANX_METRICS_PORT)")
+    add("--heartbeat-interval", type=float, help="seconds between Lease renewals")
+    add("--collective-timeout", type=float, help="seconds a rank may sit in one collective")
+    add("--verbose", action="store_true", help="show torchrun's own logs")
+    add("command", nargs=argparse.REMAINDER, help="-- then the training command")
+
+
+FLAG_FIELDS = (
+    "rdzv_endpoint",
+    "run_id",
+    "nproc_per_node",
+    "role",
+    "max_restarts",
+    "max_failures_without_progress",
+    "join_timeout",
+    "last_call_timeout",
+    "keepalive_interval",
+    "keepalive_timeout",
+    "store_timeout",
+    "monitor_interval",
+    "shutdown_grace",
+    "local_addr",
+    "metrics_port",
+    "heartbeat_interval",
+    "collective_timeout",
+)
+
+
+def settings_from_args(args: argparse.Namespace, env: dict[str, str]) -> LaunchSettings:
+    overrides: dict[str, Any] = {name: getattr(args, name) for name in FLAG_FIELDS}
+    if args.nnodes:
+        overrides["min_nodes"], overrides["max_nodes"] = parse_nnodes(args.nnodes)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    overrides["command"] = tuple(command) or None
+    settings = settings_from(env, overrides)
+    if shutil.which(settings.command[0]) is None:
+        raise SettingsError(f"command not found: {settings.command[0]!r}")
+    return settings
+
+
+def _configure_logging(verbose: bool, settings: LaunchSettings | None = None) -> None:
+    name = (settings.pod_name if settings else "") or f"pid{os.getpid()}"
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[phalanx-launch {name}] %(asctime)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    if not verbose:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+
+
+def _raise_signal(signum: int, _frame: Any) -> None:
+    raise SignalException(f"launcher got signal {signum}", sigval=signal.Signals(signum))
+
+
+def _prepare_worker_environment(settings: LaunchSettings, status_dir: Path) -> None:
+    """Variables every training process inherits (set before any worker starts)."""
+    os.environ[heartbeat.STATUS_DIR_ENV] = str(status_dir)
+    os.environ["PHALANX_COLLECTIVE_TIMEOUT"] = f"{settings.collective_timeout:g}"
+    os.environ.setdefault("PHALANX_JOB_UID", settings.run_id)
+    # Training processes get a fresh store per attempt, hosted by the new rank 0, instead of one hosted
+    # by the first rank-0 launcher: a reused store would keep stale keys and a dead node's address.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if settings.nproc_per_node > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Pods with their own loopback address share the host's interfaces: gloo must use loopback.
+    if settings.local_addr.startswith("127."):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def _status_dir(settings: LaunchSettings) -> Path:
+    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="phalanx-status-", dir=root))
+
+
+def run(settings: LaunchSettings) -> int:
+    status_dir = _status_dir(settings)
+    log_dir = tempfile.mkdtemp(prefix="phalanx-launch-logs-")
+    _prepare_worker_environment(settings, status_dir)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _raise_signal)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+    reporter = PodReporter(settings, status_dir, PodMetrics())
+    reporter.start()
+    close_rendezvous = False
+    client: RendezvousClient | None = None
+    logger.info(
+        "launching %s: rendezvous %s id=%s nodes=%d:%d nproc=%d role=%s timeouts join=%gs last-call=%gs "
+        "keepalive=%gs/%gs",
+        " ".join(settings.command),
+        settings.rdzv_endpoint,
+        settings.run_id,
+        settings.min_nodes,
+        settings.max_nodes,
+        settings.nproc_per_node,
+        settings.role,
+        settings.join_timeout,
+        settings.last_call_timeout,
+        settings.keepalive_interval,
+        settings.keepalive_timeout,
+    )
+    try:
+        client = RendezvousClient(settings)
+        reporter.standby_probe = client.in_standby
+        spec = WorkerSpec(
+            role="trainer",
+            local_world_size=settings.nproc_per_node,
+            entrypoint=settings.command[0],
+            args=tuple(settings.command[1:]),
+            rdzv_handler=client.handler,
+            max_restarts=settings.max_restarts,
+            monitor_interval=settings.monitor_interval,
+            local_addr=settings.local_addr,
+        )
+        agent = PhalanxAgent(spec, settings, client, reporter, log_dir)
+        try:
+            result = agent.run()
+        except LauncherStop as stop:
+            logger.error("%s", stop)
+            close_rendezvous = stop.code != LauncherExit.RENDEZVOUS_UNREACHABLE
+            return int(stop.code)
+        if result is None:  # a standby released because the job ended
+            logger.info("the job ended while this node stood by")
+            return int(LauncherExit.SUCCESS)
+        close_rendezvous = True
+        if result.is_failed():
+            logger.error("worker group failed: %s", result.failures)
+            return int(LauncherExit.USER_CODE_FAILED)
+        logger.info("worker group finished")
+        return int(LauncherExit.SUCCESS)
+    except SignalException as error:
+        logger.warning("stopped by %s after the training processes saved", error.sigval.name)
+        return 128 + int(error.sigval)
+    except StoreUnreachableError as error:
+        logger.error("rendezvous failed: %s", error)
+        return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
+    except RendezvousTimeoutError:
+        logger.error(
+            "rendezvous failed: fewer than %d nodes joined within the join timeout (%gs)",
+            settings.min_nodes,
+            settings.join_timeout,
+        )
+        return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
+    except RendezvousGracefulExitError:
+        return int(LauncherExit.SUCCESS)
+    except RendezvousClosedError:
+        logger.error("the job's rendezvous is closed: the group already ended")
+        return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
+    finally:
+        if close_rendezvous and client is not None:
+            with contextlib.suppress(Exception):
+                client.handler.shutdown()
+        reporter.stop()
+        shutil.rmtree(status_dir, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m phalanx.worker.launch", description=__doc__.split("\n")[0]
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return launch_from_args(args)
+
+
+def launch_from_args(args: argparse.Namespace) -> int:
+    _configure_logging(args.verbose)
+    try:
+        settings = settings_from_args(args, dict(os.environ))
+    except SettingsError as error:
+        logger.error("bad launcher configuration: %s", error)
+        return int(LauncherExit.BAD_CONFIG)
+    _configure_logging(args.verbose, settings)
+    return run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

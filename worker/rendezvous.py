@@ -1,0 +1,82 @@
+"""The job's rendezvous store: a standalone TCPStore server that no worker hosts, plus client helpers.
+
+    python -m phalanx.worker.rendezvous --host H --port P
+
+runs in its own pod; it prints one line `phalanx-rendezvous ready host=H port=P` once it accepts
+connections and exits 0 on SIGTERM or SIGINT. Launchers connect to it as clients (`is_host=false`), so
+the death of any worker never takes the rendezvous down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from phalanx.worker.env import RESTART_EPOCH_KEY
+
+READY_PREFIX = "phalanx-rendezvous ready"
+
+
+def serve(host: str, port: int) -> dist.TCPStore:
+    """Start the store server in this process (the server runs on a background thread)."""
+    return dist.TCPStore(
+        host_name=host,
+        port=port,
+        is_master=True,
+        multi_tenant=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=30),
+    )
+
+
+def connect(host: str, port: int, timeout: float) -> dist.TCPStore:
+    """A client of the rendezvous store; raises (RuntimeError/DistError) if it is not reachable in `timeout`."""
+    return dist.TCPStore(
+        host_name=host,
+        port=port,
+        is_master=False,
+        multi_tenant=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+def read_restart_epoch(store: dist.Store) -> int:
+    """Current restart epoch; `add(key, 0)` reads without blocking when the key is absent."""
+    return int(store.add(RESTART_EPOCH_KEY, 0))
+
+
+def request_restart(store: dist.Store) -> int:
+    """Ask every launcher of the job to restart its worker group now; returns the new epoch."""
+    return int(store.add(RESTART_EPOCH_KEY, 1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m phalanx.worker.rendezvous", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (the pod IP)")
+    parser.add_argument("--port", type=int, default=29400, help="port to listen on (0: any free port)")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        store = serve(args.host, args.port)
+    except Exception as error:
+        print(f"phalanx-rendezvous: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 3
+    print(f"{READY_PREFIX} host={args.host} port={store.port}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    print("phalanx-rendezvous stopping", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
