@@ -86,10 +86,7 @@ def install_operator(layout: controlplane.Layout, chart: Path) -> None:
     import helm_python
 
     config = helm_python.Config(kubeconfig_path=str(layout.kubeconfig), namespace=OPERATOR_NAMESPACE)
-    try:
-        installed = {release.get("name") for release in config.list()} if hasattr(config, "list") else set()
-    except helm_python.HelmError:
-        installed = set()
+    installed = {release.name for release in config.list(name_filter=f"^{RELEASE}$")}
     if RELEASE in installed:
         config.upgrade(str(chart), RELEASE, namespace=OPERATOR_NAMESPACE)
         say(f"upgraded Helm release {RELEASE!r} in {OPERATOR_NAMESPACE}")

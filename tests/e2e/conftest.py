@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -141,9 +142,63 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append((f"log {log.name} (last 40 lines)", "\n".join(lines)))
     namespace = getattr(item, "phalanx_namespace", None)
     scope = ["-n", namespace] if namespace else ["-A"]
-    for what in (
-        ["get", "pods", "-o", "wide", *scope],
-        ["get", "events", "--sort-by=.lastTimestamp", *scope],
-    ):
+    commands = [["get", "pods", "-o", "wide", *scope], ["get", "events", "--sort-by=.lastTimestamp", *scope]]
+    if "operator" in item.fixturenames:
+        commands.append(["get", "trainingjobs", "-o", "yaml", *scope])
+        commands.append(
+            ["logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=phalanx", "--tail=150"]
+        )
+    for what in commands:
         result = cluster.kubectl(*what, check=False, timeout=30)
         report.sections.append((f"kubectl {' '.join(what)}", result.stdout + result.stderr))
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "phalanx-system"
+
+
+@dataclass
+class Operator:
+    namespace: str
+    release: str
+
+    def pods(self, cluster: Cluster) -> list[client.V1Pod]:
+        return cluster.core.list_namespaced_pod(
+            self.namespace, label_selector="app.kubernetes.io/name=phalanx"
+        ).items
+
+
+def operator_ready(cluster: Cluster) -> bool:
+    pods = cluster.core.list_namespaced_pod(
+        OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=phalanx"
+    ).items
+    return any(
+        pod.status.phase == "Running"
+        and pod.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+        for pod in pods
+    )
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster) -> Iterator[Operator]:
+    """The operator installed from the Helm chart with Helm's SDK; it runs as a pod under the chart's RBAC."""
+    import helm_python
+
+    helm = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=OPERATOR_NAMESPACE)
+    release = "phalanx"
+    with contextlib.suppress(helm_python.HelmError):
+        helm.uninstall(release, ignore_not_found=True, wait="watcher")
+    helm.install(
+        str(REPO_ROOT / "charts" / "phalanx"),
+        release,
+        values={"reconcileIntervalSeconds": 2, "logLevel": "DEBUG"},
+        namespace=OPERATOR_NAMESPACE,
+        create_namespace=True,
+    )
+    wait_for(lambda: operator_ready(cluster), 120, message="the operator pod to be Ready")
+    try:
+        yield Operator(namespace=OPERATOR_NAMESPACE, release=release)
+    finally:
+        with contextlib.suppress(helm_python.HelmError):
+            helm.uninstall(release, ignore_not_found=True, wait="watcher")

@@ -1,0 +1,357 @@
+"""The TrainingJob API (phalanx.dev/v1alpha1): one pydantic model that is the source of truth for the CRD.
+
+Field docstrings become the CRD's descriptions, `Field(ge=..., le=...)` its ranges, `Literal[...]` its enums
+and defaults its structural defaults (see `phalanx.operator.crd`). Python names are snake_case; the wire
+format is camelCase through aliases. Cross-field rules that Kubernetes 1.20 cannot express live in
+`phalanx.operator.validation`, so several counts here deliberately carry no range: a bad value must reach
+the operator and come back as an `InvalidSpec` condition naming the field, not as an apply-time error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "phalanx.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+LIST_KIND = "TrainingJobList"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ("tj",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+PRESERVE_UNKNOWN = {"x-kubernetes-preserve-unknown-fields": True}
+DATE_TIME = {"format": "date-time"}
+
+FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
+TopologyPolicy = Literal["Pack", "Spread"]
+PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase aliases, docstrings as descriptions, unknown keys ignored."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as the API server stores it (camelCase, unset optionals left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ---------------------------------------------------------------------------------------------- spec
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often durable checkpoints are written."""
+
+    claim_name: str | None = None
+    """Name of a PersistentVolumeClaim mounted at `path` in every worker (set this or `volume`, not both)."""
+    volume: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE_UNKNOWN)
+    """A volume source (as in a Pod's `volumes[]` entry, without `name`) mounted at `path`; set this or
+    `claimName`, not both. With neither, `path` is used as it is in the container's filesystem."""
+    path: str = "/checkpoints"
+    """Directory inside the trainer container where checkpoints are written (`PHALANX_CHECKPOINT_DIR`)."""
+    interval_steps: int = Field(default=100, ge=1)
+    """Training steps between durable checkpoints (`PHALANX_CHECKPOINT_INTERVAL`)."""
+    keep: int = Field(default=3, ge=1)
+    """Most recent durable checkpoints kept; older ones are deleted (`PHALANX_CHECKPOINT_KEEP`)."""
+
+
+class HeartbeatSpec(ApiModel):
+    """Worker heartbeats: each worker pod renews a Lease carrying its training step."""
+
+    interval_seconds: int = Field(default=5, ge=1, le=3600)
+    """Seconds between Lease renewals by each worker (`PHALANX_HEARTBEAT_INTERVAL`)."""
+    timeout_seconds: int = Field(default=30, ge=1, le=86400)
+    """Seconds without a renewal after which a worker counts as dead or frozen (`PHALANX_HEARTBEAT_TIMEOUT`)."""
+    progress_timeout_seconds: int = Field(default=600, ge=1, le=604800)
+    """Seconds the step may stay unchanged, while the Lease is renewed and no save or rendezvous is in
+    progress, before the worker counts as hung."""
+    straggler_factor: float = Field(default=0.0, ge=0)
+    """A worker whose step time stays above this multiple of the job's median counts as a straggler
+    (0 turns straggler detection off)."""
+    straggler_heartbeats: int = Field(default=5, ge=1)
+    """Consecutive heartbeats a worker must be slow for before it counts as a straggler."""
+
+
+class FailureMatch(ApiModel):
+    """Which failures a rule applies to; a failure matches when any listed criterion matches."""
+
+    exit_codes: list[int] | None = None
+    """Exit codes of the trainer container."""
+    pod_conditions: list[str] | None = None
+    """Pod condition types or reasons, e.g. `DisruptionTarget`, `Evicted`, `OOMKilled`."""
+    node_conditions: list[str] | None = None
+    """Node problems, e.g. `NotReady`, `Unreachable`, `Deleted`, `NoExecuteTaint`."""
+    heartbeat_timeout: bool | None = None
+    """Matches a worker whose heartbeat Lease was not renewed within `heartbeat.timeoutSeconds`."""
+    no_progress: bool | None = None
+    """Matches a worker whose step did not advance within `heartbeat.progressTimeoutSeconds`."""
+    straggler: bool | None = None
+    """Matches a worker detected as a straggler."""
+
+
+class FailureRule(ApiModel):
+    """One rule of the failure policy: the first rule whose match fits a failure decides the action."""
+
+    name: str | None = None
+    """A name for the rule, shown in conditions and Events."""
+    match: FailureMatch = Field(default_factory=FailureMatch)
+    """The failures this rule applies to."""
+    action: FailureAction = "ReplaceWorker"
+    """What to do: replace the failed worker (a spare first), restart the whole job, fail the job, or
+    ignore the failure."""
+    max_restarts: int | None = Field(default=None, ge=0)
+    """Restarts this rule may cause over the job's life; beyond it the job fails. Unset: only the
+    job-wide `failurePolicy.maxRestarts` applies."""
+    counts_toward_max_restarts: bool | None = None
+    """Whether restarts from this rule spend the job-wide `maxRestarts`. Unset: user failures (exit codes)
+    do, infrastructure failures (nodes, heartbeats, evictions) do not."""
+
+
+class FailurePolicySpec(ApiModel):
+    """How failures are handled: ordered rules, then defaults (infrastructure faults replace the worker)."""
+
+    max_restarts: int = Field(default=10, ge=0)
+    """Job-wide restarts caused by user failures before the job fails; counted over the job's whole life."""
+    rules: list[FailureRule] = Field(default_factory=list)
+    """Ordered rules; the first match wins."""
+
+
+class TopologySpec(ApiModel):
+    """Placement of the gang across a topology domain (a node label)."""
+
+    key: str = "topology.kubernetes.io/zone"
+    """Node label whose values are the domains, e.g. `topology.kubernetes.io/zone` or a rack label."""
+    policy: TopologyPolicy = "Pack"
+    """`Pack` puts the whole gang (spares included) in one domain; `Spread` spreads it evenly."""
+    required: bool = False
+    """Hard constraint when true (pods stay pending rather than break it); a preference otherwise."""
+
+
+class GangSpec(ApiModel):
+    """All-or-nothing scheduling of the worker pods."""
+
+    schedule_timeout_seconds: int = Field(default=300, ge=1)
+    """Seconds for every pod of the gang to be scheduled; otherwise all are deleted and retried later."""
+    backoff_seconds: int = Field(default=10, ge=1)
+    """First wait before a new attempt after a gang timeout; doubles per attempt."""
+    max_backoff_seconds: int = Field(default=300, ge=1)
+    """Longest wait between gang attempts."""
+    pod_group: PodGroupKind = "None"
+    """Gang scheduler to delegate to: `None` (the operator's own timeout and retry), `Coscheduling`
+    (scheduler-plugins PodGroup), `Volcano` (Volcano PodGroup) or `Kueue` (Kueue pod-group labels)."""
+    queue_name: str | None = None
+    """Queue for Kueue (`kueue.x-k8s.io/queue-name`) or Volcano (`PodGroup.spec.queue`)."""
+
+
+class RendezvousSpec(ApiModel):
+    """The job's rendezvous store: its own pod and headless Service, never inside a worker."""
+
+    port: int = Field(default=29400, ge=1, le=65535)
+    """Port of the rendezvous store."""
+    image: str | None = None
+    """Image of the rendezvous pod; defaults to the trainer container's image."""
+    join_timeout_seconds: int = Field(default=120, ge=1)
+    """Seconds to wait for a rendezvous round to form (`PHALANX_RDZV_JOIN_TIMEOUT`; torch default 600)."""
+    last_call_timeout_seconds: int = Field(default=1, ge=1)
+    """Seconds to wait for more workers once `minReplicas` joined (`PHALANX_RDZV_LAST_CALL_TIMEOUT`;
+    torch default 30)."""
+    keepalive_interval_seconds: int = Field(default=1, ge=1)
+    """Seconds between rendezvous keep-alives (`PHALANX_RDZV_KEEPALIVE_INTERVAL`)."""
+    keepalive_timeout_seconds: int = Field(default=5, ge=1)
+    """Seconds without keep-alive before a worker leaves the rendezvous (`PHALANX_RDZV_KEEPALIVE_TIMEOUT`)."""
+
+
+class TrainingJobSpec(ApiModel):
+    """Desired state of a TrainingJob."""
+
+    replicas: int = 1
+    """Active workers (pods, one per node). Scaled by `kubectl scale` within `minReplicas`..`maxReplicas`."""
+    min_replicas: int | None = None
+    """Fewest active workers training may continue with (elastic lower bound). Unset: `replicas`."""
+    max_replicas: int | None = None
+    """Most active workers `replicas` may be scaled to (elastic upper bound). Unset: `replicas`."""
+    spares: int = 0
+    """Hot-spare worker pods: scheduled, running and waiting in the rendezvous to replace a failed worker."""
+    nproc_per_node: int = Field(default=1, ge=1, le=1024)
+    """Training processes per worker pod (usually the GPUs per node)."""
+    template: dict[str, Any] = Field(json_schema_extra=PRESERVE_UNKNOWN)
+    """Pod template of the workers. Its container named `trainer` (or its first container) runs the
+    training command, which the operator wraps with the Phalanx launcher."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Durable checkpoints."""
+    heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
+    """Worker heartbeats and hang detection."""
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
+    """Restart budget and rules mapping failure classes to actions."""
+    topology: TopologySpec | None = None
+    """Topology hints for placing the gang; unset: no placement constraint."""
+    gang: GangSpec = Field(default_factory=GangSpec)
+    """All-or-nothing scheduling."""
+    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
+    """Rendezvous store and its timeouts."""
+    suspend: bool = False
+    """When true, all pods are removed and the status kept; setting it back to false recreates them."""
+    collective_timeout_seconds: int = Field(default=300, ge=1)
+    """Seconds a rank may sit in one collective before its watchdog ends it (`PHALANX_COLLECTIVE_TIMEOUT`)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus port of each worker pod (`PHALANX_METRICS_PORT`); 0 turns it off."""
+
+    @property
+    def effective_min_replicas(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def effective_max_replicas(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
+
+# -------------------------------------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    """A condition following the Kubernetes API conventions."""
+
+    type: str
+    """Condition type, e.g. `GangScheduled`, `Running`, `Succeeded`, `Failed`, `Suspended`."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = ""
+    """One CamelCase word saying why."""
+    message: str = ""
+    """A sentence for humans."""
+    last_transition_time: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When `status` last changed."""
+    observed_generation: int | None = None
+    """The `metadata.generation` this condition was computed from."""
+
+
+class ReplicaCounts(ApiModel):
+    """Worker pod counts."""
+
+    desired: int = 0
+    """Active workers asked for (the last accepted `spec.replicas`)."""
+    active: int = 0
+    """Worker pods (not spares) that exist and are not terminating."""
+    ready: int = 0
+    """Active workers that are running."""
+    spares: int = 0
+    """Spare pods that are running."""
+
+
+class RestartCounts(ApiModel):
+    """Job-wide restart counts, never reset by a re-rendezvous."""
+
+    total: int = 0
+    """All restarts over the job's life."""
+    by_cause: dict[str, int] = Field(default_factory=dict)
+    """Restarts per failure cause (e.g. `ExitCode`, `PodDeleted`, `NodeLost`, `HeartbeatTimeout`)."""
+
+
+class WorkerStatus(ApiModel):
+    """Where one worker pod runs."""
+
+    name: str
+    """Pod name."""
+    node: str | None = None
+    """Node the pod is bound to."""
+    zone: str | None = None
+    """Value of the topology key (`spec.topology.key`, else `topology.kubernetes.io/zone`) on that node."""
+    rank: int | None = None
+    """Node rank from the worker's heartbeat, when known."""
+    role: str = "worker"
+    """`worker` or `spare`."""
+    phase: str | None = None
+    """Pod phase."""
+
+
+class GangStatus(ApiModel):
+    """Progress of all-or-nothing scheduling."""
+
+    attempts: int = 0
+    """Gang attempts that timed out."""
+    retry_after: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """No new attempt starts before this time (backoff after a timeout)."""
+    scheduled_time: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When every pod of the gang was first scheduled."""
+
+
+class Incident(ApiModel):
+    """A failure the operator handled."""
+
+    cause: str
+    """Failure class, e.g. `ExitCode`."""
+    worker: str | None = None
+    """Pod name of the failed worker."""
+    pod_uid: str | None = None
+    """Uid of the failed pod (each pod's failure is handled once)."""
+    node: str | None = None
+    """Node the failed worker ran on."""
+    action: str | None = None
+    """Action taken."""
+    rule: str | None = None
+    """Name of the failure-policy rule that matched, if any."""
+    message: str | None = None
+    """What happened."""
+    detected_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator noticed the failure."""
+    resumed_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When training resumed."""
+    seconds_to_recover: float | None = None
+    """Seconds from detection to resumed training."""
+    steps_lost: int | None = None
+    """Training steps done again after the recovery."""
+
+
+class TrainingJobStatus(ApiModel):
+    """Observed state of a TrainingJob, written once per reconcile by the operator."""
+
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """Conditions keyed by type: `GangScheduled`, `Running`, `Succeeded`, `Failed`, `Suspended`, `SpecValid`."""
+    observed_generation: int | None = None
+    """The `metadata.generation` the status was computed from."""
+    state: str | None = None
+    """A readable word: Pending, Scheduling, Running, Succeeded, Failed, Suspended or Invalid."""
+    replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
+    """Worker counts (`active` feeds the scale subresource)."""
+    ready_workers: str | None = None
+    """Ready over desired active workers, e.g. `2/2`."""
+    selector: str | None = None
+    """Label selector of the active workers (for the scale subresource)."""
+    start_time: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator first created the job's pods."""
+    completion_time: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the job succeeded or failed."""
+    step: int | None = None
+    """Latest training step reported by the workers' heartbeats."""
+    restarts: RestartCounts = Field(default_factory=RestartCounts)
+    """Restarts over the job's life, by cause."""
+    workers: list[WorkerStatus] = Field(default_factory=list)
+    """Worker and spare pods, their nodes, domains and ranks."""
+    gang: GangStatus = Field(default_factory=GangStatus)
+    """All-or-nothing scheduling progress."""
+    incidents: list[Incident] = Field(default_factory=list)
+    """The most recent failures handled (newest last)."""
+
+
+class TrainingJob(ApiModel):
+    """A distributed PyTorch training run kept alive by Phalanx."""
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: TrainingJobSpec
+    status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)

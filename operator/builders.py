@@ -1,0 +1,246 @@
+"""Desired Kubernetes objects of a TrainingJob (pure functions: spec in, dicts out).
+
+Every child is owned by the job (collected with it), labelled `phalanx.dev/job-name` and named
+deterministically, so creating "what is missing" is idempotent across operator restarts.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from phalanx.operator import api, gang, names, topology
+from phalanx.operator.validation import trainer_container_index
+
+LAUNCHER = ("python", "-m", "phalanx.worker.launch", "--")
+RENDEZVOUS_SERVER = ("python", "-m", "phalanx.worker.rendezvous")
+
+
+def _meta(job: dict[str, Any], name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    job_meta = job["metadata"]
+    return {
+        "name": name,
+        "namespace": job_meta["namespace"],
+        "labels": {**names.job_labels(job_meta["name"]), **(labels or {})},
+        "ownerReferences": [names.owner_reference(job)],
+    }
+
+
+def _field_env(name: str, field_path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+DOWNWARD_ENV = (
+    _field_env("POD_NAME", "metadata.name"),
+    _field_env("POD_NAMESPACE", "metadata.namespace"),
+    _field_env("POD_UID", "metadata.uid"),
+    _field_env("POD_IP", "status.podIP"),
+    _field_env("NODE_NAME", "spec.nodeName"),
+)
+
+
+def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Role) -> list[dict[str, Any]]:
+    """The environment of the trainer container (docs/ARCHITECTURE.md, "Operator -> worker contract")."""
+    meta = job["metadata"]
+    rendezvous = spec.rendezvous
+    values = {
+        "PHALANX_JOB_NAME": meta["name"],
+        "PHALANX_JOB_UID": meta["uid"],
+        "PHALANX_RDZV_ENDPOINT": names.rendezvous_endpoint(meta["name"], meta["namespace"], rendezvous.port),
+        "PHALANX_MIN_NODES": spec.effective_min_replicas,
+        "PHALANX_MAX_NODES": spec.replicas,
+        "PHALANX_NPROC_PER_NODE": spec.nproc_per_node,
+        "PHALANX_ROLE": role,
+        "PHALANX_RDZV_JOIN_TIMEOUT": rendezvous.join_timeout_seconds,
+        "PHALANX_RDZV_LAST_CALL_TIMEOUT": rendezvous.last_call_timeout_seconds,
+        "PHALANX_RDZV_KEEPALIVE_INTERVAL": rendezvous.keepalive_interval_seconds,
+        "PHALANX_RDZV_KEEPALIVE_TIMEOUT": rendezvous.keepalive_timeout_seconds,
+        "PHALANX_CHECKPOINT_DIR": spec.checkpoint.path,
+        "PHALANX_CHECKPOINT_INTERVAL": spec.checkpoint.interval_steps,
+        "PHALANX_CHECKPOINT_KEEP": spec.checkpoint.keep,
+        "PHALANX_HEARTBEAT_INTERVAL": spec.heartbeat.interval_seconds,
+        "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
+        "PHALANX_METRICS_PORT": spec.metrics_port,
+        "PHALANX_COLLECTIVE_TIMEOUT": spec.collective_timeout_seconds,
+    }
+    return [
+        *copy.deepcopy(DOWNWARD_ENV),
+        *({"name": key, "value": str(value)} for key, value in values.items()),
+    ]
+
+
+def _checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any] | None:
+    checkpoint = spec.checkpoint
+    if checkpoint.claim_name:
+        return {
+            "name": names.CHECKPOINT_VOLUME,
+            "persistentVolumeClaim": {"claimName": checkpoint.claim_name},
+        }
+    if checkpoint.volume:
+        source = {key: value for key, value in checkpoint.volume.items() if key != "name"}
+        return {"name": names.CHECKPOINT_VOLUME, **copy.deepcopy(source)}
+    return None
+
+
+def _wrap_trainer(container: dict[str, Any], env: list[dict[str, Any]], spec: api.TrainingJobSpec) -> None:
+    user_command = [*container.get("command", []), *container.get("args", [])]
+    container["command"] = [*LAUNCHER, *user_command]
+    container.pop("args", None)
+    ours = {entry["name"] for entry in env}
+    # The contract's variables win over the user's: the launcher must see what the operator decided.
+    container["env"] = [entry for entry in container.get("env") or [] if entry.get("name") not in ours] + env
+    if _checkpoint_volume(spec) is not None:
+        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != names.CHECKPOINT_VOLUME]
+        container["volumeMounts"] = [
+            *mounts,
+            {"name": names.CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+        ]
+
+
+def build_worker_pod(
+    job: dict[str, Any], spec: api.TrainingJobSpec, index: int, role: names.Role
+) -> dict[str, Any]:
+    """Worker or spare pod number `index`: the user's template with the launcher, contract env, DNS name,
+    checkpoint volume, topology hints and gang-scheduler metadata added."""
+    job_name = job["metadata"]["name"]
+    template = copy.deepcopy(spec.template)
+    template_meta = template.get("metadata") or {}
+    pod_spec = template["spec"]
+    group_labels, group_annotations = gang.pod_group_metadata(job_name, spec)
+    name = names.worker_pod_name(job_name, index)
+    labels = {
+        **(template_meta.get("labels") or {}),
+        **group_labels,
+        names.LABEL_COMPONENT: names.COMPONENT_TRAINER,
+        names.LABEL_ROLE: role,
+        names.LABEL_INDEX: str(index),
+    }
+    metadata = _meta(job, name, labels)
+    annotations = {**(template_meta.get("annotations") or {}), **group_annotations}
+    if annotations:
+        metadata["annotations"] = annotations
+
+    trainer = pod_spec["containers"][trainer_container_index(template) or 0]
+    _wrap_trainer(trainer, contract_env(job, spec, role), spec)
+    volume = _checkpoint_volume(spec)
+    if volume is not None:
+        others = [v for v in pod_spec.get("volumes") or [] if v.get("name") != names.CHECKPOINT_VOLUME]
+        pod_spec["volumes"] = [*others, volume]
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = names.workers_service_name(job_name)
+    # The operator replaces failed pods itself (with a spare first); the kubelet must not restart them.
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec.setdefault("serviceAccountName", names.worker_account_name(job_name))
+    if gang.scheduler_name(spec) and not pod_spec.get("schedulerName"):
+        pod_spec["schedulerName"] = gang.scheduler_name(spec)
+    pod_spec = topology.apply_topology(pod_spec, job_name, spec.topology)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_rendezvous_pod(job: dict[str, Any], spec: api.TrainingJobSpec) -> dict[str, Any]:
+    """The rendezvous store's own pod: no worker's death can take the rendezvous down with it."""
+    job_name = job["metadata"]["name"]
+    template_spec = spec.template["spec"]
+    trainer = template_spec["containers"][trainer_container_index(spec.template) or 0]
+    port = spec.rendezvous.port
+    container: dict[str, Any] = {
+        "name": names.RENDEZVOUS_CONTAINER,
+        "image": spec.rendezvous.image or trainer["image"],
+        # $(POD_IP) is expanded by the kubelet: the store binds to the pod's own address.
+        "command": [*RENDEZVOUS_SERVER, "--host", "$(POD_IP)", "--port", str(port)],
+        "env": [_field_env("POD_IP", "status.podIP")],
+        "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+    }
+    if trainer.get("imagePullPolicy"):
+        container["imagePullPolicy"] = trainer["imagePullPolicy"]
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # In place restarts keep the pod (and its DNS name); the operator recreates it when it is deleted.
+        "restartPolicy": "Always",
+        "serviceAccountName": names.worker_account_name(job_name),
+        "automountServiceAccountToken": False,
+    }
+    for key in ("nodeSelector", "tolerations", "imagePullSecrets", "securityContext", "priorityClassName"):
+        if template_spec.get(key):
+            pod_spec[key] = copy.deepcopy(template_spec[key])
+    labels = {names.LABEL_COMPONENT: names.COMPONENT_RENDEZVOUS, names.LABEL_ROLE: names.ROLE_RENDEZVOUS}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, names.rendezvous_name(job_name), labels),
+        "spec": pod_spec,
+    }
+
+
+def _headless_service(
+    job: dict[str, Any], name: str, selector: dict[str, str], ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "clusterIP": "None",
+        "selector": selector,
+        # Rendezvous and peers must resolve pods before they are Ready (they become ready by training).
+        "publishNotReadyAddresses": True,
+    }
+    if ports:
+        spec["ports"] = ports
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, name), "spec": spec}
+
+
+def build_rendezvous_service(job: dict[str, Any], spec: api.TrainingJobSpec) -> dict[str, Any]:
+    job_name = job["metadata"]["name"]
+    selector = {names.LABEL_JOB_NAME: job_name, names.LABEL_COMPONENT: names.COMPONENT_RENDEZVOUS}
+    port = spec.rendezvous.port
+    ports = [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}]
+    return _headless_service(job, names.rendezvous_name(job_name), selector, ports)
+
+
+def build_workers_service(job: dict[str, Any]) -> dict[str, Any]:
+    job_name = job["metadata"]["name"]
+    return _headless_service(job, names.workers_service_name(job_name), names.trainer_selector(job_name), [])
+
+
+def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding letting the job's pods write their own heartbeat Leases."""
+    job_name = job["metadata"]["name"]
+    namespace = job["metadata"]["namespace"]
+    name = names.worker_account_name(job_name)
+    account = spec.template["spec"].get("serviceAccountName") or name
+    rules = [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update", "patch"],
+        },
+        # Reading its own pod gives the launcher the uid for the Lease's ownerReference.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(job, name),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(job, name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    ]
+
+
+def build_fixed_children(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
+    """Children that exist once per job whatever its state (before any pod): RBAC, Services, PodGroup."""
+    children = [
+        *build_worker_rbac(job, spec),
+        build_rendezvous_service(job, spec),
+        build_workers_service(job),
+    ]
+    pod_group = gang.build_pod_group(job, spec)
+    if pod_group is not None:
+        children.append(pod_group)
+    return children

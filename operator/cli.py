@@ -1,0 +1,63 @@
+"""`phalanx operator run` and `phalanx crd`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from phalanx.errors import UserFacingError
+from phalanx.operator import crd
+from phalanx.operator.settings import settings_from
+
+# operator/ sits at the repository root, so this is the checkout when run from one.
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args: argparse.Namespace) -> int:
+    from phalanx.operator import main  # kopf is imported only when the operator really runs
+
+    overrides = {
+        "namespaces": args.namespace or None,
+        "peering": args.peering,
+        "priority": args.priority,
+        "metrics_port": args.metrics_port,
+        "liveness_port": args.liveness_port,
+        "bind_host": args.bind_host,
+        "log_level": args.log_level,
+    }
+    return main.run(settings_from(os.environ, overrides))
+
+
+def _crd(args: argparse.Namespace) -> int:
+    if args.write:
+        root = Path(args.root) if args.root else REPOSITORY_ROOT
+        if not (root / "charts").is_dir():
+            raise UserFacingError(f"{root} is not a Phalanx checkout (no charts/): pass --root")
+        for path in crd.write_crd(root):
+            print(f"wrote {path}")
+        return 0
+    sys.stdout.write(crd.render_crd())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    operator = subparsers.add_parser("operator", help="the TrainingJob operator")
+    commands = operator.add_subparsers(dest="operator_command", metavar="COMMAND", required=True)
+    run = commands.add_parser(
+        "run", help="run the operator (settings from PHALANX_OPERATOR_* variables, overridden by these flags)"
+    )
+    run.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
+    run.add_argument("--peering", help="peering name shared by the operator's replicas (default: standalone)")
+    run.add_argument("--priority", type=int, help="peering priority of this replica")
+    run.add_argument("--metrics-port", type=int, help="Prometheus port (0: off)")
+    run.add_argument("--liveness-port", type=int, help="liveness endpoint port (0: off)")
+    run.add_argument("--bind-host", help="address of the metrics and liveness endpoints")
+    run.add_argument("--log-level", help="Python log level")
+    run.set_defaults(handler=_run)
+
+    generate = subparsers.add_parser("crd", help="print the TrainingJob CRD generated from the API model")
+    generate.add_argument("--write", action="store_true", help="write it into crds/ and charts/phalanx/crds/")
+    generate.add_argument("--root", help="repository root for --write (default: this checkout)")
+    generate.set_defaults(handler=_crd)

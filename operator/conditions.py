@@ -1,0 +1,74 @@
+"""Conditions keyed by type, following the Kubernetes API conventions (pure functions)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from phalanx.operator.api import Condition
+from phalanx.operator.timeutil import format_time
+
+GANG_SCHEDULED = "GangScheduled"
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+SPEC_VALID = "SpecValid"
+
+# Reasons (one CamelCase word each), shared by conditions and Events.
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_VALID_SPEC = "Accepted"
+REASON_ALL_SCHEDULED = "AllScheduled"
+REASON_SCHEDULING = "Scheduling"
+REASON_SCHEDULE_TIMEOUT = "ScheduleTimeout"
+REASON_TRAINING = "Training"
+REASON_WAITING = "WaitingForWorkers"
+REASON_FINISHED = "TrainingFinished"
+REASON_SUSPENDED = "Suspended"
+REASON_RESUMED = "Resumed"
+REASON_NOT_SUSPENDED = "NotSuspended"
+REASON_PERMANENT_FAILURE = "PermanentFailure"
+REASON_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+REASON_NOT_FAILED = "NotFailed"
+
+
+def find(conditions: list[Condition], condition_type: str) -> Condition | None:
+    return next((condition for condition in conditions if condition.type == condition_type), None)
+
+
+def is_true(conditions: list[Condition], condition_type: str) -> bool:
+    condition = find(conditions, condition_type)
+    return condition is not None and condition.status == "True"
+
+
+def set_condition(
+    conditions: list[Condition],
+    condition_type: str,
+    status: bool,
+    reason: str,
+    message: str,
+    *,
+    now: datetime,
+    generation: int | None,
+) -> tuple[list[Condition], bool]:
+    """A new list with the condition set, and whether its status changed.
+
+    `lastTransitionTime` moves only when the status changes, so reasons and messages can be refined without
+    losing when the condition became true.
+    """
+    wanted = "True" if status else "False"
+    previous = find(conditions, condition_type)
+    changed = previous is None or previous.status != wanted
+    transition = format_time(now) if changed or previous is None else previous.last_transition_time
+    updated = Condition(
+        type=condition_type,
+        status=wanted,
+        reason=reason,
+        # Never empty: the 1.20 API server turned an empty message into null, which the string schema refused.
+        message=message or reason,
+        last_transition_time=transition,
+        observed_generation=generation,
+    )
+    result = [updated if condition.type == condition_type else condition for condition in conditions]
+    if previous is None:
+        result.append(updated)
+    return result, changed

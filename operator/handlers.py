@@ -1,0 +1,210 @@
+"""kopf handlers: they only gather what is observed, call `reconcile.plan`, and carry the plan out.
+
+Order inside one reconcile: create missing children and pods, delete pods, write the status once (guarded
+by the job's resourceVersion), then post the Events, so an Event never describes a status that was not
+stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kopf
+from kubernetes.client.rest import ApiException
+
+from phalanx.operator import api, names, reconcile
+from phalanx.operator import status as observe
+from phalanx.operator.kube import Kube
+from phalanx.operator.metrics import OperatorMetrics
+from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
+from phalanx.operator.timeutil import now
+
+HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
+
+
+def _first(store: Iterable[Any] | None) -> Any:
+    return next(iter(store or ()), None)
+
+
+class JobReconciler:
+    """Carries out plans; one lock per job so periodic and event-driven reconciles never overlap."""
+
+    def __init__(self, kube: Kube, metrics: OperatorMetrics) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+    def forget(self, uid: str) -> None:
+        with self._locks_guard:
+            self._locks.pop(uid, None)
+        self.metrics.job_state(uid, None)
+
+    def reconcile(
+        self,
+        namespace: str,
+        name: str,
+        pods: Mapping[Any, Iterable[dict[str, Any]]],
+        leases: Mapping[Any, Iterable[dict[str, Any]]],
+        nodes: Mapping[Any, Iterable[dict[str, str]]],
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        started = time.perf_counter()
+        # Always the stored object: a watch event may lag behind our own last status write.
+        job = self.kube.get_job(namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        with self._lock(job["metadata"]["uid"]):
+            job_pods = [dict(pod) for pod in list(pods.get((namespace, name), ()))]
+            pod_names = [observe.pod_name(pod) for pod in job_pods]
+            job_leases = {
+                pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
+            }
+            node_labels = {
+                node: labels
+                for node in {(pod.get("spec") or {}).get("nodeName") for pod in job_pods} - {None}
+                if (labels := _first(nodes.get(node))) is not None
+            }
+            observed = reconcile.Observed(
+                pods=job_pods, now=now(), leases=job_leases, node_labels=node_labels
+            )
+            plan = reconcile.plan(job, observed)
+            self._apply(job, plan, logger)
+        self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    def _apply(self, job: dict[str, Any], plan: reconcile.Plan, logger: Any) -> None:
+        namespace = job["metadata"]["namespace"]
+        for child in plan.ensure:
+            self._guarded("ensure", self.kube.ensure, child)
+        for pod in plan.create_pods:
+            if self._guarded("create", self.kube.create, pod):
+                self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
+        for pod_name in plan.delete_pods:
+            self._guarded("delete", self.kube.delete_pod, namespace, pod_name)
+            self.metrics.pods_deleted.inc()
+        self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
+        if self._write_status(job, plan.status, logger):
+            for event in plan.events:
+                self._guarded("event", self.kube.post_event, job, event)
+
+    def _write_status(self, job: dict[str, Any], status: dict[str, Any], logger: Any) -> bool:
+        """Write the status once; True when the stored status is now `status`."""
+        if status == (job.get("status") or {}):
+            return True
+        try:
+            self.kube.replace_status(job, status)
+            return True
+        except ApiException as error:
+            if error.status == 409:
+                # Often only metadata moved (kopf's finalizer or annotations): the status we planned from is
+                # still the stored one, so the plan holds; retry once on the new version.
+                fresh = self.kube.get_job(job["metadata"]["namespace"], job["metadata"]["name"])
+                if fresh is not None and fresh.get("status") == job.get("status"):
+                    try:
+                        self.kube.replace_status(fresh, status)
+                        return True
+                    except ApiException as retry_error:
+                        error = retry_error
+            # Otherwise the next reconcile plans again from the newer job.
+            self.metrics.api_errors.labels(operation="status").inc()
+            logger.info(f"status not written ({error.status}: {error.reason}); will retry")
+            return False
+
+    def _guarded(self, operation: str, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except ApiException as error:
+            self.metrics.api_errors.labels(operation=operation).inc()
+            logging.getLogger(__name__).warning(f"{operation} failed: {error.status} {error.reason}")
+            return None
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:
+    """Our finalizer and storage prefix under phalanx.dev, quiet kopf Events, the thread count."""
+    kopf_settings.persistence.finalizer = FINALIZER
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=STORAGE_PREFIX, key="last-handled-configuration"
+    )
+    # Our own Events tell the story; kopf's per-handler log Events would only add noise and writes.
+    kopf_settings.posting.level = logging.WARNING
+    kopf_settings.execution.max_workers = max_workers
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconciler: JobReconciler) -> None:
+    """Register every handler of the operator on `registry`."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings, max_workers)
+
+    max_workers = settings.max_workers
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In a pod: its ServiceAccount; elsewhere: the kubeconfig, as the kubernetes client resolves them.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.index("pods", id="phalanx_pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
+    def phalanx_pods(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+        return {(namespace, labels[names.LABEL_JOB_NAME]): observe.summarize_pod(dict(body))}
+
+    @kopf.index(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        id="phalanx_leases",
+        annotations={HEARTBEAT_PHASE_ANNOTATION: kopf.PRESENT},
+        registry=registry,
+    )
+    def phalanx_leases(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, Any]:
+        return {(namespace, name): observe.summarize_lease(dict(body))}
+
+    @kopf.index("nodes", id="phalanx_nodes", registry=registry)
+    def phalanx_nodes(name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+        return {name: dict(labels)}
+
+    def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
+        reconciler.reconcile(
+            namespace, name, kwargs["phalanx_pods"], kwargs["phalanx_leases"], kwargs["phalanx_nodes"], logger
+        )
+
+    @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, id="created", registry=registry)
+    @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, id="updated", registry=registry)
+    @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, id="resumed", registry=registry)
+    def trainingjob_changed(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
+        run(name, namespace, logger, **kwargs)
+
+    @kopf.timer(
+        api.GROUP,
+        api.VERSION,
+        api.PLURAL,
+        interval=settings.reconcile_interval_seconds,
+        id="tick",
+        registry=registry,
+    )
+    def trainingjob_tick(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
+        run(name, namespace, logger, **kwargs)
+
+    @kopf.on.event("pods", id="pod_changed", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
+    def pod_changed(
+        namespace: str, labels: kopf.Labels, type: str | None, logger: Any, **kwargs: Any
+    ) -> None:
+        # A child changed (scheduled, running, finished): reconcile its job now rather than at the next tick.
+        if type in ("MODIFIED", "DELETED"):
+            kwargs.pop("name", None)  # the pod's name; the job's is its label
+            run(labels[names.LABEL_JOB_NAME], namespace, logger, **kwargs)
+
+    @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", registry=registry)
+    def trainingjob_deleted(name: str, namespace: str, uid: str, **_: Any) -> None:
+        # Children go with the job through their ownerReferences; only our own bookkeeping is left.
+        reconciler.forget(uid)
+        reconciler.kube.forget(namespace, name)

@@ -1,0 +1,153 @@
+"""The operator's few Kubernetes API calls, as raw REST through the official client (no model classes)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from phalanx.operator import api
+from phalanx.operator.reconcile import Event
+from phalanx.operator.timeutil import format_time, now
+
+# kind -> (API path prefix, plural) for every kind the operator creates.
+_RESOURCES: dict[str, tuple[str, str]] = {
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Event": ("/api/v1", "events"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+}
+
+
+def _collection_path(obj: dict[str, Any]) -> str:
+    kind = obj["kind"]
+    namespace = obj["metadata"]["namespace"]
+    if kind in _RESOURCES:
+        prefix, plural = _RESOURCES[kind]
+    else:  # PodGroups of the gang schedulers
+        prefix, plural = f"/apis/{obj['apiVersion']}", kind.lower() + "s"
+    return f"{prefix}/namespaces/{namespace}/{plural}"
+
+
+def load_client() -> kubernetes.client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+class Kube:
+    """Create / delete / status / events for the reconcile handlers (thread-safe: one ApiClient)."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, recheck_seconds: float = 60.0) -> None:
+        self.client = client
+        self.recheck_seconds = recheck_seconds
+        self._verified: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        method, url, headers, payload, post = self.client.param_serialize(
+            method,
+            path,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.client.call_api(method, url, headers, payload, post)
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(
+                status=response.status, reason=response.reason, body=data.decode(errors="replace")
+            )
+        return json.loads(data) if data else None
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        path = f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}"
+        try:
+            return self._call("GET", path)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create `obj`; False when it already exists (deterministic names make that the idempotent case)."""
+        try:
+            self._call("POST", _collection_path(obj), obj)
+            return True
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+
+    def ensure(self, obj: dict[str, Any]) -> None:
+        """Create `obj` if missing, checking again only every `recheck_seconds`."""
+        key = f"{_collection_path(obj)}/{obj['metadata']['name']}"
+        with self._lock:
+            checked = self._verified.get(key)
+        if checked is not None and time.monotonic() - checked < self.recheck_seconds:
+            return
+        try:
+            self._call("GET", key)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self.create(obj)
+        with self._lock:
+            self._verified[key] = time.monotonic()
+
+    def forget(self, namespace: str, job_name: str) -> None:
+        """Drop the cache of a deleted job's children."""
+        with self._lock:
+            for key in [
+                key for key in self._verified if f"/namespaces/{namespace}/" in key and job_name in key
+            ]:
+                del self._verified[key]
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self._call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Write the whole status, guarded by the job's resourceVersion (409 if it changed meanwhile)."""
+        meta = job["metadata"]
+        path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}/status"
+        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "status": status}
+        return self._call("PUT", path, body)
+
+    def post_event(self, job: dict[str, Any], event: Event) -> None:
+        meta = job["metadata"]
+        stamp = format_time(now())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "type": event.type,
+            "source": {"component": "phalanx-operator"},
+            "reportingComponent": "phalanx-operator",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._call("POST", _collection_path(body), body)

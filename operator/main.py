@@ -1,0 +1,49 @@
+"""Runs the operator: metrics endpoint, kopf with our handlers, peering and scope from the settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import kopf
+
+from phalanx.operator import handlers
+from phalanx.operator.kube import Kube, load_client
+from phalanx.operator.metrics import OperatorMetrics
+from phalanx.operator.settings import OperatorSettings
+
+
+def peering_priority(settings: OperatorSettings) -> int:
+    """The configured priority, else a random one so identical replicas never tie (a tie pauses all)."""
+    if settings.priority is not None:
+        return settings.priority
+    return secrets.randbelow(1_000_000) + 1
+
+
+def run(settings: OperatorSettings) -> int:
+    """Run until interrupted; returns the exit code."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if settings.log_level.upper() != "DEBUG":
+        # kopf logs every successful timer run per job; at many jobs that drowns what matters.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    metrics = OperatorMetrics()
+    if settings.metrics_port:
+        metrics.serve(settings.bind_host, settings.metrics_port)
+    reconciler = handlers.JobReconciler(Kube(load_client(), settings.recheck_children_seconds), metrics)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, settings, reconciler)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            clusterwide=settings.clusterwide,
+            namespaces=list(settings.namespaces),
+            standalone=not settings.peering,
+            peering_name=settings.peering or None,
+            priority=peering_priority(settings),
+            liveness_endpoint=settings.liveness_endpoint,
+        )
+    )
+    return 0

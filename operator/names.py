@@ -1,0 +1,85 @@
+"""Names and labels of everything the operator creates for a TrainingJob (deterministic, so restarts never
+duplicate anything)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from phalanx.operator import api
+
+LABEL_JOB_NAME = "phalanx.dev/job-name"
+LABEL_ROLE = "phalanx.dev/role"
+LABEL_INDEX = "phalanx.dev/index"
+# Workers and spares share this value, so one headless Service gives both DNS names.
+LABEL_COMPONENT = "phalanx.dev/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "phalanx-operator"
+
+Role = Literal["worker", "spare", "rendezvous"]
+ROLE_WORKER: Role = "worker"
+ROLE_SPARE: Role = "spare"
+ROLE_RENDEZVOUS: Role = "rendezvous"
+COMPONENT_TRAINER = "trainer"
+COMPONENT_RENDEZVOUS = "rendezvous"
+
+TRAINER_CONTAINER = "trainer"
+RENDEZVOUS_CONTAINER = "rendezvous"
+CHECKPOINT_VOLUME = "phalanx-checkpoint"
+
+# Pod hostnames are DNS labels: the job name plus "-worker-NNNN" must fit in 63 characters.
+MAX_HOSTNAME = 63
+WORKER_SUFFIX_ROOM = len("-worker-") + 4
+
+
+def worker_pod_name(job_name: str, index: int) -> str:
+    return f"{job_name}-worker-{index}"
+
+
+def rendezvous_name(job_name: str) -> str:
+    """Name of the rendezvous pod and of its headless Service."""
+    return f"{job_name}-rdzv"
+
+
+def workers_service_name(job_name: str) -> str:
+    """Headless Service giving each worker pod the DNS name `<pod>.<job>-workers`."""
+    return f"{job_name}-workers"
+
+
+def worker_account_name(job_name: str) -> str:
+    """ServiceAccount, Role and RoleBinding that let the job's pods write their heartbeat Leases."""
+    return f"{job_name}-worker"
+
+
+def pod_group_name(job_name: str) -> str:
+    return job_name
+
+
+def rendezvous_endpoint(job_name: str, namespace: str, port: int) -> str:
+    return f"{rendezvous_name(job_name)}.{namespace}.svc:{port}"
+
+
+def job_labels(job_name: str) -> dict[str, str]:
+    return {LABEL_JOB_NAME: job_name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def trainer_selector(job_name: str) -> dict[str, str]:
+    """Selects the job's worker and spare pods."""
+    return {LABEL_JOB_NAME: job_name, LABEL_COMPONENT: COMPONENT_TRAINER}
+
+
+def active_worker_selector(job_name: str) -> str:
+    """Label selector string of the active workers, published in status for the scale subresource."""
+    return f"{LABEL_JOB_NAME}={job_name},{LABEL_ROLE}={ROLE_WORKER}"
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """Makes a child collected with the job (and lets kubectl show its owner)."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

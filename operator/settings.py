@@ -1,0 +1,78 @@
+"""Operator settings, read from `PHALANX_OPERATOR_*` environment variables (and overridden by flags)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from phalanx.errors import UserFacingError
+
+ENV_PREFIX = "PHALANX_OPERATOR_"
+# Fixed, not configurable: two operators disagreeing about these would fight over the same objects.
+FINALIZER = "phalanx.dev/finalizer"
+STORAGE_PREFIX = "phalanx.dev"
+PEERING_DEFAULT = "phalanx"
+
+
+class OperatorSettings(BaseModel):
+    """How `phalanx operator run` behaves. Each field reads `PHALANX_OPERATOR_<FIELD NAME IN CAPITALS>`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch (comma-separated in the environment); empty watches the whole cluster."""
+    peering: str = ""
+    """Name of the kopf peering object shared by the operator's replicas, so exactly one is active;
+    empty runs standalone (one replica only)."""
+    priority: int | None = None
+    """Peering priority of this replica; the highest live priority is the active one. Unset: a random
+    priority, because kopf pauses every replica when two share the highest priority."""
+    reconcile_interval_seconds: float = Field(default=5.0, gt=0)
+    """Seconds between periodic reconciles of each job (events trigger one at once as well)."""
+    recheck_children_seconds: float = Field(default=60.0, gt=0)
+    """Seconds after which per-job Services and RBAC objects are checked again (recreated if deleted)."""
+    bind_host: str = "0.0.0.0"
+    """Address the liveness and metrics endpoints listen on (the pod IP on a shared-port-space node)."""
+    liveness_port: int = Field(default=8081, ge=0, le=65535)
+    """Port of the liveness endpoint `/healthz`; 0 turns it off."""
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the Prometheus endpoint `/metrics`; 0 turns it off."""
+    max_workers: int = Field(default=8, ge=1)
+    """Threads running reconciles at once (each job is reconciled by one thread at a time)."""
+    log_level: str = "INFO"
+    """Python log level of the operator."""
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        return f"http://{self.bind_host}:{self.liveness_port}/healthz" if self.liveness_port else None
+
+
+def settings_from(env: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> OperatorSettings:
+    """Settings from the environment, then `overrides` (None values ignored)."""
+    values: dict[str, Any] = {}
+    for name in OperatorSettings.model_fields:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            values[name] = raw
+    values.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    try:
+        return OperatorSettings.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{ENV_PREFIX}{str(item['loc'][0]).upper() if item['loc'] else ''}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise UserFacingError(f"invalid operator settings: {problems}") from None

@@ -1,0 +1,175 @@
+"""Observed state of a job's pods and heartbeats, summarised for its status (pure functions).
+
+Pods reach these functions as the small summaries kept by the operator's pod index (`summarize_pod`), so
+memory stays small with many jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.operator import api, names, topology
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
+
+
+def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a pod the operator decides on (kept in the pod index)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    containers = []
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        entry: dict[str, Any] = {"name": container.get("name"), "ready": bool(container.get("ready"))}
+        if terminated:
+            entry["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason")}
+        containers.append(entry)
+    return {
+        "metadata": {
+            key: meta.get(key)
+            for key in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
+            if meta.get(key) is not None
+        },
+        "spec": {"nodeName": spec.get("nodeName")} if spec.get("nodeName") else {},
+        "status": {
+            "phase": status.get("phase"),
+            "podIP": status.get("podIP"),
+            "conditions": [
+                {key: condition.get(key) for key in ("type", "status", "reason", "message")}
+                for condition in status.get("conditions") or []
+            ],
+            "containerStatuses": containers,
+        },
+    }
+
+
+def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
+    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time)."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    summary: dict[str, Any] = {
+        key.removeprefix(LEASE_ANNOTATION_PREFIX): value
+        for key, value in annotations.items()
+        if key.startswith(LEASE_ANNOTATION_PREFIX)
+    }
+    summary["renewTime"] = (body.get("spec") or {}).get("renewTime")
+    return summary
+
+
+def pod_name(pod: dict[str, Any]) -> str:
+    return pod["metadata"]["name"]
+
+
+def label(pod: dict[str, Any], key: str) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(key)
+
+
+def role(pod: dict[str, Any]) -> str | None:
+    return label(pod, names.LABEL_ROLE)
+
+
+def index(pod: dict[str, Any]) -> int:
+    try:
+        return int(label(pod, names.LABEL_INDEX) or -1)
+    except ValueError:
+        return -1
+
+
+def phase(pod: dict[str, Any]) -> str | None:
+    return (pod.get("status") or {}).get("phase")
+
+
+def is_terminating(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def is_trainer(pod: dict[str, Any]) -> bool:
+    return label(pod, names.LABEL_COMPONENT) == names.COMPONENT_TRAINER
+
+
+def is_rendezvous(pod: dict[str, Any]) -> bool:
+    return label(pod, names.LABEL_COMPONENT) == names.COMPONENT_RENDEZVOUS
+
+
+def trainer_exit_code(pod: dict[str, Any], trainer_name: str) -> int | None:
+    """Exit code of the trainer container once it has terminated (None while it runs)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == trainer_name and container.get("terminated"):
+            code = container["terminated"].get("exitCode")
+            return int(code) if code is not None else None
+    if phase(pod) == "Succeeded":
+        return 0
+    return None
+
+
+def is_live(pod: dict[str, Any], trainer_name: str | None = None) -> bool:
+    """Exists, is not being deleted and has not finished (its trainer is still running)."""
+    if is_terminating(pod) or phase(pod) in FINISHED_PHASES:
+        return False
+    return trainer_name is None or trainer_exit_code(pod, trainer_name) is None
+
+
+def is_running(pod: dict[str, Any]) -> bool:
+    return phase(pod) == "Running" and not is_terminating(pod)
+
+
+def _lease_int(lease: dict[str, Any] | None, key: str) -> int | None:
+    try:
+        return int(float((lease or {})[key]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def latest_step(trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]]) -> int | None:
+    """Highest step reported by the job's workers' heartbeats."""
+    steps = [_lease_int(leases.get(pod_name(pod)), "step") for pod in trainers]
+    known = [step for step in steps if step is not None]
+    return max(known) if known else None
+
+
+ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
+
+
+def observed_role(pod: dict[str, Any], lease: dict[str, Any] | None) -> str:
+    """The role the worker really plays: torch promotes a standby on its own, ahead of the pod's label."""
+    heartbeat_phase = (lease or {}).get("phase")
+    if heartbeat_phase == "standby":
+        return names.ROLE_SPARE
+    if heartbeat_phase in ACTIVE_PHASES:
+        return names.ROLE_WORKER
+    return role(pod) or names.ROLE_WORKER
+
+
+def worker_statuses(
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    node_labels: dict[str, dict[str, str]],
+    topology_spec: api.TopologySpec | None,
+) -> list[api.WorkerStatus]:
+    """Where each worker and spare runs, in index order."""
+    result = []
+    for pod in sorted(trainers, key=index):
+        node = (pod.get("spec") or {}).get("nodeName")
+        result.append(
+            api.WorkerStatus(
+                name=pod_name(pod),
+                node=node,
+                zone=topology.zone_of(node_labels.get(node or ""), topology_spec),
+                rank=_lease_int(leases.get(pod_name(pod)), "rank"),
+                role=observed_role(pod, leases.get(pod_name(pod))),
+                phase=phase(pod),
+            )
+        )
+    return result
+
+
+def replica_counts(desired: int, trainers: list[dict[str, Any]], trainer_name: str) -> api.ReplicaCounts:
+    workers = [pod for pod in trainers if role(pod) == names.ROLE_WORKER and is_live(pod, trainer_name)]
+    spares = [pod for pod in trainers if role(pod) == names.ROLE_SPARE and is_live(pod, trainer_name)]
+    return api.ReplicaCounts(
+        desired=desired,
+        active=len(workers),
+        ready=sum(1 for pod in workers if is_running(pod)),
+        spares=sum(1 for pod in spares if is_running(pod)),
+    )

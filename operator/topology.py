@@ -1,0 +1,68 @@
+"""Topology hints: scheduling constraints that pack the gang into one domain or spread it (pure functions).
+
+Pack uses pod affinity to the job's own trainer pods over `topology.key`: Kubernetes lets the first pod of a
+group that matches its own affinity term schedule anywhere, and every later pod (spares included, since they
+carry the same labels) follows it into that domain. Spread uses topologySpreadConstraints with maxSkew 1.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from phalanx.operator import api, names
+
+
+def _selector(job_name: str) -> dict[str, Any]:
+    return {"matchLabels": names.trainer_selector(job_name)}
+
+
+def pack_affinity(job_name: str, topology: api.TopologySpec) -> dict[str, Any]:
+    """Pod affinity putting every trainer pod of the job in the same domain."""
+    term = {"labelSelector": _selector(job_name), "topologyKey": topology.key}
+    if topology.required:
+        return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    weighted = {"weight": 100, "podAffinityTerm": term}
+    return {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [weighted]}}
+
+
+def spread_constraints(job_name: str, topology: api.TopologySpec) -> list[dict[str, Any]]:
+    """Even spread of the trainer pods over the domains (at most one pod of difference)."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": topology.key,
+            "whenUnsatisfiable": "DoNotSchedule" if topology.required else "ScheduleAnyway",
+            "labelSelector": _selector(job_name),
+        }
+    ]
+
+
+def _merge_affinity(existing: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(existing)
+    for kind, rules in extra.items():
+        target = merged.setdefault(kind, {})
+        for strength, terms in rules.items():
+            target.setdefault(strength, []).extend(terms)
+    return merged
+
+
+def apply_topology(
+    pod_spec: dict[str, Any], job_name: str, topology: api.TopologySpec | None
+) -> dict[str, Any]:
+    """A copy of `pod_spec` with the job's topology hints added to whatever the user already set."""
+    result = copy.deepcopy(pod_spec)
+    if topology is None:
+        return result
+    if topology.policy == "Pack":
+        result["affinity"] = _merge_affinity(result.get("affinity") or {}, pack_affinity(job_name, topology))
+    else:
+        constraints = list(result.get("topologySpreadConstraints") or [])
+        result["topologySpreadConstraints"] = constraints + spread_constraints(job_name, topology)
+    return result
+
+
+def zone_of(node_labels: dict[str, str] | None, topology: api.TopologySpec | None) -> str | None:
+    """The domain of a node: its value of the topology key (the zone label when no topology is set)."""
+    key = topology.key if topology is not None else "topology.kubernetes.io/zone"
+    return (node_labels or {}).get(key)

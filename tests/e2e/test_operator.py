@@ -1,0 +1,396 @@
+"""The operator installed with Helm, driven with kubectl, training real models on the local cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import REPO_ROOT, Cluster, Operator, operator_ready, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TRAINER_LABELS = "phalanx.dev/component=trainer"
+
+
+def trainingjob(
+    name: str,
+    *,
+    replicas: int = 2,
+    spares: int = 0,
+    steps: int = 40,
+    step_delay: float = 0.0,
+    cpu: str = "100m",
+    **spec: Any,
+) -> dict[str, Any]:
+    args = ["--steps", str(steps), "--print-every", "10", "--width", "32", "--layers", "1"]
+    if step_delay:
+        args += ["--step-delay", str(step_delay)]
+    body: dict[str, Any] = {
+        "apiVersion": "phalanx.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "spares": spares,
+            "checkpoint": {"volume": {"emptyDir": {}}, "path": "/checkpoints", "intervalSteps": 20},
+            "heartbeat": {"intervalSeconds": 1, "timeoutSeconds": 10},
+            "gang": {"scheduleTimeoutSeconds": 60},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "phalanx:test",
+                            "command": ["python", "-m", "phalanx.worker.examples.tinygpt"],
+                            "args": args,
+                            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}},
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def get_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.get_json("trainingjob", name, "-n", namespace)
+
+
+def condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def has_condition(job: dict[str, Any], kind: str, status: str = "True", reason: str | None = None) -> bool:
+    found = condition(job, kind)
+    return bool(found and found["status"] == status and (reason is None or found["reason"] == reason))
+
+
+def job_pods(cluster: Cluster, namespace: str, name: str, extra: str = "") -> list:
+    selector = f"phalanx.dev/job-name={name}" + (f",{extra}" if extra else "")
+    return [
+        pod
+        for pod in cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        if pod.metadata.deletion_timestamp is None
+    ]
+
+
+def wait_succeeded(cluster: Cluster, namespace: str, name: str, timeout: int = 300) -> dict[str, Any]:
+    cluster.kubectl(
+        "wait", "--for=condition=Succeeded", f"trainingjob/{name}", "-n", namespace, f"--timeout={timeout}s",
+        timeout=timeout + 10,
+    )  # fmt: skip
+    return get_job(cluster, namespace, name)
+
+
+def events_for(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+    return events["items"]
+
+
+def test_example_trains_to_succeeded_with_columns_and_heartbeats(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    (operator_pod,) = [p for p in operator.pods(cluster) if p.metadata.deletion_timestamp is None]
+    assert operator_pod.spec.service_account_name.startswith("phalanx")
+    example = (REPO_ROOT / "examples" / "tinygpt.yaml").read_text()
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example)
+    name = yaml.safe_load(example)["metadata"]["name"]
+
+    def lease_step() -> int:
+        lease = cluster.get_json("lease", f"{name}-worker-0", "-n", namespace)
+        return int(lease["metadata"].get("annotations", {}).get("phalanx.dev/step", "0"))
+
+    wait_for(lambda: lease_step() > 0, 240, message="worker-0's heartbeat Lease to carry a step")
+    lease = cluster.get_json("lease", f"{name}-worker-0", "-n", namespace)
+    assert lease["metadata"]["ownerReferences"][0]["kind"] == "Pod"
+    assert lease["metadata"]["annotations"]["phalanx.dev/phase"] in {"training", "saving"}
+
+    spares = job_pods(cluster, namespace, name, "phalanx.dev/role=spare")
+    assert len(spares) == 1
+    rendezvous = job_pods(cluster, namespace, name, "phalanx.dev/role=rendezvous")
+    assert len(rendezvous) == 1
+
+    job = wait_succeeded(cluster, namespace, name, timeout=600)
+    status = job["status"]
+    assert status["step"] == 300
+    assert status["completionTime"] and status["startTime"]
+    assert has_condition(job, "GangScheduled") and has_condition(job, "Succeeded")
+    assert not has_condition(job, "Failed")
+    table = cluster.kubectl("get", "trainingjobs", "-n", namespace).stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    assert header[:7] == ["NAME", "READY", "SPARES", "STEP", "RESTARTS", "STATE", "AGE"], table
+    assert row[0] == name and row[3] == "300" and row[4] == "0" and row[5] == "Succeeded", table
+    wait_for(
+        lambda: not job_pods(cluster, namespace, name, "phalanx.dev/role in (spare,rendezvous)"),
+        60,
+        message="spares and the rendezvous pod to be removed after success",
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutation", "field"),
+    [
+        ({"minReplicas": 3, "maxReplicas": 2}, "minReplicas"),
+        ({"spares": -1}, "spares"),
+        ({"template": {"spec": {"containers": [{"name": "trainer", "image": "phalanx:test"}]}}}, "command"),
+    ],
+    ids=["min-above-max", "negative-spares", "missing-command"],
+)
+def test_invalid_spec_is_reported_and_creates_no_pods(
+    cluster: Cluster, operator: Operator, namespace: str, mutation: dict[str, Any], field: str
+) -> None:
+    job = trainingjob("bad")
+    job["spec"].update(mutation)
+    cluster.apply(job, namespace)
+    current = wait_for(
+        lambda: (
+            (j := get_job(cluster, namespace, "bad"))
+            and has_condition(j, "Failed", reason="InvalidSpec")
+            and j
+        ),
+        60,
+        message="Failed=True with reason InvalidSpec",
+    )
+    assert field in condition(current, "Failed")["message"]
+    assert current["status"]["state"] == "Invalid"
+    wait_for(
+        lambda: any(
+            e["reason"] == "InvalidSpec" and field in e["message"]
+            for e in events_for(cluster, namespace, "bad")
+        ),
+        30,
+        message="an InvalidSpec Event naming the field",
+    )
+    time.sleep(2)
+    assert not job_pods(cluster, namespace, "bad")
+
+
+def test_wrong_types_are_refused_at_apply_time(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    job = trainingjob("typo")
+    job["spec"]["replicas"] = "two"
+    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False)
+    assert result.returncode != 0
+    assert "spec.replicas" in result.stderr and "integer" in result.stderr
+
+
+def test_gang_is_all_or_nothing_and_starts_when_capacity_appears(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # Each worker needs 5 of a node's 8 CPUs; blockers take 3 of the 4 real nodes, so only one worker fits.
+    blockers = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"blocker-{i}"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": f"node-{i}"},
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "pause",
+                        "command": ["sleep", "3600"],
+                        "resources": {"requests": {"cpu": "5"}},
+                    }
+                ],
+            },
+        }
+        for i in range(3)
+    ]
+    cluster.apply(blockers, namespace)
+    for i in range(3):
+        cluster.kubectl("wait", "--for=condition=Ready", f"pod/blocker-{i}", "-n", namespace, "--timeout=60s")
+    job = trainingjob("big", replicas=2, cpu="5", steps=20)
+    job["spec"]["gang"] = {"scheduleTimeoutSeconds": 5, "backoffSeconds": 3}
+    cluster.apply(job, namespace)
+
+    current = wait_for(
+        lambda: (
+            (j := get_job(cluster, namespace, "big"))
+            and has_condition(j, "GangScheduled", "False", reason="ScheduleTimeout")
+            and j
+        ),
+        90,
+        message="GangScheduled=False with reason ScheduleTimeout",
+    )
+    assert (
+        "1/2" in condition(current, "GangScheduled")["message"]
+        or "schedul" in condition(current, "GangScheduled")["message"].lower()
+    )
+
+    def no_worker_bound() -> bool:
+        return all(not pod.spec.node_name for pod in job_pods(cluster, namespace, "big", TRAINER_LABELS))
+
+    wait_for(no_worker_bound, 30, message="the partly placed gang to be deleted")
+    assert any(e["reason"] == "ScheduleTimeout" for e in events_for(cluster, namespace, "big"))
+
+    cluster.kubectl("delete", "pod", "blocker-0", "blocker-1", "--grace-period=0", "--force", "-n", namespace)
+    final = wait_succeeded(cluster, namespace, "big", timeout=300)
+    assert has_condition(final, "GangScheduled")
+    assert final["status"]["gang"]["attempts"] >= 2
+
+
+def zones_of(cluster: Cluster, pods: list) -> list[str]:
+    return [
+        cluster.core.read_node(pod.spec.node_name).metadata.labels["topology.kubernetes.io/zone"]
+        for pod in pods
+    ]
+
+
+@pytest.mark.parametrize("policy", ["Pack", "Spread"])
+def test_topology_pack_and_spread(cluster: Cluster, operator: Operator, namespace: str, policy: str) -> None:
+    job = trainingjob("topo", replicas=2, spares=1 if policy == "Pack" else 0, steps=2000, step_delay=0.05)
+    job["spec"]["topology"] = {"key": "topology.kubernetes.io/zone", "policy": policy, "required": True}
+    cluster.apply(job, namespace)
+
+    def placed() -> list:
+        pods = job_pods(cluster, namespace, "topo", TRAINER_LABELS)
+        expected = 3 if policy == "Pack" else 2
+        return pods if len(pods) == expected and all(p.spec.node_name for p in pods) else []
+
+    pods = wait_for(placed, 90, message="the gang to be scheduled")
+    zones = zones_of(cluster, pods)
+    if policy == "Pack":
+        assert len(set(zones)) == 1, zones
+    else:
+        assert len(set(zones)) == 2, zones
+    for pod in pods:
+        assert pod.metadata.labels.get("topology.kubernetes.io/zone") or any(
+            w.get("zone") for w in get_job(cluster, namespace, "topo")["status"].get("workers", [])
+        )
+    cluster.kubectl("delete", "trainingjob", "topo", "-n", namespace, "--wait=false")
+
+
+def test_scale_within_and_outside_bounds(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    job = trainingjob("elastic", replicas=2, steps=3000, step_delay=0.05, minReplicas=1, maxReplicas=3)
+    cluster.apply(job, namespace)
+    wait_for(
+        lambda: len(job_pods(cluster, namespace, "elastic", "phalanx.dev/role=worker")) == 2,
+        60,
+        message="two active workers",
+    )
+    cluster.kubectl("scale", "trainingjob/elastic", "--replicas=3", "-n", namespace)
+    wait_for(
+        lambda: (
+            len(job_pods(cluster, namespace, "elastic", "phalanx.dev/role=worker")) == 3
+            and get_job(cluster, namespace, "elastic")["status"]["replicas"]["desired"] == 3
+        ),
+        60,
+        message="a third active worker after kubectl scale",
+    )
+    cluster.kubectl("scale", "trainingjob/elastic", "--replicas=5", "-n", namespace)
+    current = wait_for(
+        lambda: (
+            (j := get_job(cluster, namespace, "elastic")) and has_condition(j, "SpecValid", "False") and j
+        ),
+        60,
+        message="the out-of-bounds scale to be refused",
+    )
+    assert "maxReplicas" in condition(current, "SpecValid")["message"]
+    time.sleep(3)
+    assert len(job_pods(cluster, namespace, "elastic", "phalanx.dev/role=worker")) == 3
+    assert get_job(cluster, namespace, "elastic")["status"]["replicas"]["desired"] == 3
+    cluster.kubectl("delete", "trainingjob", "elastic", "-n", namespace, "--wait=false")
+
+
+def test_deleted_rendezvous_is_recreated_and_job_finishes(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(trainingjob("rdzv", replicas=2, steps=80, step_delay=0.1), namespace)
+    wait_for(
+        lambda: (get_job(cluster, namespace, "rdzv")["status"].get("step") or 0) >= 10, 180, message="step 10"
+    )
+    (old,) = job_pods(cluster, namespace, "rdzv", "phalanx.dev/role=rendezvous")
+    cluster.kubectl("delete", "pod", old.metadata.name, "-n", namespace, "--wait=false")
+    wait_for(
+        lambda: [
+            p
+            for p in job_pods(cluster, namespace, "rdzv", "phalanx.dev/role=rendezvous")
+            if p.metadata.uid != old.metadata.uid
+        ],
+        60,
+        message="a new rendezvous pod",
+    )
+    final = wait_succeeded(cluster, namespace, "rdzv", timeout=400)
+    assert final["status"]["step"] == 80
+
+
+def test_operator_restart_mid_job_creates_no_duplicates(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(trainingjob("sturdy", replicas=2, spares=1, steps=80, step_delay=0.1), namespace)
+    wait_for(
+        lambda: (get_job(cluster, namespace, "sturdy")["status"].get("step") or 0) >= 5, 180, message="step 5"
+    )
+    before = {p.metadata.name: p.metadata.uid for p in job_pods(cluster, namespace, "sturdy")}
+    cluster.kubectl(
+        "delete", "pod", "-n", operator.namespace, "-l", "app.kubernetes.io/name=phalanx", "--wait=true"
+    )
+    wait_for(lambda: operator_ready(cluster), 120, message="the operator to come back")
+    time.sleep(5)
+    after = {p.metadata.name: p.metadata.uid for p in job_pods(cluster, namespace, "sturdy")}
+    assert after == before, "a restarted operator must adopt the pods it made, not duplicate or replace them"
+    final = wait_succeeded(cluster, namespace, "sturdy", timeout=400)
+    assert final["status"]["step"] == 80
+    assert final["status"]["restarts"]["total"] == 0
+
+
+def test_suspend_resume_and_delete(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    cluster.apply(trainingjob("pausable", replicas=2, spares=1, steps=4000, step_delay=0.05), namespace)
+    wait_for(lambda: len(job_pods(cluster, namespace, "pausable", TRAINER_LABELS)) == 3, 90, message="3 pods")
+    cluster.kubectl(
+        "patch", "trainingjob", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Suspended", "trainingjob/pausable", "-n", namespace, "--timeout=60s"
+    )
+    wait_for(lambda: not job_pods(cluster, namespace, "pausable", TRAINER_LABELS), 60, message="pods removed")
+    suspended = get_job(cluster, namespace, "pausable")
+    assert suspended["status"]["state"] == "Suspended" and suspended["status"].get("startTime")
+    cluster.kubectl(
+        "patch",
+        "trainingjob",
+        "pausable",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"suspend":false}}',
+    )
+    wait_for(
+        lambda: len(job_pods(cluster, namespace, "pausable", TRAINER_LABELS)) == 3, 90, message="pods back"
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Suspended=False", "trainingjob/pausable", "-n", namespace, "--timeout=60s"
+    )
+
+    cluster.kubectl(
+        "delete", "trainingjob", "pausable", "-n", namespace, "--wait=true", "--timeout=120s", timeout=130
+    )
+
+    def nothing_owned_left() -> bool:
+        selector = "phalanx.dev/job-name=pausable"
+        kinds = "pods,services,serviceaccounts,roles,rolebindings,leases"
+        return not cluster.get_json(kinds, "-n", namespace, "-l", selector)["items"]
+
+    wait_for(nothing_owned_left, 90, message="everything the job owned to be deleted")
+    assert not [
+        lease
+        for lease in cluster.get_json("leases", "-n", namespace)["items"]
+        if lease["metadata"]["name"].startswith("pausable-")
+    ]
+
+
+def test_elastic_topology_example_applies(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    example = yaml.safe_load((REPO_ROOT / "examples" / "tinygpt-elastic-topology.yaml").read_text())
+    quick = copy.deepcopy(example)
+    quick["spec"]["template"]["spec"]["containers"][0]["args"] = ["--steps", "30", "--print-every", "10"]
+    cluster.apply(quick, namespace)
+    final = wait_succeeded(cluster, namespace, example["metadata"]["name"], timeout=400)
+    assert final["status"]["step"] == 30

@@ -1,0 +1,194 @@
+"""Desired objects: deterministic names, the env contract, ownership, DNS, the rendezvous outside workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from phalanx.operator import builders
+from phalanx.operator.validation import check
+
+MakeJob = Callable[..., dict[str, Any]]
+
+CONTRACT = {
+    "PHALANX_JOB_NAME",
+    "PHALANX_JOB_UID",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "POD_IP",
+    "NODE_NAME",
+    "PHALANX_RDZV_ENDPOINT",
+    "PHALANX_MIN_NODES",
+    "PHALANX_MAX_NODES",
+    "PHALANX_NPROC_PER_NODE",
+    "PHALANX_ROLE",
+    "PHALANX_RDZV_JOIN_TIMEOUT",
+    "PHALANX_RDZV_LAST_CALL_TIMEOUT",
+    "PHALANX_RDZV_KEEPALIVE_INTERVAL",
+    "PHALANX_RDZV_KEEPALIVE_TIMEOUT",
+    "PHALANX_CHECKPOINT_DIR",
+    "PHALANX_CHECKPOINT_INTERVAL",
+    "PHALANX_CHECKPOINT_KEEP",
+    "PHALANX_HEARTBEAT_INTERVAL",
+    "PHALANX_HEARTBEAT_TIMEOUT",
+    "PHALANX_METRICS_PORT",
+    "PHALANX_COLLECTIVE_TIMEOUT",
+}
+
+
+def _spec(job: dict[str, Any]) -> Any:
+    spec, issues = check(job["spec"], job["metadata"]["name"])
+    assert not issues
+    return spec
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    trainer = pod["spec"]["containers"][0]
+    return {entry["name"]: entry.get("value", entry.get("valueFrom")) for entry in trainer["env"]}
+
+
+def test_worker_pod_carries_the_whole_env_contract(make_job: MakeJob) -> None:
+    job = make_job(minReplicas=1, maxReplicas=4, nprocPerNode=2)
+    pod = builders.build_worker_pod(job, _spec(job), 3, "spare")
+    env = _env(pod)
+    assert set(env) >= CONTRACT
+    assert env["PHALANX_RDZV_ENDPOINT"] == "demo-rdzv.ml.svc:29400"
+    assert env["PHALANX_JOB_UID"] == "uid-123"
+    assert (env["PHALANX_MIN_NODES"], env["PHALANX_MAX_NODES"]) == ("1", "2")
+    assert env["PHALANX_NPROC_PER_NODE"] == "2"
+    assert env["PHALANX_ROLE"] == "spare"  # the user's PHALANX_ROLE is replaced, not duplicated
+    assert env["USER_VAR"] == "1"
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    names = [entry["name"] for entry in pod["spec"]["containers"][0]["env"]]
+    assert len(names) == len(set(names))
+
+
+def test_worker_pod_names_labels_ownership_and_dns(make_job: MakeJob) -> None:
+    job = make_job()
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    meta = pod["metadata"]
+    assert meta["name"] == "demo-worker-0" and meta["namespace"] == "ml"
+    assert meta["labels"]["phalanx.dev/job-name"] == "demo"
+    assert meta["labels"]["phalanx.dev/role"] == "worker"
+    assert meta["labels"]["phalanx.dev/index"] == "0"
+    assert meta["labels"]["team"] == "ml"  # the template's labels are kept
+    (owner,) = meta["ownerReferences"]
+    assert owner == {
+        "apiVersion": "phalanx.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "name": "demo",
+        "uid": "uid-123",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert pod["spec"]["hostname"] == "demo-worker-0"
+    assert pod["spec"]["subdomain"] == "demo-workers"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == "demo-worker"
+
+
+def test_the_users_command_is_wrapped_by_the_launcher(make_job: MakeJob) -> None:
+    job = make_job()
+    trainer = builders.build_worker_pod(job, _spec(job), 0, "worker")["spec"]["containers"][0]
+    assert trainer["command"] == [
+        "python",
+        "-m",
+        "phalanx.worker.launch",
+        "--",
+        "python",
+        "-m",
+        "phalanx.worker.examples.tinygpt",
+        "--steps",
+        "50",
+    ]
+    assert "args" not in trainer
+    # The template itself is left untouched.
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][0] == "python"
+    assert "args" in job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_same_inputs_give_the_same_pod(make_job: MakeJob) -> None:
+    job = make_job()
+    assert builders.build_worker_pod(job, _spec(job), 1, "worker") == builders.build_worker_pod(
+        job, _spec(job), 1, "worker"
+    )
+
+
+def test_checkpoint_claim_is_mounted_at_the_path(make_job: MakeJob) -> None:
+    job = make_job(checkpoint={"claimName": "ckpt", "path": "/data/ckpt"})
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    assert {"name": "phalanx-checkpoint", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["spec"][
+        "volumes"
+    ]
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "phalanx-checkpoint", "mountPath": "/data/ckpt"} in mounts
+    assert _env(pod)["PHALANX_CHECKPOINT_DIR"] == "/data/ckpt"
+
+
+def test_checkpoint_volume_source(make_job: MakeJob) -> None:
+    job = make_job(checkpoint={"volume": {"hostPath": {"path": "/tmp/x"}}})
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    assert {"name": "phalanx-checkpoint", "hostPath": {"path": "/tmp/x"}} in pod["spec"]["volumes"]
+
+
+def test_rendezvous_lives_in_its_own_pod_and_service(make_job: MakeJob) -> None:
+    job = make_job(rendezvous={"port": 29500})
+    spec = _spec(job)
+    pod = builders.build_rendezvous_pod(job, spec)
+    assert pod["metadata"]["name"] == "demo-rdzv"
+    assert pod["metadata"]["labels"]["phalanx.dev/role"] == "rendezvous"
+    assert pod["metadata"]["labels"]["phalanx.dev/component"] == "rendezvous"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == [
+        "python",
+        "-m",
+        "phalanx.worker.rendezvous",
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        "29500",
+    ]
+    assert container["image"] == "phalanx:dev"
+    service = builders.build_rendezvous_service(job, spec)
+    assert service["metadata"]["name"] == "demo-rdzv"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {
+        "phalanx.dev/job-name": "demo",
+        "phalanx.dev/component": "rendezvous",
+    }
+    # Worker pods never match the rendezvous Service.
+    worker = builders.build_worker_pod(job, spec, 0, "worker")
+    labels = worker["metadata"]["labels"]
+    assert not all(labels.get(key) == value for key, value in service["spec"]["selector"].items())
+
+
+def test_workers_service_selects_workers_and_spares(make_job: MakeJob) -> None:
+    job = make_job()
+    spec = _spec(job)
+    service = builders.build_workers_service(job)
+    assert service["metadata"]["name"] == "demo-workers"
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    for role in ("worker", "spare"):
+        labels = builders.build_worker_pod(job, spec, 0, role)["metadata"]["labels"]
+        assert all(labels.get(key) == value for key, value in service["spec"]["selector"].items())
+
+
+def test_worker_rbac_lets_pods_write_leases(make_job: MakeJob) -> None:
+    job = make_job()
+    account, role, binding = builders.build_worker_rbac(job, _spec(job))
+    assert account["kind"] == "ServiceAccount" and account["metadata"]["name"] == "demo-worker"
+    lease_rule = role["rules"][0]
+    assert lease_rule["apiGroups"] == ["coordination.k8s.io"] and "update" in lease_rule["verbs"]
+    assert binding["roleRef"]["name"] == "demo-worker"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-worker", "namespace": "ml"}]
+
+
+def test_fixed_children_are_all_owned_by_the_job(make_job: MakeJob) -> None:
+    job = make_job(gang={"podGroup": "Volcano", "queueName": "q"})
+    children = builders.build_fixed_children(job, _spec(job))
+    kinds = sorted(child["kind"] for child in children)
+    assert kinds == ["PodGroup", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"]
+    for child in children:
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
+        assert child["metadata"]["labels"]["phalanx.dev/job-name"] == "demo"

@@ -1,0 +1,158 @@
+"""The Helm chart lints clean with Helm's SDK and renders what the operator needs, least privilege."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from phalanx.operator import builders, crd
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "phalanx"
+WARNING = 2
+
+
+def _render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    chart = helm_python.Chart.load(CHART)
+    rendered = chart.render(values or {}, name="phx", namespace="phalanx-system", is_install=True)
+    objects = []
+    for path, text in rendered.items():
+        if path.endswith(".txt"):
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(matches) == 1, [o["metadata"]["name"] for o in matches]
+    return matches[0]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"scope": "namespace", "watchNamespaces": ["a", "b"], "replicaCount": 2},
+        {"metrics": {"enabled": False}},
+    ],
+)
+def test_lint_reports_no_warning_or_error(values: dict[str, Any]) -> None:
+    report = helm_python.lint(CHART, values, strict=True, namespace="phalanx-system", kube_version="v1.20.2")
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= WARNING]
+    assert serious == [], serious
+    assert report["total_charts_linted"] == 1
+
+
+def test_lint_does_report_a_broken_chart(tmp_path: Path) -> None:
+    broken = tmp_path / "phalanx"
+    broken.mkdir()
+    (broken / "Chart.yaml").write_text("apiVersion: v2\nname: phalanx\n")  # no version
+    report = helm_python.lint(broken)
+    assert report["errors"] or any(m["severity"] >= WARNING for m in report["messages"])
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    assert (CHART / "crds" / crd.CRD_FILE).read_text() == crd.render_crd()
+    assert (CHART / "crds" / "kopf-peering.yaml").read_text() == (
+        ROOT / "crds" / "kopf-peering.yaml"
+    ).read_text()
+
+
+def test_every_object_has_the_recommended_labels() -> None:
+    for obj in _render():
+        labels = obj["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by"):
+            assert key in labels, (obj["kind"], obj["metadata"]["name"], key)
+
+
+def test_deployment_runs_the_operator_non_root_with_a_liveness_probe() -> None:
+    deployment = _one(_render(), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["phalanx", "operator", "run"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert container["resources"]["limits"] and container["resources"]["requests"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["serviceAccountName"] == "phx-phalanx"
+    env = {entry["name"]: entry.get("value") for entry in container["env"]}
+    assert env["PHALANX_OPERATOR_METRICS_PORT"] == "8080"
+    assert "PHALANX_OPERATOR_NAMESPACES" not in env and "PHALANX_OPERATOR_PEERING" not in env
+
+
+def test_metrics_service_selects_the_operator() -> None:
+    objects = _render()
+    service = _one(objects, "Service", "phx-phalanx-metrics")
+    labels = _one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[key] == value for key, value in service["spec"]["selector"].items())
+
+
+def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for o in objects if o["kind"] == kind for rule in o["rules"]]
+
+
+def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        for rule in rules
+    )
+
+
+def test_cluster_scope_rbac_is_enough_and_least_privilege(make_job: Any) -> None:
+    objects = _render()
+    rules = _rules(objects, "ClusterRole")
+    needed = [
+        ("phalanx.dev", "trainingjobs", "watch"),
+        ("phalanx.dev", "trainingjobs/status", "update"),
+        ("", "pods", "create"),
+        ("", "pods", "delete"),
+        ("", "services", "create"),
+        ("", "events", "create"),
+        ("coordination.k8s.io", "leases", "watch"),
+        ("", "nodes", "watch"),
+        ("kopf.dev", "clusterkopfpeerings", "patch"),
+    ]
+    for group, resource, verb in needed:
+        assert _allows(rules, group, resource, verb), (group, resource, verb)
+    # What the operator grants its workers it must hold itself (RBAC forbids escalation).
+    job = make_job()
+    from phalanx.operator.validation import check
+
+    spec, _ = check(job["spec"], "demo")
+    role = builders.build_worker_rbac(job, spec)[1]
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert _allows(rules, group, resource, verb), (group, resource, verb)
+    assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in rules)
+    assert not _allows(rules, "", "secrets", "get")
+    assert not _allows(rules, "", "nodes", "delete")
+
+
+def test_namespace_scope_has_a_role_per_namespace_and_peering_with_two_replicas() -> None:
+    objects = _render({"scope": "namespace", "watchNamespaces": ["team-a", "team-b"], "replicaCount": 2})
+    roles = [o for o in objects if o["kind"] == "Role"]
+    assert sorted(o["metadata"]["namespace"] for o in roles) == ["team-a", "team-b"]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"] == ["phx-phalanx-cluster"]
+    peerings = [o for o in objects if o["kind"] == "KopfPeering"]
+    assert sorted(o["metadata"]["namespace"] for o in peerings) == ["team-a", "team-b"]
+    container = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {entry["name"]: entry.get("value") for entry in container["env"]}
+    assert env["PHALANX_OPERATOR_NAMESPACES"] == "team-a,team-b"
+    assert env["PHALANX_OPERATOR_PEERING"] == "phalanx"
+
+
+def test_values_schema_refuses_bad_values() -> None:
+    chart = helm_python.Chart.load(CHART)
+    chart.validate_schema({})
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"scope": "galaxy"})
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"replicaCount": 0})

@@ -1,0 +1,146 @@
+"""The handler layer carries a plan out in order: children, pods, one status write, then Events."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes.client.rest import ApiException
+
+from phalanx.operator import handlers
+from phalanx.operator.metrics import OperatorMetrics
+from phalanx.operator.reconcile import Event
+from phalanx.operator.settings import settings_from
+
+
+class FakeKube:
+    """Records calls; `status_errors` are raised by the next status writes, in order."""
+
+    def __init__(self, job: dict[str, Any], status_errors: list[int] | None = None) -> None:
+        self.job = job
+        self.calls: list[tuple[str, str]] = []
+        self.status_errors = list(status_errors or [])
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append(("get", name))
+        return self.job
+
+    def ensure(self, obj: dict[str, Any]) -> None:
+        self.calls.append(("ensure", obj["kind"]))
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        self.calls.append(("create", obj["metadata"]["name"]))
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.calls.append(("delete", name))
+
+    def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
+        if self.status_errors:
+            code = self.status_errors.pop(0)
+            self.calls.append(("status-failed", str(code)))
+            raise ApiException(status=code, reason="Conflict")
+        self.calls.append(("status", status["state"]))
+
+    def post_event(self, job: dict[str, Any], event: Event) -> None:
+        self.calls.append(("event", event.reason))
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.calls.append(("forget", name))
+
+
+def _run(job: dict[str, Any], kube: FakeKube, pods: list[dict[str, Any]] | None = None) -> None:
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    index = {("ml", "demo"): pods or []}
+    reconciler.reconcile(
+        "ml", "demo", index, {}, {}, kopf.LocalObjectLogger(body=job, settings=kopf.OperatorSettings())
+    )
+
+
+def test_status_is_written_once_after_the_pods_and_before_the_events(make_job: Callable[..., Any]) -> None:
+    kube = FakeKube(make_job())
+    _run(kube.job, kube)
+    kinds = [call[0] for call in kube.calls]
+    assert kinds.count("status") == 1
+    last_create = max(i for i, kind in enumerate(kinds) if kind == "create")
+    assert kinds.index("status") > last_create
+    assert kinds.index("event") > kinds.index("status")
+    assert ("create", "demo-worker-0") in kube.calls and ("create", "demo-rdzv") in kube.calls
+
+
+def test_a_conflict_on_unchanged_status_is_retried_once(make_job: Callable[..., Any]) -> None:
+    kube = FakeKube(make_job(), status_errors=[409])
+    _run(kube.job, kube)
+    assert [c for c in kube.calls if c[0].startswith("status")] == [
+        ("status-failed", "409"),
+        ("status", "Scheduling"),
+    ]
+    assert ("event", "CreatedPods") in kube.calls
+
+
+def test_no_events_when_the_status_cannot_be_written(make_job: Callable[..., Any]) -> None:
+    kube = FakeKube(make_job(), status_errors=[409, 409])
+    _run(kube.job, kube)
+    assert not any(call[0] == "event" for call in kube.calls)
+
+
+def test_an_unchanged_status_is_not_written_again(make_job: Callable[..., Any]) -> None:
+    from phalanx.operator.reconcile import Observed, plan
+    from phalanx.operator.timeutil import now
+
+    stored = plan(make_job(), Observed(pods=[], now=now())).status
+    kube = FakeKube({**make_job(), "status": stored})
+    _run(kube.job, kube)
+    assert not any(call[0].startswith("status") for call in kube.calls)
+
+
+def test_all_handlers_register_with_ids_matching_their_kwargs() -> None:
+    registry = kopf.OperatorRegistry()
+    kube = FakeKube({})
+    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    index_ids = {handler.id for handler in registry._indexing.get_all_handlers()}
+    assert index_ids == {"phalanx_pods", "phalanx_leases", "phalanx_nodes"}
+    resource_ids = {handler.id for handler in registry._changing.get_all_handlers()}
+    assert {"created", "updated", "resumed", "deleted"} <= resource_ids
+    assert {handler.id for handler in registry._spawning.get_all_handlers()} == {"tick"}
+
+
+@pytest.mark.parametrize(
+    "body", [{"metadata": {"name": "w-0", "labels": {"a": "b"}, "annotations": {"x": "y"}}}]
+)
+def test_pod_summaries_keep_only_what_decisions_need(body: dict[str, Any]) -> None:
+    from phalanx.operator.status import summarize_pod
+
+    summary = summarize_pod(
+        {
+            **body,
+            "spec": {"nodeName": "n1", "containers": [{"name": "trainer", "image": "x"}]},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [{"name": "trainer", "ready": True, "state": {"running": {}}}],
+            },
+        }
+    )
+    assert "annotations" not in summary["metadata"] and "containers" not in summary["spec"]
+    assert summary["spec"] == {"nodeName": "n1"}
+    assert summary["status"]["containerStatuses"] == [{"name": "trainer", "ready": True}]
+
+
+def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..., Any]) -> None:
+    registry = kopf.OperatorRegistry()
+    kube = FakeKube(make_job())
+    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "pod_changed"]
+    handler.fn(
+        name="demo-worker-0",
+        namespace="ml",
+        labels={"phalanx.dev/job-name": "demo"},
+        type="MODIFIED",
+        logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+        phalanx_pods={},
+        phalanx_leases={},
+        phalanx_nodes={},
+    )
+    assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)

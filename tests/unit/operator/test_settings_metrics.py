@@ -1,0 +1,69 @@
+"""Operator settings from the environment, and the metrics."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from phalanx.errors import UserFacingError
+from phalanx.operator.metrics import OperatorMetrics
+from phalanx.operator.settings import OperatorSettings, settings_from
+
+
+def test_defaults_are_cluster_wide_and_standalone() -> None:
+    settings = settings_from({})
+    assert settings.clusterwide and settings.peering == ""
+    assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+
+
+def test_environment_then_flags() -> None:
+    env = {
+        "PHALANX_OPERATOR_NAMESPACES": "a, b",
+        "PHALANX_OPERATOR_METRICS_PORT": "9100",
+        "PHALANX_OPERATOR_PEERING": "phalanx",
+        "PHALANX_OPERATOR_BIND_HOST": "127.0.0.5",
+    }
+    settings = settings_from(env, {"metrics_port": 9200, "priority": None})
+    assert settings.namespaces == ("a", "b") and not settings.clusterwide
+    assert settings.metrics_port == 9200 and settings.peering == "phalanx"
+    assert settings.liveness_endpoint == "http://127.0.0.5:8081/healthz"
+    assert settings_from({"PHALANX_OPERATOR_LIVENESS_PORT": "0"}).liveness_endpoint is None
+
+
+def test_bad_values_name_the_variable() -> None:
+    with pytest.raises(UserFacingError, match="PHALANX_OPERATOR_METRICS_PORT"):
+        settings_from({"PHALANX_OPERATOR_METRICS_PORT": "lots"})
+
+
+def test_every_setting_is_documented() -> None:
+    for name, field in OperatorSettings.model_fields.items():
+        assert field.description, name
+
+
+def test_metrics_names_and_job_states() -> None:
+    metrics = OperatorMetrics()
+    metrics.job_state("a", "Running")
+    metrics.job_state("b", "Running")
+    metrics.job_state("c", "Pending")
+    metrics.job_state("b", None)
+    metrics.pods_created.labels(role="worker").inc(3)
+    metrics.reconcile_seconds.observe(0.02)
+    text = generate_latest(metrics.registry).decode()
+    assert 'phalanx_jobs{state="Running"} 1.0' in text
+    assert 'phalanx_jobs{state="Pending"} 1.0' in text
+    assert 'phalanx_jobs{state="Succeeded"} 0.0' in text
+    assert 'phalanx_pods_created_total{role="worker"} 3.0' in text
+    assert "phalanx_reconcile_duration_seconds_count 1.0" in text
+    names = {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
+    assert all(name.startswith("phalanx_") for name in names)
+
+
+def test_identical_replicas_get_different_peering_priorities() -> None:
+    from phalanx.operator.main import peering_priority
+
+    settings = settings_from({"PHALANX_OPERATOR_PEERING": "phalanx"})
+    priorities = {peering_priority(settings) for _ in range(20)}
+    assert len(priorities) > 1 and all(priority > 0 for priority in priorities)
+    assert peering_priority(settings_from({"PHALANX_OPERATOR_PRIORITY": "7"})) == 7

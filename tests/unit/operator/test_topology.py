@@ -1,0 +1,59 @@
+"""Pack and Spread affinity shapes, required vs preferred, merged with the user's own."""
+
+from __future__ import annotations
+
+from phalanx.operator import api
+from phalanx.operator.topology import apply_topology, zone_of
+
+SELECTOR = {"matchLabels": {"phalanx.dev/job-name": "demo", "phalanx.dev/component": "trainer"}}
+
+
+def test_pack_required_is_a_hard_pod_affinity_on_the_key() -> None:
+    spec = apply_topology({}, "demo", api.TopologySpec(key="rack", policy="Pack", required=True))
+    terms = spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == [{"labelSelector": SELECTOR, "topologyKey": "rack"}]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in spec["affinity"]["podAffinity"]
+
+
+def test_pack_preferred_is_a_weighted_preference() -> None:
+    spec = apply_topology({}, "demo", api.TopologySpec(policy="Pack"))
+    (term,) = spec["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["weight"] == 100
+    assert term["podAffinityTerm"]["topologyKey"] == "topology.kubernetes.io/zone"
+
+
+def test_spread_uses_topology_spread_constraints() -> None:
+    hard = apply_topology({}, "demo", api.TopologySpec(policy="Spread", required=True))
+    soft = apply_topology({}, "demo", api.TopologySpec(policy="Spread"))
+    (constraint,) = hard["topologySpreadConstraints"]
+    assert constraint["maxSkew"] == 1 and constraint["whenUnsatisfiable"] == "DoNotSchedule"
+    assert constraint["labelSelector"] == SELECTOR
+    assert soft["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert "affinity" not in hard
+
+
+def test_users_affinity_is_kept_and_extended() -> None:
+    user_term = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}
+    node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    pod_spec = {
+        "affinity": {
+            "nodeAffinity": node_affinity,
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [user_term]},
+        }
+    }
+    merged = apply_topology(pod_spec, "demo", api.TopologySpec(key="rack", required=True))
+    terms = merged["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0] == user_term and terms[1]["topologyKey"] == "rack"
+    assert merged["affinity"]["nodeAffinity"] == node_affinity
+    assert len(pod_spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1
+
+
+def test_no_topology_changes_nothing() -> None:
+    assert apply_topology({"containers": []}, "demo", None) == {"containers": []}
+
+
+def test_zone_of_reads_the_topology_key() -> None:
+    labels = {"topology.kubernetes.io/zone": "z1", "rack": "r7"}
+    assert zone_of(labels, None) == "z1"
+    assert zone_of(labels, api.TopologySpec(key="rack")) == "r7"
+    assert zone_of(None, None) is None
