@@ -86,7 +86,7 @@ def install_operator(layout: controlplane.Layout, chart: Path) -> None:
     import helm_python
 
     config = helm_python.Config(kubeconfig_path=str(layout.kubeconfig), namespace=OPERATOR_NAMESPACE)
-    installed = {release.name for release in config.list(name_filter=f"^{RELEASE}$")}
+    installed = {release["name"] for release in config.list(name_filter=f"^{RELEASE}$")}
     if RELEASE in installed:
         config.upgrade(str(chart), RELEASE, namespace=OPERATOR_NAMESPACE)
         say(f"upgraded Helm release {RELEASE!r} in {OPERATOR_NAMESPACE}")
@@ -104,24 +104,18 @@ def is_true(job: dict[str, Any], kind: str) -> bool:
     return bool(found and found["status"] == "True")
 
 
-def loss_log(kube: Kube, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The example's per-step log, read from the checkpoint volume's host path."""
-    claim = job["spec"].get("checkpoint", {}).get("claimName")
-    if not claim:
-        return []
-    pvc = kube.json("pvc", claim, "-n", DEMO_NAMESPACE)
-    volume = pvc["spec"].get("volumeName")
-    if not volume:
-        return []
-    host_path = Path(kube.json("pv", volume)["spec"]["hostPath"]["path"])
-    records = []
-    for path in sorted(host_path.rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-    return [r for r in records if "loss" in r and "step" in r]
+def sample_losses(kube: Kube, samples: dict[int, float]) -> None:
+    """Adds the (step, loss) pairs the workers' heartbeat Leases carry right now."""
+    leases = kube.json("leases", "-n", DEMO_NAMESPACE).get("items", [])
+    for lease in leases:
+        annotations = lease["metadata"].get("annotations") or {}
+        step, loss = annotations.get("phalanx.dev/step"), annotations.get("phalanx.dev/loss")
+        if annotations.get("phalanx.dev/rank") != "0" or step is None or loss is None:
+            continue
+        try:
+            samples[int(step)] = float(loss)
+        except ValueError:
+            continue
 
 
 def plot_loss(records: list[dict[str, Any]], kill_step: int | None, path: Path) -> Path | None:
@@ -184,15 +178,14 @@ def run(args: argparse.Namespace) -> int:
 
     total_steps = _total_steps(job_manifest)
     kill_step = max(1, int(total_steps * args.kill_at_fraction))
-    wait(
-        f"training to reach step {kill_step}",
-        lambda: (
-            (kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step") or 0)
-            >= kill_step
-            or is_true(kube.json("trainingjob", name, "-n", DEMO_NAMESPACE), "Succeeded")
-        ),
-        args.timeout,
-    )
+    losses: dict[int, float] = {}
+
+    def reached_kill_step() -> bool:
+        job = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE)
+        sample_losses(kube, losses)
+        return (job.get("status", {}).get("step") or 0) >= kill_step or is_true(job, "Succeeded")
+
+    wait(f"training to reach step {kill_step}", reached_kill_step, args.timeout, interval=0.5)
     workers = kube.json(
         "pods", "-n", DEMO_NAMESPACE, "-l", f"phalanx.dev/job-name={name},phalanx.dev/role=worker"
     )
@@ -207,16 +200,17 @@ def run(args: argparse.Namespace) -> int:
     while time.monotonic() < deadline:
         job = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE)
         step = job.get("status", {}).get("step") or 0
+        sample_losses(kube, losses)
         if resumed_after is None and step_at_kill is not None and step > step_at_kill:
             resumed_after = time.monotonic() - killed_at
             say(f"training resumed: step {step}, {resumed_after:.1f} s after the kill")
         if is_true(job, "Succeeded") or is_true(job, "Failed"):
             break
-        time.sleep(1)
+        time.sleep(0.5)
     else:
         raise UserFacingError(f"the TrainingJob did not finish within {args.timeout:.0f} s")
 
-    records = loss_log(kube, job)
+    records = [{"step": step, "loss": loss} for step, loss in sorted(losses.items())]
     report_dir = args.report or layout.root / "demo"
     report_dir.mkdir(parents=True, exist_ok=True)
     plot = plot_loss(records, step_at_kill, report_dir / "loss.png")
