@@ -5,7 +5,7 @@
 set -euo pipefail
 
 DEST=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx/k8s-1.20.2}
-WORK=${PHALANX_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx/build}
+WORK=${PHALANX_BUILD_DIR:-$(dirname "$DEST")/build}
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 step() { printf '[phalanx install] %s\n' "$*"; }
 
