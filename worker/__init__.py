@@ -12,6 +12,7 @@ if TYPE_CHECKING:
         CollectiveWatchdog,
         NonFiniteLossError,
         NonFiniteLossGuard,
+        exit_on_non_finite,
         global_mean_loss,
         process_group_timeout,
     )
@@ -33,6 +34,7 @@ __all__ = [
     "TrainState",
     "TrainerExit",
     "cleanup_snapshots",
+    "exit_on_non_finite",
     "global_mean_loss",
     "micro_batches",
     "process_group_timeout",
@@ -52,6 +54,7 @@ _LAZY_EXPORTS = {
     "NonFiniteLossGuard": "phalanx.worker.guards",
     "NonFiniteLossError": "phalanx.worker.guards",
     "CollectiveWatchdog": "phalanx.worker.guards",
+    "exit_on_non_finite": "phalanx.worker.guards",
     "global_mean_loss": "phalanx.worker.guards",
     "process_group_timeout": "phalanx.worker.guards",
     "StatusPublisher": "phalanx.worker.heartbeat",

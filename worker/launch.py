@@ -151,17 +151,28 @@ class RendezvousClient:
         return False
 
     def wait_for_formed_group(self) -> None:
-        """A spare lets the workers form the first round, so it lands in the redundancy list, not a slot.
+        """Keep a spare out of the rendezvous until joining cannot take a worker's slot.
 
-        Once any round has formed it joins at once: a group re-forming after a loss needs it now.
+        See `rendezvous.spare_may_join`: it waits while the first round forms or runs short with workers
+        still to come (up to the join timeout), and joins at once when the group is full or re-formed
+        short of a node.
         """
         holder = self.handler._state_holder  # type: ignore[attr-defined]
+        deadline = time.monotonic() + self.settings.join_timeout
         while True:
             holder.sync()
             state = holder.state
             if state.closed:
                 raise RendezvousGracefulExitError("the rendezvous is closed: the job has ended")
-            if state.complete or state.round > 0:
+            view = rendezvous.RoundView(
+                round=state.round,
+                complete=state.complete,
+                participants=len(state.participants),
+                waiting=len(state.wait_list),
+            )
+            reason = rendezvous.spare_may_join(view, self.settings.max_nodes, time.monotonic() >= deadline)
+            if reason is not None:
+                logger.info("spare joins the rendezvous: %s (%s)", reason, view)
                 return
             time.sleep(0.5)
 

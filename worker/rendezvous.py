@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -55,6 +56,38 @@ def read_restart_epoch(store: dist.Store) -> int:
 def request_restart(store: dist.Store) -> int:
     """Ask every launcher of the job to restart its worker group now; returns the new epoch."""
     return int(store.add(RESTART_EPOCH_KEY, 1))
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What a spare reads of the rendezvous state (torch's c10d rendezvous, kept in the store)."""
+
+    round: int
+    """Rounds formed before the current one; it grows each time the whole group re-forms."""
+    complete: bool
+    """The current round has formed: its participants train."""
+    participants: int
+    """Nodes in the current round."""
+    waiting: int
+    """Nodes queued for the next round (a late worker, or a node that wants back in)."""
+
+
+def spare_may_join(view: RoundView, max_nodes: int, waited_out: bool) -> str | None:
+    """Why a spare that has not joined yet may join now, or None while it must keep out of the way.
+
+    A spare joins only where it cannot take a slot from a worker still arriving for the first round:
+    - the round is complete and full: torch puts the spare in its redundancy list (a standby);
+    - the group has re-formed since the first round and nobody else is queued: it is short of a node
+      (one was lost) and needs the spare now;
+    - `waited_out`: the workers did not all arrive within the join timeout, so a free slot is the spare's.
+    """
+    if view.complete and view.participants >= max_nodes:
+        return "the group is full: standing by"
+    if view.round > 0 and view.waiting == 0:
+        return "the group re-formed short of nodes"
+    if waited_out:
+        return "the workers did not all arrive within the join timeout"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

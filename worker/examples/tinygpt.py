@@ -154,7 +154,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--threads", type=int, default=1, help="torch CPU threads per process")
     add("--step-delay", type=float, default=0.0, help="seconds to sleep per step (tests)")
     add("--fail-at-step", type=int, default=0, help="crash the last rank once at this step (tests)")
-    add("--nan-at-step", type=int, default=0, help="make rank 0's loss NaN once at this step (tests)")
+    add("--nan-at-step", type=int, default=0, help="make rank 0's loss NaN at this step (tests)")
+    add("--nan-repeat", type=int, default=1, help="attempts at --nan-at-step that get a NaN (tests)")
     add("--log-file", help="append one JSON line per step (rank 0) and per restore (every rank)")
     add("--summary-file", help="write the final JSON summary here (rank 0)")
     add("--print-every", type=int, default=0, help="print the loss every N steps (0: only the summary)")
@@ -220,12 +221,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
     step = restore("start", ckpt.load)
     loss_value = float("nan")
-    nan_injected = False
+    nans_injected = 0
     try:
         while step < args.steps:
             step_started = time.perf_counter()
             batch = rank_share(sampler.next_global_batch(), rank, world_size)
             local_loss = torch.zeros((), device=device)
+            poisoned = args.nan_at_step == step + 1 and rank == 0 and nans_injected < args.nan_repeat
+            nans_injected += int(poisoned)
             with watchdog.watch(f"step {step + 1}"):
                 for micro in micro_batches(batch, args.micro_batch, world_size, args.global_batch):
                     inputs, targets = (tensor.to(device) for tensor in dataset.batch(micro.indices))
@@ -234,8 +237,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     with context:
                         logits = ddp(inputs)
                         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-                        if args.nan_at_step == step + 1 and rank == 0 and not nan_injected:
-                            nan_injected = True
+                        if poisoned:
                             loss = loss * float("nan")
                         scaled = loss * micro.loss_scale
                         scaled.backward()

@@ -152,6 +152,12 @@ def sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def elastic_sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    from elastic_sharded import train
+
+    return train(rank, workdir, int(extra["stop_at"]), str(extra["final_save"]))
+
+
 SCENARIOS = {
     "peer_phase1": peer_phase1,
     "peer_phase2": peer_phase2,
@@ -160,6 +166,7 @@ SCENARIOS = {
     "snapshot_writer": snapshot_writer,
     "snapshot_reader": snapshot_reader,
     "sharded": sharded,
+    "elastic_sharded": elastic_sharded,
 }
 
 

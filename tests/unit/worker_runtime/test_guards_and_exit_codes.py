@@ -21,6 +21,43 @@ def test_nan_loss_is_rolled_back_and_training_finishes(job: LocalJob) -> None:
     assert steps == list(range(1, 13))
 
 
+def test_loss_that_stays_non_finite_exits_5_without_a_restart(job: LocalJob) -> None:
+    diverging = ["--steps", "12", "--nan-at-step", "4", "--nan-repeat", "3", "--max-rollbacks", "2"]
+    job.start_node("a", diverging, nnodes="1")
+    assert job.wait_node("a", 90) == LauncherExit.LOSS_DIVERGED, job.node_output("a")
+    output = job.node_output("a")
+    assert "not retried" in output
+    assert output.count("group attempt") == 1, "the launcher restarted a diverged run"
+    rollbacks = [event["step"] for event in job.restores() if event["reason"] == "non-finite loss"]
+    assert rollbacks == [3, 3], "two rollbacks are allowed, the third non-finite loss ends the run"
+    assert job.last_step() == 3
+
+
+# A training command that completes a step (a new one each attempt), then fails: failures that are not
+# the user's command being broken, so each one spends the restart budget.
+PROGRESS_THEN_FAIL = (
+    "import os, sys\n"
+    "from phalanx.worker.heartbeat import StatusPublisher\n"
+    "attempt = int(os.environ['PHALANX_GROUP_ATTEMPT'])\n"
+    "StatusPublisher.from_env().publish(phase='training', step=attempt)\n"
+    "sys.exit(3)\n"
+)
+
+
+def test_restart_budget_spent_on_failures_exits_4(job: LocalJob) -> None:
+    job.start_node(
+        "a",
+        [],
+        nnodes="1",
+        launcher_args=["--max-restarts", "2"],
+        command=[sys.executable, "-c", PROGRESS_THEN_FAIL],
+    )
+    assert job.wait_node("a", 90) == LauncherExit.RESTART_BUDGET_EXHAUSTED, job.node_output("a")
+    output = job.node_output("a")
+    assert "restart budget of 2 spent" in output
+    assert output.count("group attempt") == 3, "one start and two restarts"
+
+
 def test_restart_epoch_makes_the_group_restart_at_once(job: LocalJob) -> None:
     job.start_node("a", ["--steps", "30", "--step-delay", "0.1"], nnodes="1")
     wait_for(lambda: job.last_step() >= 5, 60, "training to start")
