@@ -114,33 +114,25 @@ def volume_files(
 ) -> list[VolumeFile] | None:
     """The files of a configMap/secret/downwardAPI/projected volume; None for volumes that hold no files."""
     namespace = pod["metadata"]["namespace"]
-    if "configMap" in volume:
-        source = volume["configMap"]
-        obj = config_maps(namespace, source["name"])
+    keyed_sources = (
+        ("configMap", "name", "configmap", config_maps, _config_map_bytes),
+        ("secret", "secretName", "secret", secrets, _secret_bytes),
+    )
+    for kind, name_field, label, read, contents in keyed_sources:
+        if kind not in volume:
+            continue
+        source = volume[kind]
+        obj = read(namespace, source[name_field])
         if obj is None:
             if source.get("optional"):
                 return []
-            raise ContainerConfigError(f'configmap "{source["name"]}" not found')
+            raise ContainerConfigError(f'{label} "{source[name_field]}" not found')
         return _items(
-            _config_map_bytes(obj),
+            contents(obj),
             source.get("items"),
             source.get("defaultMode", 0o644),
             bool(source.get("optional")),
-            f"configmap {source['name']}",
-        )
-    if "secret" in volume:
-        source = volume["secret"]
-        obj = secrets(namespace, source["secretName"])
-        if obj is None:
-            if source.get("optional"):
-                return []
-            raise ContainerConfigError(f'secret "{source["secretName"]}" not found')
-        return _items(
-            _secret_bytes(obj),
-            source.get("items"),
-            source.get("defaultMode", 0o644),
-            bool(source.get("optional")),
-            f"secret {source['secretName']}",
+            f"{label} {source[name_field]}",
         )
     if "downwardAPI" in volume:
         source = volume["downwardAPI"]
