@@ -348,12 +348,13 @@ def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) 
 
 
 READY_TIMEOUT_SECONDS = {
-    "etcd": 30,
-    "kube-apiserver": 90,
-    "kube-controller-manager": 90,
-    "kube-scheduler": 60,
-    "node-agent": 90,
+    "etcd": 60,
+    "kube-apiserver": 180,
+    "kube-controller-manager": 180,
+    "kube-scheduler": 120,
+    "node-agent": 180,
 }
+"""Generous: on a loaded 2-core machine the apiserver alone has taken over a minute to become ready."""
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
