@@ -255,7 +255,11 @@ class RestartCounts(ApiModel):
     total: int = 0
     """All restarts over the job's life."""
     by_cause: dict[str, int] = Field(default_factory=dict)
-    """Restarts per failure cause (e.g. `ExitCode`, `PodDeleted`, `NodeLost`, `HeartbeatTimeout`)."""
+    """Restarts per failure cause (e.g. `ExitCode`, `Killed`, `PodDeleted`, `NodeLost`, `HeartbeatTimeout`)."""
+    counted: int = 0
+    """Restarts that spent the job-wide `failurePolicy.maxRestarts` (user failures, or rules that say so)."""
+    by_rule: dict[str, int] = Field(default_factory=dict)
+    """Restarts per failure-policy rule name (for the rules' own `maxRestarts`)."""
 
 
 class WorkerStatus(ApiModel):
@@ -310,7 +314,40 @@ class Incident(ApiModel):
     seconds_to_recover: float | None = None
     """Seconds from detection to resumed training."""
     steps_lost: int | None = None
-    """Training steps done again after the recovery."""
+    """Training steps done again after the recovery: the step at detection minus the step training
+    resumed from."""
+    detected_step: int | None = None
+    """The job's step (highest heartbeat step) when the failure was detected."""
+    resumed_from_step: int | None = None
+    """Lowest step the active workers' heartbeats showed after the failure: where training resumed."""
+    resume_step: int | None = None
+    """Training counts as resumed once a heartbeat passes this step: the step at detection plus the steps
+    one heartbeat interval may not have reported yet."""
+
+
+class WorkerTrack(ApiModel):
+    """What the operator remembers of one worker pod between reconciles (so a restart loses nothing)."""
+
+    pod: str
+    """Pod name."""
+    uid: str | None = None
+    """Pod uid (a recreated pod of the same name is a new worker)."""
+    node: str | None = None
+    """Node the pod was bound to."""
+    step: int | None = None
+    """Last step its heartbeat showed."""
+    since: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When that step was first seen while training (the no-progress clock starts here)."""
+    renewed: str | None = None
+    """The Lease renew time of the last heartbeat judged for stragglers."""
+    slow: int = 0
+    """Consecutive heartbeats with a step time above `stragglerFactor` x the job's median."""
+    restarts: int = 0
+    """Container restarts of the trainer seen so far."""
+    done: bool = False
+    """The operator is done with this pod: its failure was handled, or the operator deleted it on purpose."""
+    kept: bool = False
+    """Its failure was ignored by a rule: the pod is left as it is."""
 
 
 class TrainingJobStatus(ApiModel):
@@ -320,7 +357,8 @@ class TrainingJobStatus(ApiModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Conditions keyed by type: `GangScheduled`, `Running`, `Succeeded`, `Failed`, `Suspended`, `SpecValid`."""
+    """Conditions keyed by type: `GangScheduled`, `Running`, `Succeeded`, `Failed`, `Suspended`, `SpecValid`,
+    `Recovering`, `Degraded`."""
     observed_generation: int | None = None
     """The `metadata.generation` the status was computed from."""
     state: str | None = None
@@ -345,6 +383,12 @@ class TrainingJobStatus(ApiModel):
     """All-or-nothing scheduling progress."""
     incidents: list[Incident] = Field(default_factory=list)
     """The most recent failures handled (newest last)."""
+    tracking: list[WorkerTrack] = Field(default_factory=list)
+    """Per-worker heartbeat memory (steps, no-progress clocks, straggler streaks)."""
+    goodput: float | None = None
+    """Productive training time over wall time since the job started (recovery time is the loss)."""
+    recovery_seconds: float = 0.0
+    """Seconds spent recovering from incidents over the job's life (not capped like `incidents`)."""
 
 
 class TrainingJob(ApiModel):

@@ -13,6 +13,8 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 SPEC_VALID = "SpecValid"
+RECOVERING = "Recovering"
+DEGRADED = "Degraded"
 
 # Reasons (one CamelCase word each), shared by conditions and Events.
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -29,6 +31,16 @@ REASON_NOT_SUSPENDED = "NotSuspended"
 REASON_PERMANENT_FAILURE = "PermanentFailure"
 REASON_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
 REASON_NOT_FAILED = "NotFailed"
+# Recovering: True with the failure cause as reason (e.g. `HeartbeatTimeout`), False with these.
+REASON_RECOVERED = "Recovered"
+REASON_NO_INCIDENT = "NoIncident"
+REASON_SPARE_PROMOTED = "SparePromoted"
+# Degraded.
+REASON_BELOW_MIN_REPLICAS = "BelowMinReplicas"
+REASON_SHRUNK = "Shrunk"
+REASON_PROMOTING_SPARE = "PromotingSpare"
+REASON_SPARES_MISSING = "SparesMissing"
+REASON_FULL_STRENGTH = "FullStrength"
 
 
 def find(conditions: list[Condition], condition_type: str) -> Condition | None:

@@ -54,7 +54,7 @@ class JobReconciler:
         name: str,
         pods: Mapping[Any, Iterable[dict[str, Any]]],
         leases: Mapping[Any, Iterable[dict[str, Any]]],
-        nodes: Mapping[Any, Iterable[dict[str, str]]],
+        nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
     ) -> None:
         started = time.perf_counter()
@@ -68,13 +68,18 @@ class JobReconciler:
             job_leases = {
                 pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
             }
-            node_labels = {
-                node: labels
+            # Every node is indexed: a bound node missing from the index was deleted.
+            node_health = {
+                node: summary
                 for node in {(pod.get("spec") or {}).get("nodeName") for pod in job_pods} - {None}
-                if (labels := _first(nodes.get(node))) is not None
+                if (summary := _first(nodes.get(node))) is not None
             }
             observed = reconcile.Observed(
-                pods=job_pods, now=now(), leases=job_leases, node_labels=node_labels
+                pods=job_pods,
+                now=now(),
+                leases=job_leases,
+                node_labels={node: summary["labels"] for node, summary in node_health.items()},
+                nodes=node_health,
             )
             plan = reconcile.plan(job, observed)
             self._apply(job, plan, logger)
@@ -87,11 +92,19 @@ class JobReconciler:
         for pod in plan.create_pods:
             if self._guarded("create", self.kube.create, pod):
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
+        for pod_name in plan.force_delete_pods:
+            # Grace 0 first: the survivors' connections to a frozen or lost worker close at once.
+            self._guarded("delete", self.kube.delete_pod, namespace, pod_name, 0)
+            self.metrics.pods_deleted.inc()
         for pod_name in plan.delete_pods:
             self._guarded("delete", self.kube.delete_pod, namespace, pod_name)
             self.metrics.pods_deleted.inc()
+        for pod_name, role in plan.relabel_pods.items():
+            self._guarded("label", self.kube.label_pod, namespace, pod_name, {names.LABEL_ROLE: role})
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
+            self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
+            self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
             for event in plan.events:
                 self._guarded("event", self.kube.post_event, job, event)
 
@@ -169,8 +182,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         return {(namespace, name): observe.summarize_lease(dict(body))}
 
     @kopf.index("nodes", id="phalanx_nodes", registry=registry)
-    def phalanx_nodes(name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
-        return {name: dict(labels)}
+    def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+        return {name: observe.summarize_node(dict(body))}
 
     def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
         reconciler.reconcile(
@@ -207,4 +220,5 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
     def trainingjob_deleted(name: str, namespace: str, uid: str, **_: Any) -> None:
         # Children go with the job through their ownerReferences; only our own bookkeeping is left.
         reconciler.forget(uid)
+        reconciler.metrics.job_goodput(namespace, name, None)
         reconciler.kube.forget(namespace, name)

@@ -53,11 +53,11 @@ class Kube:
         self._verified: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         method, url, headers, payload, post = self.client.param_serialize(
             method,
             path,
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -112,9 +112,22 @@ class Kube:
             ]:
                 del self._verified[key]
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Delete a pod; `grace_seconds=0` removes it at once (its node is gone, or it is frozen)."""
+        body = None if grace_seconds is None else {"gracePeriodSeconds": grace_seconds}
         try:
-            self._call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            self._call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """Merge `labels` into a pod's labels."""
+        patch = {"metadata": {"labels": labels}}
+        try:
+            self._call(
+                "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", patch, "application/merge-patch+json"
+            )
         except ApiException as error:
             if error.status != 404:
                 raise

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -40,6 +42,27 @@ class OperatorMetrics:
         self.api_errors = Counter(
             "phalanx_api_errors", "Kubernetes API calls that failed.", ["operation"], registry=self.registry
         )
+        self.failures = Counter(
+            "phalanx_failures", "Failures detected, by cause.", ["cause"], registry=self.registry
+        )
+        self.recovery_seconds = Histogram(
+            "phalanx_recovery_duration_seconds",
+            "Seconds from a failure's detection to training passing the step it stopped at.",
+            buckets=(1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
+            registry=self.registry,
+        )
+        self.spare_swaps = Counter(
+            "phalanx_spare_swaps", "Spares promoted into a failed worker's slot.", registry=self.registry
+        )
+        self.lost_steps = Counter(
+            "phalanx_lost_steps", "Training steps done again after recoveries.", registry=self.registry
+        )
+        self.goodput = Gauge(
+            "phalanx_job_goodput_ratio",
+            "Productive training time over wall time, per job.",
+            ["namespace", "job"],
+            registry=self.registry,
+        )
         self._states: dict[str, str] = {}
         self._lock = threading.Lock()
         for state in STATES:
@@ -57,6 +80,26 @@ class OperatorMetrics:
                 counts[value] = counts.get(value, 0) + 1
             for key, count in counts.items():
                 self.jobs.labels(state=key).set(count)
+
+    def record_recovery(self, detected: list[Any], recovered: list[Any], swaps: int) -> None:
+        """Count what one stored reconcile detected and recovered (incidents as `api.Incident`)."""
+        for incident in detected:
+            self.failures.labels(cause=incident.cause).inc()
+        for incident in recovered:
+            if incident.seconds_to_recover is not None:
+                self.recovery_seconds.observe(incident.seconds_to_recover)
+            if incident.steps_lost:
+                self.lost_steps.inc(incident.steps_lost)
+        if swaps:
+            self.spare_swaps.inc(swaps)
+
+    def job_goodput(self, namespace: str, job: str, value: float | None) -> None:
+        """Set (or, with None, drop) a job's goodput."""
+        if value is None:
+            with contextlib.suppress(KeyError):
+                self.goodput.remove(namespace, job)
+            return
+        self.goodput.labels(namespace=namespace, job=job).set(value)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from phalanx.operator import api, builders, conditions, gang, names, validation
+from phalanx.operator import api, builders, conditions, detection, gang, incidents, names, policy, validation
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_time, parse_time
 
-MAX_INCIDENTS = 20
+MAX_INCIDENTS = incidents.MAX_INCIDENTS
+# Heartbeat phases of a worker that holds a slot in the training group.
+ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class Observed:
     """Heartbeat summaries by pod name."""
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     """Labels of the nodes, by node name."""
+    nodes: dict[str, dict[str, Any]] | None = None
+    """Health of the nodes the job's pods are bound to (`status.summarize_node`), by node name; a bound
+    node missing here was deleted. None: nodes are not observed (no node checks)."""
 
 
 @dataclass
@@ -48,8 +53,18 @@ class Plan:
     """Per-job objects created when missing (RBAC, Services, PodGroup)."""
     create_pods: list[dict[str, Any]] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
+    force_delete_pods: list[str] = field(default_factory=list)
+    """Pods deleted with grace 0 (node gone, frozen or hung: nothing left to save, peers must see it now)."""
+    relabel_pods: dict[str, str] = field(default_factory=dict)
+    """Pod name -> role label: labels follow the role torch gave the pod (a promoted spare is a worker)."""
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    detected: list[api.Incident] = field(default_factory=list)
+    """Incidents opened by this reconcile (for metrics, counted once the status is stored)."""
+    recovered: list[api.Incident] = field(default_factory=list)
+    """Incidents closed by this reconcile."""
+    spare_swaps: int = 0
+    """Spares promoted into a worker's slot in this reconcile."""
 
 
 class _Builder:
@@ -87,14 +102,36 @@ class _Builder:
     def event(self, event_type: Literal["Normal", "Warning"], reason: str, message: str) -> None:
         self.plan.events.append(Event(event_type, reason, message))
 
-    def delete(self, pods: list[dict[str, Any]]) -> None:
+    def delete(self, pods: list[dict[str, Any]], force: bool = False) -> None:
+        """Delete pods (with grace 0 when `force`, even if already terminating); the operator is then done
+        with them, so their going is never taken for a failure."""
         for pod in pods:
             name = observe.pod_name(pod)
-            if not observe.is_terminating(pod) and name not in self.plan.delete_pods:
+            self.mark_done(name, pod["metadata"].get("uid"))
+            if force:
+                if name not in self.plan.force_delete_pods:
+                    self.plan.force_delete_pods.append(name)
+                if name in self.plan.delete_pods:
+                    self.plan.delete_pods.remove(name)
+            elif (
+                not observe.is_terminating(pod)
+                and name not in self.plan.delete_pods
+                and name not in self.plan.force_delete_pods
+            ):
                 self.plan.delete_pods.append(name)
+
+    def mark_done(self, pod_name: str, uid: str | None, kept: bool = False) -> None:
+        for track in self.status.tracking:
+            if track.pod == pod_name and track.uid == uid:
+                track.done = True
+                track.kept = track.kept or kept
 
     def finish(self) -> Plan:
         self.status.observed_generation = self.generation
+        end = parse_time(self.status.completion_time) or self.now
+        self.status.goodput = incidents.goodput(
+            self.status.start_time, end, self.status.recovery_seconds, self.status.incidents
+        )
         self.plan.status = self.status.to_wire()
         return self.plan
 
@@ -142,7 +179,10 @@ def _finish_job(b: _Builder, succeeded: bool, reason: str, message: str) -> None
         b.status.state = "Failed"
     b.condition(conditions.RUNNING, False, reason, message)
     b.status.completion_time = b.status.completion_time or format_time(b.now)
+    if conditions.is_true(b.status.conditions, conditions.RECOVERING):
+        b.condition(conditions.RECOVERING, False, reason, message)
     _clean_up_finished(b, succeeded)
+    b.status.tracking = []
 
 
 def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
@@ -154,78 +194,149 @@ def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
             b.delete([pod])
 
 
-def _match_rule(rules: list[api.FailureRule], exit_code: int) -> api.FailureRule | None:
-    for rule in rules:
-        if rule.match.exit_codes and exit_code in rule.match.exit_codes:
-            return rule
-    return None
+def _heartbeat(pod: dict[str, Any], b: _Builder) -> dict[str, Any] | None:
+    return detection.heartbeat_of(pod, b.observed.leases)
 
 
-def _rule_restarts(b: _Builder, rule: api.FailureRule) -> int:
-    return sum(
-        1 for incident in b.status.incidents if incident.rule == rule.name and incident.action != "Ignore"
-    )
+def _effective_role(pod: dict[str, Any], b: _Builder) -> str:
+    return observe.observed_role(pod, _heartbeat(pod, b))
 
 
-def _handle_failed_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
-    """Apply the failure policy to trainer pods whose trainer exited non-zero; True when the job failed.
+def _force_delete_on_lost_nodes(b: _Builder) -> None:
+    """Pods on a lost node never finish terminating (no kubelet): remove them now (rendezvous too)."""
+    for pod in b.observed.pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if detection.node_problem(node, b.observed.nodes) is not None and (
+            observe.is_terminating(pod) or observe.is_rendezvous(pod)
+        ):
+            b.delete([pod], force=True)
 
-    Each pod's failure is handled once (its uid is recorded as an incident), so a slow deletion never
-    spends the restart budget twice.
+
+def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
+    """Detect failures, apply the failure policy, start recoveries; True when the job failed.
+
+    Each pod's failure is handled once (its track is marked done), so a slow deletion never spends the
+    restart budget twice; a pod the operator is done with but that still exists is deleted again.
     """
-    handled = {incident.pod_uid for incident in b.status.incidents}
-    for pod in sorted(b.observed.pods, key=observe.index):
-        code = observe.trainer_exit_code(pod, trainer) if observe.is_trainer(pod) else None
-        if code is None or code == 0 or observe.is_terminating(pod):
-            continue
-        uid = pod["metadata"].get("uid")
-        if uid in handled:
-            b.delete([pod])
-            continue
-        rule = _match_rule(spec.failure_policy.rules, code)
-        action = rule.action if rule is not None else "ReplaceWorker"
-        rule_text = f" (rule {rule.name})" if rule is not None and rule.name else ""
-        name = observe.pod_name(pod)
-        message = f"{name} exited with code {code}{rule_text}"
-        incident = api.Incident(
-            cause="ExitCode",
-            worker=name,
-            pod_uid=uid,
-            node=(pod.get("spec") or {}).get("nodeName"),
-            action=action,
-            rule=rule.name if rule is not None else None,
-            message=message,
-            detected_at=format_time(b.now),
-        )
-        b.status.incidents = [*b.status.incidents, incident][-MAX_INCIDENTS:]
-        if action == "FailJob":
+    trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
+    known = {(track.pod, track.uid) for track in b.status.tracking}
+    b.status.tracking = detection.update_tracks(
+        b.status.tracking, trainers, b.observed.leases, spec.heartbeat, trainer, b.now
+    )
+    _force_delete_on_lost_nodes(b)
+    failures = detection.detect(
+        trainers,
+        b.observed.leases,
+        b.observed.nodes,
+        b.status.tracking,
+        known,
+        spec.heartbeat,
+        trainer,
+        b.now,
+    )
+    detection.sync_restarts(b.status.tracking, trainers, trainer)
+    _delete_again(b, trainers, spec.heartbeat)
+    disrupted = False
+    pods = {observe.pod_name(pod): pod for pod in trainers}
+    step_seconds = [
+        seconds
+        for pod in trainers
+        if (seconds := detection.lease_number(_heartbeat(pod, b), "step-seconds")) is not None
+    ]
+    unreported = incidents.unreported_steps(spec.heartbeat.interval_seconds, step_seconds)
+    for failure in failures:
+        decision = policy.decide(failure, spec.failure_policy)
+        incident = incidents.open_incident(failure, decision, b.now, b.status.step, unreported)
+        b.status.incidents = incidents.append(b.status.incidents, incident)
+        b.plan.detected.append(incident)
+        b.event("Warning", failure.cause, incidents.detected_text(incident))
+        pod = pods.get(failure.pod)
+        message = f"{failure.message} (rule {decision.rule})"
+        if decision.action == "FailJob":
+            b.mark_done(failure.pod, failure.uid)
             _finish_job(b, False, conditions.REASON_PERMANENT_FAILURE, message)
             return True
-        if action != "Ignore":
-            counts = rule is None or rule.counts_toward_max_restarts is not False
-            restarts = b.status.restarts
-            restarts.total += 1
-            restarts.by_cause["ExitCode"] = restarts.by_cause.get("ExitCode", 0) + 1
-            over_rule = (
-                rule is not None
-                and rule.max_restarts is not None
-                and _rule_restarts(b, rule) > rule.max_restarts
-            )
-            if (counts and restarts.total > spec.failure_policy.max_restarts) or over_rule:
-                limit = spec.failure_policy.max_restarts
-                _finish_job(
-                    b,
-                    False,
-                    conditions.REASON_RESTARTS_EXCEEDED,
-                    f"{message}; restart budget ({limit}) spent",
+        if decision.action == "Ignore":
+            if failure.alive and failure.cause != detection.CONTAINER_RESTART:
+                # A heartbeat class: judged afresh later, not forgotten for good.
+                detection.restart_clocks(
+                    [t for t in b.status.tracking if t.pod == failure.pod and t.uid == failure.uid], b.now
                 )
-                return True
-        b.event("Warning", "WorkerFailed", f"{message}: {action}")
-        if action == "RestartJob":
-            b.delete([p for p in b.observed.pods if observe.is_trainer(p)])
-        else:
-            b.delete([pod])
+            elif not failure.alive:
+                b.mark_done(failure.pod, failure.uid, kept=True)
+            continue
+        budget = policy.spend(b.status.restarts, decision, failure.cause, spec.failure_policy.max_restarts)
+        b.status.restarts = budget.restarts
+        if not budget.allowed:
+            b.mark_done(failure.pod, failure.uid)
+            _finish_job(b, False, conditions.REASON_RESTARTS_EXCEEDED, f"{message}; {budget.message}")
+            return True
+        disrupted = disrupted or not failure.spare
+        b.mark_done(failure.pod, failure.uid)
+        if decision.action == "RestartJob":
+            b.delete(trainers, force=failure.force)
+        elif pod is not None:
+            b.delete(
+                [pod],
+                force=failure.force or detection.node_problem(failure.node, b.observed.nodes) is not None,
+            )
+    if disrupted:
+        detection.restart_clocks(b.status.tracking, b.now)
     return False
+
+
+def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.HeartbeatSpec) -> None:
+    """A pod whose failure was handled but which is still there (a deletion that failed): delete it again,
+    with grace 0 when it cannot save anyway (node lost, heartbeat silent)."""
+    done = {(track.pod, track.uid) for track in b.status.tracking if track.done and not track.kept}
+    for pod in trainers:
+        if (observe.pod_name(pod), pod["metadata"].get("uid")) not in done or observe.is_terminating(pod):
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        renewed = parse_time((_heartbeat(pod, b) or {}).get("renewTime"))
+        silent = renewed is not None and (b.now - renewed).total_seconds() > heartbeat.timeout_seconds
+        b.delete([pod], force=silent or detection.node_problem(node, b.observed.nodes) is not None)
+
+
+def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
+    """Close incidents once training passed the step they stopped it at; set the Recovering condition."""
+    doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
+    steps = [
+        incidents.Beat(step=step, renewed=parse_time(lease.get("renewTime")))
+        for pod in b.observed.pods
+        if observe.is_trainer(pod)
+        and observe.is_live(pod)
+        and observe.pod_name(pod) not in doing
+        and (lease := _heartbeat(pod, b)) is not None
+        and lease.get("phase") in ACTIVE_PHASES
+        and (step := detection.lease_step(lease)) is not None
+    ]
+    progress = incidents.observe_progress(b.status.incidents, steps, b.now)
+    b.status.incidents = progress.incidents
+    b.status.recovery_seconds = round(b.status.recovery_seconds + progress.recovery_seconds, 1)
+    for incident in progress.recovered:
+        b.plan.recovered.append(incident)
+        b.event("Normal", conditions.REASON_RECOVERED, incidents.recovered_text(incident))
+    still_open = [incident for incident in b.status.incidents if incidents.is_open(incident)]
+    if still_open:
+        newest = still_open[-1]
+        step = f" past step {newest.detected_step}" if newest.detected_step is not None else ""
+        message = (
+            f"{newest.action} after {newest.cause} of {newest.worker} (detected {newest.detected_at}); "
+            f"waiting for training to advance{step}"
+        )
+        b.condition(conditions.RECOVERING, True, newest.cause, message)
+    elif progress.recovered:
+        b.condition(
+            conditions.RECOVERING,
+            False,
+            conditions.REASON_RECOVERED,
+            incidents.recovered_text(progress.recovered[-1]),
+        )
+    elif conditions.find(b.status.conditions, conditions.RECOVERING) is None:
+        b.condition(
+            conditions.RECOVERING, False, conditions.REASON_NO_INCIDENT, "no failure is being recovered"
+        )
 
 
 def _free_indices(pods: list[dict[str, Any]], job_name: str, count: int) -> list[int]:
@@ -260,10 +371,13 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     live = [
         pod
         for pod in trainers
-        if observe.is_live(pod, trainer) and observe.pod_name(pod) not in b.plan.delete_pods
+        if observe.is_live(pod, trainer)
+        and observe.pod_name(pod) not in b.plan.delete_pods
+        and observe.pod_name(pod) not in b.plan.force_delete_pods
     ]
-    workers = [pod for pod in live if observe.role(pod) == names.ROLE_WORKER]
-    spares = [pod for pod in live if observe.role(pod) == names.ROLE_SPARE]
+    _relabel(b, live)
+    workers = [pod for pod in live if _effective_role(pod, b) == names.ROLE_WORKER]
+    spares = [pod for pod in live if _effective_role(pod, b) == names.ROLE_SPARE]
     expected = spec.replicas + spec.spares
     gang_state = b.status.gang
 
@@ -290,9 +404,20 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             return
 
     _scale_down(b, workers, spec.replicas)
-    _scale_down(b, spares, spec.spares)
-    missing_workers = max(spec.replicas - len(workers), 0)
-    missing_spares = max(spec.spares - len(spares), 0)
+    kept_workers = min(len(workers), spec.replicas)
+    # Only a surplus over the whole gang removes spares: a spare about to take a failed worker's slot
+    # and the new spare refilling the pool both stay.
+    surplus = kept_workers + len(spares) - expected
+    if surplus > 0:
+        _scale_down(b, spares, len(spares) - surplus)
+    kept_spares = len(spares) - max(surplus, 0)
+    missing = max(expected - kept_workers - kept_spares, 0)
+    # A slot a failed worker left is the spares' to take (torch promotes a standby): refill the pool with
+    # a new spare. Other missing workers (scale up, no spare left) are new workers.
+    vacated = sum(1 for incident in b.status.incidents if incidents.is_open(incident))
+    taken_by_spares = min(kept_spares, vacated)
+    missing_workers = min(max(spec.replicas - kept_workers - taken_by_spares, 0), missing)
+    missing_spares = missing - missing_workers
     indices = _free_indices(b.observed.pods, job_name, missing_workers + missing_spares)
     roles: list[names.Role] = [names.ROLE_WORKER] * missing_workers + [names.ROLE_SPARE] * missing_spares
     new_pods = [
@@ -303,7 +428,8 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         b.status.start_time = b.status.start_time or format_time(b.now)
         b.event("Normal", "CreatedPods", "created " + ", ".join(pod["metadata"]["name"] for pod in new_pods))
 
-    remaining = [pod for pod in live if observe.pod_name(pod) not in b.plan.delete_pods]
+    leaving = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
+    remaining = [pod for pod in live if observe.pod_name(pod) not in leaving]
     scheduled = sum(1 for pod in remaining if gang.is_scheduled(pod))
     if gang_state.scheduled_time is None:
         if not new_pods and len(remaining) >= expected and scheduled == len(remaining):
@@ -317,7 +443,13 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             b.status.state = "Scheduling"
             return
 
-    ready = sum(1 for pod in remaining if observe.role(pod) == names.ROLE_WORKER and observe.is_running(pod))
+    ready = sum(
+        1 for pod in remaining if _effective_role(pod, b) == names.ROLE_WORKER and observe.is_running(pod)
+    )
+    spares_running = sum(
+        1 for pod in remaining if _effective_role(pod, b) == names.ROLE_SPARE and observe.is_running(pod)
+    )
+    _set_degraded(b, spec, ready, spares_running, min(spares_running, vacated))
     if ready >= spec.effective_min_replicas:
         b.condition(
             conditions.RUNNING, True, conditions.REASON_TRAINING, f"{ready} workers running", "Normal"
@@ -329,12 +461,67 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         b.status.state = "Pending"
 
 
+def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
+    """Labels follow the heartbeats: torch promotes a standby spare on its own; the operator records it."""
+    for pod in live:
+        lease = _heartbeat(pod, b)
+        if lease is None or lease.get("phase") not in (*ACTIVE_PHASES, "standby"):
+            continue
+        wanted = observe.observed_role(pod, lease)
+        if observe.role(pod) == wanted:
+            continue
+        name = observe.pod_name(pod)
+        b.plan.relabel_pods[name] = wanted
+        if wanted == names.ROLE_WORKER:
+            b.plan.spare_swaps += 1
+            node = (pod.get("spec") or {}).get("nodeName")
+            rank = lease.get("rank")
+            b.event(
+                "Normal",
+                conditions.REASON_SPARE_PROMOTED,
+                f"spare {name} on node {node} took a failed worker's slot (rank {rank or '?'}); now a worker",
+            )
+
+
+def _set_degraded(
+    b: _Builder, spec: api.TrainingJobSpec, ready: int, spares_running: int, promoting: int
+) -> None:
+    """Degraded: fewer workers or spares than asked for (once the gang first ran).
+
+    `promoting`: running spares about to take failed workers' slots (torch promotes them on its own).
+    """
+    minimum = spec.effective_min_replicas
+    event: Literal["Warning"] | None = None
+    if promoting and ready < spec.replicas and ready + promoting >= minimum:
+        reason = conditions.REASON_PROMOTING_SPARE
+        message = f"{ready} of {spec.replicas} workers running; a spare is taking the failed worker's slot"
+    elif ready < minimum:
+        reason = conditions.REASON_BELOW_MIN_REPLICAS
+        message = f"{ready} of at least {minimum} workers running: training waits for replacements"
+        event = "Warning"
+    elif ready < spec.replicas:
+        reason = conditions.REASON_SHRUNK
+        message = f"training with {ready} of {spec.replicas} workers; grows back when replacements join"
+    elif spares_running < spec.spares:
+        reason = conditions.REASON_SPARES_MISSING
+        message = f"{spares_running} of {spec.spares} spares running; refilling the pool"
+    else:
+        message = "every worker and spare is running"
+        b.condition(conditions.DEGRADED, False, conditions.REASON_FULL_STRENGTH, message)
+        return
+    b.condition(conditions.DEGRADED, True, reason, message, event)
+
+
 def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
     """(some worker finished training, every worker is done)."""
+    doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     workers = [
         pod
         for pod in b.observed.pods
-        if observe.role(pod) == names.ROLE_WORKER and not observe.is_terminating(pod)
+        if observe.is_trainer(pod)
+        and _effective_role(pod, b) == names.ROLE_WORKER
+        and not observe.is_terminating(pod)
+        and observe.pod_name(pod) not in doing
     ]
     codes = [observe.trainer_exit_code(pod, trainer) for pod in workers]
     some = any(code == 0 for code in codes)
@@ -374,6 +561,8 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
 
     if spec.suspend:
         b.delete([pod for pod in observed.pods if not observe.is_terminating(pod)])
+        for track in b.status.tracking:
+            track.done = True
         b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, "the job is suspended", "Normal")
         b.condition(conditions.RUNNING, False, conditions.REASON_SUSPENDED, "the job is suspended")
         b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SUSPENDED, "the job is suspended")
@@ -386,8 +575,9 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     message = "the job was resumed" if was_suspended else "the job is not suspended"
     b.condition(conditions.SUSPENDED, False, reason, message, "Normal" if was_suspended else None)
 
-    if _handle_failed_pods(b, spec, trainer):
+    if _handle_failures(b, spec, trainer):
         return b.finish()
+    _follow_progress(b, spec)
 
     some_done, all_done = _completed(b, trainer)
     if all_done:

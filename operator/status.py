@@ -25,6 +25,10 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": container.get("name"), "ready": bool(container.get("ready"))}
         if terminated:
             entry["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason")}
+        if container.get("restartCount"):
+            entry["restartCount"] = container["restartCount"]
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            entry["lastExitCode"] = last.get("exitCode")
         containers.append(entry)
     return {
         "metadata": {
@@ -35,6 +39,7 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
         "spec": {"nodeName": spec.get("nodeName")} if spec.get("nodeName") else {},
         "status": {
             "phase": status.get("phase"),
+            "reason": status.get("reason"),
             "podIP": status.get("podIP"),
             "conditions": [
                 {key: condition.get(key) for key in ("type", "status", "reason", "message")}
@@ -54,7 +59,22 @@ def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
         if key.startswith(LEASE_ANNOTATION_PREFIX)
     }
     summary["renewTime"] = (body.get("spec") or {}).get("renewTime")
+    owners = (body.get("metadata") or {}).get("ownerReferences") or []
+    summary["ownerUid"] = next((owner.get("uid") for owner in owners if owner.get("kind") == "Pod"), None)
     return summary
+
+
+def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
+    """What the operator needs of a node: its labels, its Ready status and its NoExecute taints."""
+    meta = body.get("metadata") or {}
+    conditions = (body.get("status") or {}).get("conditions") or []
+    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
+    taints = [
+        taint.get("key")
+        for taint in (body.get("spec") or {}).get("taints") or []
+        if taint.get("effect") == "NoExecute"
+    ]
+    return {"labels": dict(meta.get("labels") or {}), "ready": ready, "noExecute": taints}
 
 
 def pod_name(pod: dict[str, Any]) -> str:

@@ -34,8 +34,11 @@ class FakeKube:
         self.calls.append(("create", obj["metadata"]["name"]))
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        self.calls.append(("delete", name))
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        self.calls.append(("delete" if grace_seconds is None else f"delete-grace-{grace_seconds}", name))
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        self.calls.append(("label", f"{name}={labels['phalanx.dev/role']}"))
 
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
         if self.status_errors:
@@ -51,12 +54,57 @@ class FakeKube:
         self.calls.append(("forget", name))
 
 
-def _run(job: dict[str, Any], kube: FakeKube, pods: list[dict[str, Any]] | None = None) -> None:
-    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+def _run(
+    job: dict[str, Any],
+    kube: FakeKube,
+    pods: list[dict[str, Any]] | None = None,
+    leases: dict[Any, list[dict[str, Any]]] | None = None,
+    nodes: dict[Any, list[dict[str, Any]]] | None = None,
+    metrics: OperatorMetrics | None = None,
+) -> None:
+    reconciler = handlers.JobReconciler(kube, metrics or OperatorMetrics())  # type: ignore[arg-type]
     index = {("ml", "demo"): pods or []}
-    reconciler.reconcile(
-        "ml", "demo", index, {}, {}, kopf.LocalObjectLogger(body=job, settings=kopf.OperatorSettings())
+    logger = kopf.LocalObjectLogger(body=job, settings=kopf.OperatorSettings())
+    reconciler.reconcile("ml", "demo", index, leases or {}, nodes or {}, logger)
+
+
+def test_lost_node_pods_go_with_grace_zero_and_promoted_spares_are_relabelled(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    healthy = {"labels": {}, "ready": "True", "noExecute": []}
+    pods = [
+        make_pod("demo-worker-0", node="node-gone"),
+        make_pod("demo-worker-1"),
+        make_pod("demo-worker-2", role="spare"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    leases = {("ml", "demo-worker-2"): [{"phase": "training", "step": "3"}]}
+    metrics = OperatorMetrics()
+    kube = FakeKube(make_job())
+    _run(kube.job, kube, pods, leases, {"node-a": [healthy]}, metrics)
+    assert ("delete-grace-0", "demo-worker-0") in kube.calls
+    assert ("label", "demo-worker-2=worker") in kube.calls
+    kinds = [call[0] for call in kube.calls]
+    assert kinds.index("status") > kinds.index("delete-grace-0") and kinds.index("event") > kinds.index(
+        "status"
     )
+    assert metrics.registry.get_sample_value("phalanx_failures_total", {"cause": "NodeLost"}) == 1
+    assert metrics.registry.get_sample_value("phalanx_spare_swaps_total") == 1
+
+
+def test_recovery_metrics_and_goodput() -> None:
+    from phalanx.operator import api
+
+    metrics = OperatorMetrics()
+    recovered = api.Incident(cause="Killed", seconds_to_recover=3.0, steps_lost=1)
+    metrics.record_recovery([recovered], [recovered], 0)
+    assert metrics.registry.get_sample_value("phalanx_recovery_duration_seconds_count") == 1
+    assert metrics.registry.get_sample_value("phalanx_lost_steps_total") == 1
+    metrics.job_goodput("ml", "demo", 0.97)
+    labels = {"namespace": "ml", "job": "demo"}
+    assert metrics.registry.get_sample_value("phalanx_job_goodput_ratio", labels) == 0.97
+    metrics.job_goodput("ml", "demo", None)
+    assert metrics.registry.get_sample_value("phalanx_job_goodput_ratio", labels) is None
 
 
 def test_status_is_written_once_after_the_pods_and_before_the_events(make_job: Callable[..., Any]) -> None:

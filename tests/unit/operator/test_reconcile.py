@@ -174,7 +174,12 @@ def test_a_failed_worker_is_replaced_once_and_counted_once(
     first = plan(make_job(), Observed(pods=pods, now=now))
     assert first.delete_pods == ["demo-worker-1"]
     assert _created(first) == ["demo-worker-3"]  # demo-worker-1 is still taken until it is gone
-    assert first.status["restarts"] == {"total": 1, "byCause": {"ExitCode": 1}}
+    assert first.status["restarts"] == {
+        "total": 1,
+        "byCause": {"ExitCode": 1},
+        "counted": 1,
+        "byRule": {"default": 1},
+    }
     (incident,) = first.status["incidents"]
     assert incident["worker"] == "demo-worker-1" and incident["podUid"] == "uid-demo-worker-1"
     # The failed pod is still visible at the next reconcile: the same failure is not counted again.
@@ -271,3 +276,161 @@ def test_status_shows_the_role_the_heartbeat_reports(
     roles = {worker["name"]: worker["role"] for worker in result.status["workers"]}
     assert roles == {"demo-worker-0": "worker", "demo-worker-2": "worker", "demo-worker-3": "spare"}
     assert result.create_pods == [] and result.delete_pods == []
+
+
+# ------------------------------------------------------------------------------------- fault tolerance
+
+HEALTHY_NODES = {"node-a": {"labels": {}, "ready": "True", "noExecute": []}}
+
+
+def _lease(now: datetime, step: int, phase: str = "training", age: float = 0.2) -> dict[str, Any]:
+    renewed = (now - timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"step": str(step), "phase": phase, "renewTime": renewed, "step-seconds": "0.5"}
+
+
+def _gang_leases(now: datetime, step: int) -> dict[str, dict[str, Any]]:
+    return {
+        "demo-worker-0": _lease(now, step),
+        "demo-worker-1": _lease(now, step),
+        "demo-worker-2": _lease(now, 0, phase="standby"),
+    }
+
+
+def test_a_killed_worker_is_swapped_for_the_spare_without_spending_the_budget(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(failurePolicy={"maxRestarts": 0}, heartbeat={"intervalSeconds": 1})
+    pods = _running_gang(make_pod)
+    steady = plan(job, Observed(pods=pods, now=now, leases=_gang_leases(now, 10), nodes=HEALTHY_NODES))
+    assert steady.status["incidents"] == [] and _condition(steady, "Recovering")["status"] == "False"
+    steady.status["startTime"] = "2026-01-01T11:59:00Z"
+
+    later = now + timedelta(seconds=2)
+    pods[1] = make_pod("demo-worker-1", phase="Failed", exit_code=137)
+    leases = _gang_leases(later, 12)
+    killed = plan(
+        _with_status(job, steady), Observed(pods=pods, now=later, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert killed.delete_pods == ["demo-worker-1"] and _condition(killed, "Failed")["status"] == "False"
+    # The standby spare takes the slot: the pool is refilled with a new spare, not a new worker.
+    assert [
+        (p["metadata"]["name"], p["metadata"]["labels"]["phalanx.dev/role"]) for p in killed.create_pods
+    ] == [("demo-worker-3", "spare")]
+    (incident,) = killed.status["incidents"]
+    assert incident["cause"] == "Killed" and incident["detectedStep"] == 12 and incident["resumeStep"] == 14
+    assert killed.status["restarts"]["byCause"] == {"Killed": 1} and killed.status["restarts"]["counted"] == 0
+    assert _condition(killed, "Recovering")["status"] == "True"
+    assert _condition(killed, "Recovering")["reason"] == "Killed"
+    assert [e.reason for e in killed.events if e.type == "Warning"] == ["Killed"]
+    assert [i.cause for i in killed.detected] == ["Killed"]
+
+    # torch promoted the spare (its heartbeat trains): the operator relabels it; training passes step 14.
+    resumed_at = later + timedelta(seconds=3)
+    pods = [p for p in pods if p["metadata"]["name"] != "demo-worker-1"]
+    pods.append(make_pod("demo-worker-3", role="spare"))
+    leases = {
+        "demo-worker-0": _lease(resumed_at, 15),
+        "demo-worker-2": _lease(resumed_at, 15),
+        "demo-worker-3": _lease(resumed_at, 0, phase="standby"),
+    }
+    resumed = plan(
+        _with_status(job, killed), Observed(pods=pods, now=resumed_at, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert resumed.relabel_pods == {"demo-worker-2": "worker"} and resumed.spare_swaps == 1
+    assert resumed.create_pods == [] and resumed.delete_pods == []
+    (incident,) = resumed.status["incidents"]
+    assert incident["resumedAt"] and incident["secondsToRecover"] == 3.0
+    assert _condition(resumed, "Recovering")["reason"] == "Recovered"
+    reasons = [e.reason for e in resumed.events]
+    assert "SparePromoted" in reasons and "Recovered" in reasons
+    assert resumed.status["goodput"] == round(1 - 3 / 65, 4)
+
+
+def test_a_lost_node_force_deletes_its_pods_at_once(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    pods = _running_gang(make_pod)
+    pods[0] = make_pod("demo-worker-0", node="node-b")
+    pods[-1] = make_pod("demo-rdzv", role="rendezvous", node="node-b")
+    nodes = {**HEALTHY_NODES, "node-b": {"labels": {}, "ready": "Unknown", "noExecute": []}}
+    result = plan(make_job(), Observed(pods=pods, now=now, leases=_gang_leases(now, 5), nodes=nodes))
+    assert sorted(result.force_delete_pods) == ["demo-rdzv", "demo-worker-0"] and result.delete_pods == []
+    (incident,) = result.status["incidents"]
+    assert incident["cause"] == "NodeLost" and incident["node"] == "node-b"
+
+
+def test_a_frozen_worker_is_deleted_with_grace_zero(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5})
+    pods = _running_gang(make_pod)
+    first = plan(job, Observed(pods=pods, now=now, leases=_gang_leases(now, 5), nodes=HEALTHY_NODES))
+    later = now + timedelta(seconds=7)
+    leases = {**_gang_leases(later, 9), "demo-worker-0": _lease(now, 5)}
+    frozen = plan(
+        _with_status(job, first), Observed(pods=pods, now=later, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert frozen.force_delete_pods == ["demo-worker-0"]
+    assert frozen.status["incidents"][0]["cause"] == "HeartbeatTimeout"
+    # Replayed (an operator restart before the pod is gone): nothing is counted or created twice.
+    again = plan(
+        _with_status(job, frozen), Observed(pods=pods, now=later, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert len(again.status["incidents"]) == 1 and again.status["restarts"]["total"] == 1
+    assert _created(again) == _created(frozen)  # the same deterministic name, created once by the API
+
+
+def test_no_spare_left_shrinks_then_waits_below_min(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(replicas=3, minReplicas=2, spares=0)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)] + [make_pod("demo-rdzv", role="rendezvous")]
+    leases = {f"demo-worker-{i}": _lease(now, 4) for i in range(3)}
+    first = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    pods[2] = make_pod("demo-worker-2", phase="Failed", exit_code=137)
+    shrunk = plan(_with_status(job, first), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    assert [p["metadata"]["labels"]["phalanx.dev/role"] for p in shrunk.create_pods] == ["worker"]
+    assert _condition(shrunk, "Degraded")["reason"] == "Shrunk"
+    pods[1] = make_pod("demo-worker-1", phase="Failed", exit_code=137)
+    below = plan(_with_status(job, shrunk), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    degraded = _condition(below, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "BelowMinReplicas"
+    assert "at least 2" in degraded["message"] and _condition(below, "Failed")["status"] == "False"
+
+
+def test_restart_job_rule_deletes_every_trainer(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:
+    rules = [{"name": "all", "match": {"exitCodes": [1]}, "action": "RestartJob"}]
+    pods = _running_gang(make_pod)
+    pods[0] = make_pod("demo-worker-0", phase="Failed", exit_code=1)
+    result = plan(make_job(failurePolicy={"rules": rules}), Observed(pods=pods, now=now, nodes=HEALTHY_NODES))
+    assert sorted(result.delete_pods) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert result.status["restarts"]["byRule"] == {"all": 1}
+
+
+def test_a_checkpoint_save_is_not_a_hang(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:
+    job = make_job(heartbeat={"progressTimeoutSeconds": 10})
+    pods = _running_gang(make_pod)
+    result = plan(job, Observed(pods=pods, now=now, leases=_gang_leases(now, 8), nodes=HEALTHY_NODES))
+    for seconds in (5, 15, 60):
+        moment = now + timedelta(seconds=seconds)
+        leases = {**_gang_leases(moment, 8), "demo-worker-0": _lease(moment, 8, phase="saving")}
+        leases["demo-worker-1"] = _lease(moment, 8, phase="saving")
+        result = plan(
+            _with_status(job, result), Observed(pods=pods, now=moment, leases=leases, nodes=HEALTHY_NODES)
+        )
+        assert result.status["incidents"] == [] and result.delete_pods == []
+
+
+def test_operator_deletions_are_not_failures(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:
+    job = make_job(replicas=3, maxReplicas=3, spares=0)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)] + [make_pod("demo-rdzv", role="rendezvous")]
+    first = plan(job, Observed(pods=pods, now=now, nodes=HEALTHY_NODES))
+    smaller = make_job(replicas=2, maxReplicas=3, spares=0)
+    down = plan(_with_status(smaller, first), Observed(pods=pods, now=now, nodes=HEALTHY_NODES))
+    assert down.delete_pods == ["demo-worker-2"]
+    pods[2] = make_pod("demo-worker-2", terminating=True)
+    after = plan(_with_status(smaller, down), Observed(pods=pods, now=now, nodes=HEALTHY_NODES))
+    gone = plan(
+        _with_status(smaller, after), Observed(pods=pods[:2] + pods[3:], now=now, nodes=HEALTHY_NODES)
+    )
+    assert gone.status["incidents"] == [] and gone.status["restarts"]["total"] == 0

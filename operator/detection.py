@@ -1,0 +1,358 @@
+"""Failure detection from observed pods, heartbeat Leases and nodes (pure functions).
+
+Each reconcile first refreshes the per-worker memory kept in status (`update_tracks`: last step, when it
+last moved, straggler streak), then judges every trainer pod once (`detect`), in order of certainty: a lost
+node, an eviction or disruption, an exit code, a deletion by someone else, a container restart, then the
+heartbeat classes (timeout, no progress, straggler). A pod yields at most one failure per reconcile, and a
+pod the operator is done with (`WorkerTrack.done`) yields none, so a slow deletion is never counted twice.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from phalanx.operator import api
+from phalanx.operator import status as observe
+from phalanx.operator.timeutil import format_time, parse_time
+
+# Failure causes (the keys of status.restarts.byCause).
+EXIT_CODE = "ExitCode"
+KILLED = "Killed"
+POD_DELETED = "PodDeleted"
+EVICTED = "Evicted"
+DISRUPTION_TARGET = "DisruptionTarget"
+CONTAINER_RESTART = "ContainerRestart"
+NODE_LOST = "NodeLost"
+HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
+NO_PROGRESS = "NoProgress"
+STRAGGLER = "Straggler"
+
+# Node problems, as `failurePolicy.rules[].match.nodeConditions` names them.
+NODE_NOT_READY = "NotReady"
+NODE_UNREACHABLE = "Unreachable"
+NODE_DELETED = "Deleted"
+NODE_NO_EXECUTE = "NoExecuteTaint"
+
+# Exit codes of processes stopped by a signal from outside (SIGKILL, SIGTERM): not the user's code.
+KILL_EXIT_CODES = (137, 143)
+OOM_REASON = "OOMKilled"
+# Heartbeat phases in which a step that does not move is expected, never a hang.
+TRAINING_PHASE = "training"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One detected failure of one trainer pod."""
+
+    cause: str
+    pod: str
+    uid: str | None
+    node: str | None
+    message: str
+    exit_code: int | None = None
+    pod_conditions: frozenset[str] = field(default_factory=frozenset)
+    """Pod condition types or reasons this failure shows (matched by `match.podConditions`)."""
+    node_conditions: frozenset[str] = field(default_factory=frozenset)
+    """Node problems this failure shows (matched by `match.nodeConditions`)."""
+    force: bool = False
+    """Delete the pod with grace 0: its node is gone, or it is frozen or hung (nothing left to save)."""
+    spare: bool = False
+    """The pod was a standby spare: training was not disrupted."""
+    alive: bool = False
+    """The pod still runs (the operator deletes it); False when it already ended or is going."""
+
+
+def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> str | None:
+    """The node problem of `node` (None when healthy or when nodes are not observed)."""
+    if node is None or nodes is None:
+        return None
+    health = nodes.get(node)
+    if health is None:
+        return NODE_DELETED
+    ready = health.get("ready")
+    if ready == "False":
+        return NODE_NOT_READY
+    if ready == "Unknown":
+        return NODE_UNREACHABLE
+    if health.get("noExecute"):
+        return NODE_NO_EXECUTE
+    return None
+
+
+def _seconds_since(moment: str | None, now: datetime) -> float | None:
+    parsed = parse_time(moment)
+    return None if parsed is None else (now - parsed).total_seconds()
+
+
+def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The pod's own Lease: one left by an earlier pod of the same name (not yet collected) is ignored."""
+    lease = leases.get(observe.pod_name(pod))
+    if lease is None:
+        return None
+    owner = lease.get("ownerUid")
+    if owner and owner != pod["metadata"].get("uid"):
+        return None
+    created, renewed = (
+        parse_time(pod["metadata"].get("creationTimestamp")),
+        parse_time(lease.get("renewTime")),
+    )
+    if created is not None and renewed is not None and renewed < created:
+        return None
+    return lease
+
+
+def lease_number(lease: dict[str, Any] | None, key: str) -> float | None:
+    try:
+        return float((lease or {})[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def lease_step(lease: dict[str, Any] | None) -> int | None:
+    value = lease_number(lease, "step")
+    return None if value is None else int(value)
+
+
+def _trainer_restarts(pod: dict[str, Any], trainer: str) -> tuple[int, int | None]:
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == trainer:
+            return int(container.get("restartCount") or 0), container.get("lastExitCode")
+    return 0, None
+
+
+def _terminated_reason(pod: dict[str, Any], trainer: str) -> str | None:
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == trainer and container.get("terminated"):
+            return container["terminated"].get("reason")
+    return None
+
+
+def _has_condition(pod: dict[str, Any], condition_type: str) -> bool:
+    return any(
+        condition.get("type") == condition_type and condition.get("status") == "True"
+        for condition in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def update_tracks(
+    tracks: list[api.WorkerTrack],
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    heartbeat: api.HeartbeatSpec,
+    trainer: str,
+    now: datetime,
+) -> list[api.WorkerTrack]:
+    """Per-worker memory after this reconcile's observations (pods no longer observed are forgotten,
+    except those whose disappearance is still to be judged)."""
+    previous = {(track.pod, track.uid): track for track in tracks}
+    medians = [
+        seconds
+        for pod in trainers
+        if (lease := heartbeat_of(pod, leases)) is not None
+        and lease.get("phase") == TRAINING_PHASE
+        and (seconds := lease_number(lease, "step-seconds")) is not None
+        and seconds > 0
+    ]
+    median = statistics.median(medians) if len(medians) >= 2 else None
+    stamp = format_time(now)
+    result: list[api.WorkerTrack] = []
+    seen: set[tuple[str, str | None]] = set()
+    for pod in trainers:
+        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
+        seen.add(key)
+        # A pod seen for the first time starts from its current restart count (only new restarts count).
+        old = previous.get(key) or api.WorkerTrack(
+            pod=key[0], uid=key[1], restarts=_trainer_restarts(pod, trainer)[0]
+        )
+        track = old.model_copy()
+        track.node = (pod.get("spec") or {}).get("nodeName") or old.node
+        lease = heartbeat_of(pod, leases)
+        step = lease_step(lease)
+        training = lease is not None and lease.get("phase") == TRAINING_PHASE
+        # The no-progress clock runs only while training at an unchanged step.
+        if not training or step != old.step or old.since is None:
+            track.since = stamp
+        track.step = step if step is not None else old.step
+        renewed = (lease or {}).get("renewTime")
+        if training and renewed and renewed != old.renewed and heartbeat.straggler_factor > 0:
+            seconds = lease_number(lease, "step-seconds")
+            slow = (
+                median is not None and seconds is not None and seconds > heartbeat.straggler_factor * median
+            )
+            track.slow = old.slow + 1 if slow else 0
+            track.renewed = renewed
+        elif not training:
+            track.slow = 0
+        result.append(track)
+    # A pod that vanished without the operator's doing is kept until judged (PodDeleted).
+    result.extend(track for key, track in previous.items() if key not in seen and not track.done)
+    return result
+
+
+def sync_restarts(tracks: list[api.WorkerTrack], trainers: list[dict[str, Any]], trainer: str) -> None:
+    """Remember each pod's current restart count once its restarts have been judged."""
+    counts = {
+        (observe.pod_name(pod), pod["metadata"].get("uid")): _trainer_restarts(pod, trainer)[0]
+        for pod in trainers
+    }
+    for track in tracks:
+        track.restarts = counts.get((track.pod, track.uid), track.restarts)
+
+
+def restart_clocks(tracks: list[api.WorkerTrack], now: datetime) -> None:
+    """After an incident every survivor waits on the group: no-progress clocks and streaks start over."""
+    for track in tracks:
+        track.since = format_time(now)
+        track.slow = 0
+
+
+def _pod_failure(
+    pod: dict[str, Any],
+    track: api.WorkerTrack | None,
+    trainer: str,
+    nodes: dict[str, dict[str, Any]] | None,
+    spare: bool,
+) -> Failure | None:
+    """Failures seen on the pod object itself (node, eviction, exit code, deletion, restart)."""
+    name, uid = observe.pod_name(pod), pod["metadata"].get("uid")
+    node = (pod.get("spec") or {}).get("nodeName")
+    base = {"pod": name, "uid": uid, "node": node, "spare": spare}
+    problem = node_problem(node, nodes)
+    if problem is not None:
+        what = {
+            NODE_DELETED: "was deleted",
+            NODE_NOT_READY: "is NotReady",
+            NODE_UNREACHABLE: "is unreachable (Ready Unknown)",
+            NODE_NO_EXECUTE: "has a NoExecute taint",
+        }[problem]
+        message = f"{name}: its node {node} {what}"
+        return Failure(NODE_LOST, message=message, node_conditions=frozenset({problem}), force=True, **base)
+    if (pod.get("status") or {}).get("reason") == EVICTED:
+        return Failure(EVICTED, message=f"{name} was evicted", pod_conditions=frozenset({EVICTED}), **base)
+    if _has_condition(pod, DISRUPTION_TARGET):
+        message = f"{name} is a disruption target"
+        return Failure(
+            DISRUPTION_TARGET, message=message, pod_conditions=frozenset({DISRUPTION_TARGET}), **base
+        )
+    code = observe.trainer_exit_code(pod, trainer)
+    if code is not None and code != 0:
+        reason = _terminated_reason(pod, trainer)
+        conditions = frozenset({reason}) if reason else frozenset()
+        killed = code in KILL_EXIT_CODES and reason != OOM_REASON
+        cause = KILLED if killed else EXIT_CODE
+        message = f"{name} exited with code {code}" + (f" ({reason})" if reason else "")
+        return Failure(cause, message=message, exit_code=code, pod_conditions=conditions, **base)
+    if observe.is_terminating(pod):
+        if track is not None and not track.done:
+            message = f"{name} was deleted by someone other than the operator"
+            return Failure(POD_DELETED, message=message, pod_conditions=frozenset({POD_DELETED}), **base)
+        return None
+    restarts, last_code = _trainer_restarts(pod, trainer)
+    if track is not None and restarts > track.restarts:
+        message = f"{name}: trainer container restarted (exit code {last_code})"
+        return Failure(
+            CONTAINER_RESTART,
+            message=message,
+            exit_code=last_code,
+            pod_conditions=frozenset({CONTAINER_RESTART}),
+            alive=True,
+            **base,
+        )
+    return None
+
+
+def _heartbeat_failure(
+    pod: dict[str, Any],
+    lease: dict[str, Any] | None,
+    track: api.WorkerTrack,
+    heartbeat: api.HeartbeatSpec,
+    now: datetime,
+    spare: bool,
+) -> Failure | None:
+    """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time."""
+    if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
+        return None
+    name = observe.pod_name(pod)
+    base = {"pod": name, "uid": pod["metadata"].get("uid"), "node": track.node, "spare": spare, "alive": True}
+    silent = _seconds_since(lease.get("renewTime"), now)
+    if silent is not None and silent > heartbeat.timeout_seconds:
+        message = f"{name}: no heartbeat for {silent:.0f}s (timeout {heartbeat.timeout_seconds}s)"
+        return Failure(HEARTBEAT_TIMEOUT, message=message, force=True, **base)
+    stalled = _seconds_since(track.since, now)
+    if (
+        lease.get("phase") == TRAINING_PHASE
+        and stalled is not None
+        and stalled > heartbeat.progress_timeout_seconds
+    ):
+        message = (
+            f"{name}: step {track.step} has not advanced for {stalled:.0f}s while training "
+            f"(progress timeout {heartbeat.progress_timeout_seconds}s)"
+        )
+        return Failure(NO_PROGRESS, message=message, force=True, **base)
+    if heartbeat.straggler_factor > 0 and track.slow >= heartbeat.straggler_heartbeats:
+        message = (
+            f"{name}: step time above {heartbeat.straggler_factor:g}x the job's median for "
+            f"{track.slow} heartbeats"
+        )
+        # Still alive and healthy enough to save: deleted with its grace period (emergency save).
+        return Failure(STRAGGLER, message=message, **base)
+    return None
+
+
+def detect(
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    nodes: dict[str, dict[str, Any]] | None,
+    tracks: list[api.WorkerTrack],
+    known: set[tuple[str, str | None]],
+    heartbeat: api.HeartbeatSpec,
+    trainer: str,
+    now: datetime,
+) -> list[Failure]:
+    """Every failure of the job's trainer pods now, in pod index order (vanished pods last).
+
+    `tracks` is this reconcile's memory (after `update_tracks`); `known` the (pod, uid) pairs the operator
+    knew before it, since only a pod it knew can be deleted or restarted behind its back.
+    """
+    by_key = {(track.pod, track.uid): track for track in tracks}
+    failures: list[Failure] = []
+    stalled: list[Failure] = []
+    observed: set[tuple[str, str | None]] = set()
+    for pod in sorted(trainers, key=observe.index):
+        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
+        observed.add(key)
+        track = by_key.get(key)
+        if track is not None and track.done:
+            continue
+        judged = track if key in known else None
+        lease = heartbeat_of(pod, leases)
+        spare = observe.observed_role(pod, lease) == "spare"
+        failure = _pod_failure(pod, judged, trainer, nodes, spare)
+        if failure is None and track is not None:
+            failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare)
+        if failure is not None and failure.cause == NO_PROGRESS:
+            stalled.append(failure)
+        elif failure is not None:
+            failures.append(failure)
+    if stalled and not failures:
+        # A hung rank stalls every rank in the next collective: all look hung. Replacing one makes the
+        # group re-form; the lowest step (then the lowest index) is the likeliest culprit.
+        steps = {track.pod: track.step for track in tracks}
+        failures.append(min(stalled, key=lambda f: steps.get(f.pod) if steps.get(f.pod) is not None else -1))
+    for key, track in by_key.items():
+        if key not in observed and key in known and not track.done:
+            message = f"{track.pod} disappeared (deleted by someone other than the operator)"
+            failures.append(
+                Failure(
+                    POD_DELETED,
+                    pod=track.pod,
+                    uid=track.uid,
+                    node=track.node,
+                    message=message,
+                    pod_conditions=frozenset({POD_DELETED}),
+                )
+            )
+    return failures

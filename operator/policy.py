@@ -1,0 +1,138 @@
+"""The failure policy: the user's rules, first match wins, then the defaults (pure functions).
+
+Defaults, in order, after the user's rules:
+- `default-permanent`: launcher exit codes 2 (bad configuration) and 5 (loss diverged): restarting
+  cannot help, so the job fails at once without spending restarts.
+- `default-oom`: a trainer killed for memory is the user's to fix: replaced, counted.
+- `default-infrastructure`: lost nodes, heartbeat silence, no progress, stragglers, deletions, evictions,
+  disruptions and processes killed from outside (exit 137/143, and 3: rendezvous unreachable): replaced,
+  never charged to the user's `maxRestarts`.
+- `default`: anything else (a user's non-zero exit code, a container restart): replaced and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.operator import api, detection
+
+PERMANENT_EXIT_CODES = [2, 5]
+INFRASTRUCTURE_EXIT_CODES = [3, *detection.KILL_EXIT_CODES]
+
+DEFAULT_RULES: tuple[api.FailureRule, ...] = (
+    api.FailureRule(
+        name="default-permanent",
+        match=api.FailureMatch(exit_codes=PERMANENT_EXIT_CODES),
+        action="FailJob",
+    ),
+    api.FailureRule(
+        name="default-oom",
+        match=api.FailureMatch(pod_conditions=[detection.OOM_REASON]),
+        action="ReplaceWorker",
+        counts_toward_max_restarts=True,
+    ),
+    api.FailureRule(
+        name="default-infrastructure",
+        match=api.FailureMatch(
+            exit_codes=INFRASTRUCTURE_EXIT_CODES,
+            pod_conditions=[detection.POD_DELETED, detection.EVICTED, detection.DISRUPTION_TARGET],
+            node_conditions=[
+                detection.NODE_NOT_READY,
+                detection.NODE_UNREACHABLE,
+                detection.NODE_DELETED,
+                detection.NODE_NO_EXECUTE,
+            ],
+            heartbeat_timeout=True,
+            no_progress=True,
+            straggler=True,
+        ),
+        action="ReplaceWorker",
+        counts_toward_max_restarts=False,
+    ),
+)
+FALLBACK_RULE = api.FailureRule(name="default", action="ReplaceWorker")
+
+# Causes that are never the user's code's fault (used when a rule leaves `countsTowardMaxRestarts` unset).
+INFRASTRUCTURE_CAUSES = frozenset(
+    {
+        detection.KILLED,
+        detection.POD_DELETED,
+        detection.EVICTED,
+        detection.DISRUPTION_TARGET,
+        detection.NODE_LOST,
+        detection.HEARTBEAT_TIMEOUT,
+        detection.NO_PROGRESS,
+        detection.STRAGGLER,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do about one failure, and which rule said so."""
+
+    action: api.FailureAction
+    rule: str
+    """The rule's name (`rule-N` for the N-th unnamed user rule, `default-...` for the defaults)."""
+    counts: bool
+    """Whether the restart spends the job-wide `maxRestarts`."""
+    max_restarts: int | None
+    """The rule's own restart budget, if any."""
+
+
+def matches(match: api.FailureMatch, failure: detection.Failure) -> bool:
+    """A failure matches when any criterion the rule lists matches it."""
+    return bool(
+        (match.exit_codes and failure.exit_code is not None and failure.exit_code in match.exit_codes)
+        or (match.pod_conditions and failure.pod_conditions & set(match.pod_conditions))
+        or (match.node_conditions and failure.node_conditions & set(match.node_conditions))
+        or (match.heartbeat_timeout and failure.cause == detection.HEARTBEAT_TIMEOUT)
+        or (match.no_progress and failure.cause == detection.NO_PROGRESS)
+        or (match.straggler and failure.cause == detection.STRAGGLER)
+    )
+
+
+def rules_in_order(policy: api.FailurePolicySpec) -> list[tuple[str, api.FailureRule]]:
+    """(name, rule) of the user's rules, then the defaults."""
+    named = [(rule.name or f"rule-{number}", rule) for number, rule in enumerate(policy.rules, start=1)]
+    return [*named, *((rule.name or "", rule) for rule in DEFAULT_RULES)]
+
+
+def decide(failure: detection.Failure, policy: api.FailurePolicySpec) -> Decision:
+    """The action for `failure`: the first matching rule's, else the fallback (replace, counted for user
+    failures)."""
+    name, rule = next(
+        ((name, rule) for name, rule in rules_in_order(policy) if matches(rule.match, failure)),
+        (FALLBACK_RULE.name or "default", FALLBACK_RULE),
+    )
+    counts = rule.counts_toward_max_restarts
+    if counts is None:
+        counts = failure.cause not in INFRASTRUCTURE_CAUSES
+    return Decision(action=rule.action, rule=name, counts=counts, max_restarts=rule.max_restarts)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Whether a restart is allowed, and the counts after it."""
+
+    allowed: bool
+    restarts: api.RestartCounts
+    message: str = ""
+
+
+def spend(restarts: api.RestartCounts, decision: Decision, cause: str, max_restarts: int) -> Budget:
+    """Count one restart by cause and rule; refused past `maxRestarts` (counted ones) or the rule's budget.
+
+    Counts are job-wide and never reset, so a re-rendezvous never hides earlier failures.
+    """
+    after = restarts.model_copy(deep=True)
+    after.total += 1
+    after.by_cause[cause] = after.by_cause.get(cause, 0) + 1
+    after.by_rule[decision.rule] = after.by_rule.get(decision.rule, 0) + 1
+    if decision.counts:
+        after.counted += 1
+    if decision.counts and after.counted > max_restarts:
+        return Budget(False, after, f"restart budget ({max_restarts}) spent")
+    if decision.max_restarts is not None and after.by_rule[decision.rule] > decision.max_restarts:
+        return Budget(False, after, f"rule {decision.rule}'s restart budget ({decision.max_restarts}) spent")
+    return Budget(True, after)

@@ -1,0 +1,205 @@
+"""Fault tolerance end to end: real training on the local cluster, one injected fault per test.
+
+Each test trains the tiny GPT to its final step through a fault and checks what the operator recorded:
+the incident (cause, seconds to recover, steps lost), the restarts by cause, and the Events.
+Timeouts used here (printed with every failure): heartbeat interval 1 s, timeout 5 s, progress timeout 10 s.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import Cluster, Operator, operator_ready, wait_for
+from .test_operator import (
+    condition,
+    events_for,
+    get_job,
+    has_condition,
+    job_pods,
+    trainingjob,
+    wait_succeeded,
+)
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 120
+STEP_DELAY = 0.25
+HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 10}
+
+
+def fault_job(
+    name: str, *, spares: int = 1, heartbeat: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    job = trainingjob(name, replicas=2, spares=spares, steps=STEPS, step_delay=STEP_DELAY, **spec)
+    job["spec"]["heartbeat"] = heartbeat or HEARTBEAT
+    return job
+
+
+def step_of(cluster: Cluster, namespace: str, name: str) -> int:
+    return get_job(cluster, namespace, name).get("status", {}).get("step") or 0
+
+
+def training_worker(cluster: Cluster, namespace: str, name: str, min_step: int = 15) -> Any:
+    """A worker pod whose heartbeat says it trains, once the job passed `min_step`."""
+    wait_for(lambda: step_of(cluster, namespace, name) >= min_step, 240, message=f"step {min_step}")
+
+    def pick() -> Any:
+        for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker"):
+            lease = cluster.get_json("lease", pod.metadata.name, "-n", namespace)
+            if lease["metadata"].get("annotations", {}).get("phalanx.dev/phase") == "training":
+                return pod
+        return None
+
+    return wait_for(pick, 60, message="a training worker")
+
+
+def incidents_of(job: dict[str, Any], worker: str | None = None) -> list[dict[str, Any]]:
+    found = job["status"].get("incidents", [])
+    return [i for i in found if worker is None or i.get("worker") == worker]
+
+
+def assert_recovered(job: dict[str, Any], victim: str, cause: str, *, spare: bool = True) -> dict[str, Any]:
+    status = job["status"]
+    assert status["step"] == STEPS, status
+    mine = incidents_of(job, victim)
+    assert [i["cause"] for i in mine] == [cause], status.get("incidents")
+    (incident,) = mine
+    # Shown with -rA: the recovery this run measured, next to the timeouts it ran with.
+    print(f"{cause}: {incident} heartbeat={HEARTBEAT}; all: {status.get('incidents')} {status['restarts']}")
+    assert incident["action"] == "ReplaceWorker"
+    assert incident["resumedAt"] and incident["secondsToRecover"] is not None, incident
+    if spare:
+        assert incident["stepsLost"] is not None and incident["stepsLost"] <= 1, incident
+    restarts = status["restarts"]
+    assert restarts["byCause"].get(cause) == 1, restarts
+    assert restarts.get("counted", 0) == 0, "an infrastructure fault must not spend the user's budget"
+    assert has_condition(job, "Recovering", "False", reason="Recovered")
+    assert 0 < status["goodput"] <= 1
+    return incident
+
+
+def assert_story(cluster: Cluster, namespace: str, name: str, cause: str) -> None:
+    reasons = [e["reason"] for e in sorted(events_for(cluster, namespace, name), key=_event_order)]
+    assert cause in reasons and "Recovered" in reasons, reasons
+    assert reasons.index(cause) < reasons.index("Recovered"), reasons
+
+
+def _event_order(event: dict[str, Any]) -> tuple[str, str]:
+    return (event.get("lastTimestamp") or "", event["metadata"].get("creationTimestamp") or "")
+
+
+def test_sigkilled_worker_is_replaced_by_the_spare(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(fault_job("killed"), namespace)
+    victim = training_worker(cluster, namespace, "killed")
+    cluster.kubectl("annotate", "pod", victim.metadata.name, "-n", namespace, "phalanx.dev/kill=now")
+    job = wait_succeeded(cluster, namespace, "killed", timeout=400)
+    assert_recovered(job, victim.metadata.name, "Killed")
+    assert any(e["reason"] == "SparePromoted" for e in events_for(cluster, namespace, "killed"))
+    assert_story(cluster, namespace, "killed", "Killed")
+
+
+def test_deleted_worker_pod_is_replaced(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    cluster.apply(fault_job("deleted"), namespace)
+    victim = training_worker(cluster, namespace, "deleted")
+    cluster.kubectl("delete", "pod", victim.metadata.name, "-n", namespace, "--wait=false")
+    job = wait_succeeded(cluster, namespace, "deleted", timeout=400)
+    assert_recovered(job, victim.metadata.name, "PodDeleted")
+
+
+def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(fault_job("frozen"), namespace)
+    victim = training_worker(cluster, namespace, "frozen")
+    cluster.kubectl("annotate", "pod", victim.metadata.name, "-n", namespace, "phalanx.dev/freeze=true")
+    job = wait_succeeded(cluster, namespace, "frozen", timeout=400)
+    incident = assert_recovered(job, victim.metadata.name, "HeartbeatTimeout")
+    assert "no heartbeat" in incident["message"]
+
+
+def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
+    slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
+    cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
+    victim = training_worker(cluster, namespace, "crash")
+    node = victim.spec.node_name
+    try:
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+        job = wait_succeeded(cluster, namespace, "crash", timeout=400)
+    finally:
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+    incident = assert_recovered(job, victim.metadata.name, "NodeLost")
+    assert incident["node"] == node
+    wait_for(
+        lambda: all(p.spec.node_name != node for p in job_pods(cluster, namespace, "crash")),
+        30,
+        message="nothing of the job left on the crashed node",
+    )
+
+
+def test_permanent_user_error_fails_the_job_once(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    rules = [{"name": "diverged", "match": {"exitCodes": [5]}, "action": "FailJob"}]
+    job = trainingjob("diverges", replicas=2, spares=1, steps=STEPS, step_delay=0.05)
+    job["spec"]["heartbeat"] = HEARTBEAT
+    job["spec"]["failurePolicy"] = {"maxRestarts": 3, "rules": rules}
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    args += ["--nan-at-step", "10", "--nan-repeat", "1000"]
+    cluster.apply(job, namespace)
+    failed = wait_for(
+        lambda: (j := get_job(cluster, namespace, "diverges")) and has_condition(j, "Failed") and j,
+        300,
+        message="the job to fail",
+    )
+    assert condition(failed, "Failed")["reason"] == "PermanentFailure"
+    assert "code 5" in condition(failed, "Failed")["message"]
+    (incident,) = incidents_of(failed)
+    assert incident["action"] == "FailJob" and incident["rule"] == "diverged"
+    assert failed["status"]["restarts"]["total"] == 0
+    time.sleep(4)
+    again = get_job(cluster, namespace, "diverges")
+    assert len(incidents_of(again)) == 1 and again["status"]["restarts"]["total"] == 0
+    assert again["status"]["state"] == "Failed"
+
+
+def test_operator_restart_in_the_middle_of_a_recovery(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(fault_job("midway"), namespace)
+    victim = training_worker(cluster, namespace, "midway")
+    cluster.kubectl("annotate", "pod", victim.metadata.name, "-n", namespace, "phalanx.dev/freeze=true")
+    wait_for(
+        lambda: incidents_of(get_job(cluster, namespace, "midway"), victim.metadata.name),
+        60,
+        message="the incident to be recorded",
+    )
+    cluster.kubectl(
+        "delete", "pod", "-n", operator.namespace, "-l", "app.kubernetes.io/name=phalanx", "--wait=true"
+    )
+    wait_for(lambda: operator_ready(cluster), 120, message="the operator to come back")
+    job = wait_succeeded(cluster, namespace, "midway", timeout=400)
+    assert_recovered(job, victim.metadata.name, "HeartbeatTimeout")
+    assert job["status"]["restarts"]["total"] == 1, job["status"]["restarts"]
+    trainers = job_pods(cluster, namespace, "midway", "phalanx.dev/component=trainer")
+    assert len({p.metadata.name for p in trainers}) == len(trainers)
+
+
+def test_no_false_alarm_with_frequent_checkpoints(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    job = fault_job(
+        "steady", checkpoint={"volume": {"emptyDir": {}}, "path": "/checkpoints", "intervalSteps": 2}
+    )
+    cluster.apply(job, namespace)
+    final = wait_succeeded(cluster, namespace, "steady", timeout=400)
+    assert final["status"]["step"] == STEPS
+    assert incidents_of(final) == [], final["status"]["incidents"]
+    assert final["status"]["restarts"]["total"] == 0
+    assert has_condition(final, "Recovering", "False")
+    assert final["status"]["goodput"] == 1.0

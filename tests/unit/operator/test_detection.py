@@ -1,0 +1,226 @@
+"""Failure detection: each class is detected when it should be, and never when it should not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from phalanx.operator import api, detection
+from phalanx.operator.timeutil import format_time
+
+MakePod = Callable[..., dict[str, Any]]
+HEARTBEAT = api.HeartbeatSpec(interval_seconds=1, timeout_seconds=5, progress_timeout_seconds=10)
+HEALTHY = {"node-a": {"labels": {}, "ready": "True", "noExecute": []}}
+
+
+def lease(now: datetime, *, step: int = 10, phase: str = "training", age: float = 0.5, **extra: Any) -> dict:
+    renewed = (now - timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"step": str(step), "phase": phase, "renewTime": renewed, **{k: str(v) for k, v in extra.items()}}
+
+
+def run(
+    pods: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    now: datetime,
+    tracks: list[api.WorkerTrack] | None = None,
+    nodes: dict[str, dict[str, Any]] | None = None,
+    heartbeat: api.HeartbeatSpec = HEARTBEAT,
+) -> tuple[list[detection.Failure], list[api.WorkerTrack]]:
+    """One reconcile's detection: update the memory, then judge."""
+    before = tracks or []
+    known = {(track.pod, track.uid) for track in before}
+    updated = detection.update_tracks(before, pods, leases, heartbeat, "trainer", now)
+    nodes = HEALTHY if nodes is None else nodes
+    failures = detection.detect(pods, leases, nodes, updated, known, heartbeat, "trainer", now)
+    detection.sync_restarts(updated, pods, "trainer")
+    return failures, updated
+
+
+def test_healthy_workers_yield_nothing(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    leases = {p["metadata"]["name"]: lease(now) for p in pods}
+    failures, tracks = run(pods, leases, now)
+    assert failures == [] and [t.step for t in tracks] == [10, 10]
+
+
+def test_heartbeat_timeout_and_not_before(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    fresh, tracks = run(pods, {"demo-worker-0": lease(now, age=4.9)}, now)
+    assert fresh == []
+    (failure,), _ = run(pods, {"demo-worker-0": lease(now, age=6)}, now, tracks)
+    assert failure.cause == "HeartbeatTimeout" and failure.force and failure.alive
+
+
+def test_a_lease_left_by_an_earlier_pod_of_the_same_name_is_ignored(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0", created="2026-01-01T11:59:58Z")]
+    stale = lease(now, age=30)
+    assert run(pods, {"demo-worker-0": stale}, now)[0] == []
+    other_owner = {**lease(now, age=30), "ownerUid": "someone-else"}
+    assert run(pods, {"demo-worker-0": other_owner}, now)[0] == []
+
+
+def test_no_progress_while_training_is_detected_after_the_timeout(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {"demo-worker-0": lease(now)}, now)
+    later = now + timedelta(seconds=9)
+    assert run(pods, {"demo-worker-0": lease(later)}, later, tracks)[0] == []
+    stuck = now + timedelta(seconds=11)
+    (failure,), _ = run(pods, {"demo-worker-0": lease(stuck)}, stuck, tracks)
+    assert failure.cause == "NoProgress" and "step 10" in failure.message
+
+
+@pytest.mark.parametrize("phase", ["saving", "rendezvous", "standby", "restoring", "starting"])
+def test_a_save_rendezvous_or_restore_is_never_a_hang(make_pod: MakePod, now: datetime, phase: str) -> None:
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {"demo-worker-0": lease(now)}, now)
+    for seconds in (5, 30, 300):
+        moment = now + timedelta(seconds=seconds)
+        failures, tracks = run(pods, {"demo-worker-0": lease(moment, phase=phase)}, moment, tracks)
+        assert failures == []
+    # Back to training at the same step: the clock starts again from there.
+    back = now + timedelta(seconds=301)
+    assert run(pods, {"demo-worker-0": lease(back)}, back, tracks)[0] == []
+
+
+def test_a_moving_step_is_progress(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    tracks: list[api.WorkerTrack] = []
+    for second in range(0, 40, 4):
+        moment = now + timedelta(seconds=second)
+        failures, tracks = run(pods, {"demo-worker-0": lease(moment, step=second)}, moment, tracks)
+        assert failures == []
+
+
+def test_when_all_stall_one_worker_is_blamed(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    leases = {"demo-worker-0": lease(now, step=7), "demo-worker-1": lease(now, step=6)}
+    _, tracks = run(pods, leases, now)
+    stuck = now + timedelta(seconds=11)
+    leases = {"demo-worker-0": lease(stuck, step=7), "demo-worker-1": lease(stuck, step=6)}
+    failures, _ = run(pods, leases, stuck, tracks)
+    assert [(f.cause, f.pod) for f in failures] == [("NoProgress", "demo-worker-1")]
+
+
+def test_straggler_needs_consecutive_slow_heartbeats_and_is_off_at_factor_zero(
+    make_pod: MakePod, now: datetime
+) -> None:
+    spec = api.HeartbeatSpec(straggler_factor=1.5, straggler_heartbeats=3)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)]
+    tracks: list[api.WorkerTrack] = []
+    found: list[detection.Failure] = []
+    for beat in range(3):
+        moment = now + timedelta(seconds=beat)
+        leases = {
+            "demo-worker-0": lease(moment, step=beat, **{"step-seconds": 1.0}),
+            "demo-worker-1": lease(moment, step=beat, **{"step-seconds": 1.1}),
+            "demo-worker-2": lease(moment, step=beat, **{"step-seconds": 3.0}),
+        }
+        found, tracks = run(pods, leases, moment, tracks, heartbeat=spec)
+        if beat < 2:
+            assert found == []
+    assert [(f.cause, f.pod, f.force) for f in found] == [("Straggler", "demo-worker-2", False)]
+    # One fast heartbeat resets the streak.
+    moment = now + timedelta(seconds=3)
+    leases["demo-worker-2"] = lease(moment, step=3, **{"step-seconds": 1.0})
+    leases = {k: {**v, "renewTime": leases["demo-worker-2"]["renewTime"]} for k, v in leases.items()}
+    _, tracks = run(pods, leases, moment, tracks, heartbeat=spec)
+    assert next(t for t in tracks if t.pod == "demo-worker-2").slow == 0
+    off = api.HeartbeatSpec(straggler_factor=0)
+    slow = {f"demo-worker-{i}": lease(now, **{"step-seconds": 1.0 + 5 * i}) for i in range(3)}
+    tracks = []
+    for _ in range(10):
+        found, tracks = run(pods, slow, now, tracks, heartbeat=off)
+        assert found == []
+
+
+@pytest.mark.parametrize(
+    ("health", "problem"),
+    [
+        ({"ready": "False", "noExecute": []}, "NotReady"),
+        ({"ready": "Unknown", "noExecute": []}, "Unreachable"),
+        ({"ready": "True", "noExecute": ["node.kubernetes.io/unreachable"]}, "NoExecuteTaint"),
+        (None, "Deleted"),
+    ],
+)
+def test_node_lost_is_acted_on_at_once(
+    make_pod: MakePod, now: datetime, health: dict[str, Any] | None, problem: str
+) -> None:
+    pods = [make_pod("demo-worker-0")]
+    nodes = {} if health is None else {"node-a": {"labels": {}, **health}}
+    (failure,), _ = run(pods, {"demo-worker-0": lease(now)}, now, nodes=nodes)
+    assert failure.cause == "NodeLost" and failure.node_conditions == {problem} and failure.force
+
+
+@pytest.mark.parametrize(("code", "cause"), [(137, "Killed"), (143, "Killed"), (1, "ExitCode")])
+def test_exit_codes(make_pod: MakePod, now: datetime, code: int, cause: str) -> None:
+    pods = [make_pod("demo-worker-0", phase="Failed", exit_code=code)]
+    (failure,), _ = run(pods, {}, now)
+    assert failure.cause == cause and failure.exit_code == code and not failure.force
+
+
+def test_oom_kill_is_not_an_outside_kill(make_pod: MakePod, now: datetime) -> None:
+    pod = make_pod("demo-worker-0", phase="Failed", exit_code=137)
+    pod["status"]["containerStatuses"][0]["terminated"]["reason"] = "OOMKilled"
+    (failure,), _ = run([pod], {}, now)
+    assert failure.cause == "ExitCode" and "OOMKilled" in failure.pod_conditions
+
+
+def test_evicted_and_disruption_target(make_pod: MakePod, now: datetime) -> None:
+    evicted = make_pod("demo-worker-0", phase="Failed")
+    evicted["status"]["reason"] = "Evicted"
+    disrupted = make_pod("demo-worker-1")
+    disrupted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True"}]
+    failures, _ = run([evicted, disrupted], {}, now)
+    assert [f.cause for f in failures] == ["Evicted", "DisruptionTarget"]
+
+
+def test_deleted_by_someone_else_only_when_known_and_not_done(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {}, now)
+    terminating = [make_pod("demo-worker-0", terminating=True)]
+    (failure,), _ = run(terminating, {}, now, tracks)
+    assert failure.cause == "PodDeleted"
+    # Never seen before: not ours to judge.
+    assert run(terminating, {}, now)[0] == []
+    # The operator deleted it itself: no failure.
+    done = [t.model_copy(update={"done": True}) for t in tracks]
+    assert run(terminating, {}, now, done)[0] == []
+    # Gone without a trace (force-deleted by someone): still a deletion.
+    (vanished,), _ = run([], {}, now, tracks)
+    assert vanished.cause == "PodDeleted" and vanished.pod == "demo-worker-0"
+
+
+def test_container_restart_counts_only_new_restarts(make_pod: MakePod, now: datetime) -> None:
+    pod = make_pod("demo-worker-0")
+    pod["status"]["containerStatuses"] = [
+        {"name": "trainer", "ready": True, "restartCount": 2, "lastExitCode": 1}
+    ]
+    assert run([pod], {}, now)[0] == []  # restarts before the operator knew the pod
+    _, tracks = run([pod], {}, now)
+    pod["status"]["containerStatuses"][0]["restartCount"] = 3
+    (failure,), tracks = run([pod], {}, now, tracks)
+    assert failure.cause == "ContainerRestart" and failure.exit_code == 1
+    assert run([pod], {}, now, tracks)[0] == []
+
+
+def test_standby_spare_failure_is_marked_spare(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-2", role="spare")]
+    _, tracks = run(pods, {"demo-worker-2": lease(now, phase="standby")}, now)
+    later = now + timedelta(seconds=20)
+    (failure,), _ = run(pods, {"demo-worker-2": lease(now, phase="standby")}, later, tracks)
+    assert failure.cause == "HeartbeatTimeout" and failure.spare
+
+
+def test_memory_survives_an_operator_restart(make_pod: MakePod, now: datetime) -> None:
+    """The no-progress clock lives in status: a new operator reading it detects on time."""
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {"demo-worker-0": lease(now)}, now)
+    stored = api.TrainingJobStatus(tracking=tracks).to_wire()
+    restored = api.TrainingJobStatus.model_validate(stored).tracking
+    assert restored[0].since == format_time(now)
+    stuck = now + timedelta(seconds=11)
+    (failure,), _ = run(pods, {"demo-worker-0": lease(stuck)}, stuck, restored)
+    assert failure.cause == "NoProgress"

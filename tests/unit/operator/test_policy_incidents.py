@@ -1,0 +1,168 @@
+"""The failure policy (rules, defaults, budgets by cause) and incident timing."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from phalanx.operator import api, detection, incidents, policy
+from phalanx.operator.timeutil import format_time
+
+
+def failure(cause: str, **fields: object) -> detection.Failure:
+    return detection.Failure(cause=cause, pod="demo-worker-1", uid="u1", node="node-a", message="m", **fields)
+
+
+KILLED = failure("Killed", exit_code=137)
+USER = failure("ExitCode", exit_code=1)
+HUNG = failure("NoProgress")
+LOST = failure("NodeLost", node_conditions=frozenset({"NotReady"}))
+
+
+@pytest.mark.parametrize(
+    ("found", "action", "rule", "counts"),
+    [
+        (KILLED, "ReplaceWorker", "default-infrastructure", False),
+        (failure("Killed", exit_code=143), "ReplaceWorker", "default-infrastructure", False),
+        (LOST, "ReplaceWorker", "default-infrastructure", False),
+        (failure("HeartbeatTimeout"), "ReplaceWorker", "default-infrastructure", False),
+        (HUNG, "ReplaceWorker", "default-infrastructure", False),
+        (failure("Straggler"), "ReplaceWorker", "default-infrastructure", False),
+        (
+            failure("PodDeleted", pod_conditions=frozenset({"PodDeleted"})),
+            "ReplaceWorker",
+            "default-infrastructure",
+            False,
+        ),
+        (
+            failure("Evicted", pod_conditions=frozenset({"Evicted"})),
+            "ReplaceWorker",
+            "default-infrastructure",
+            False,
+        ),
+        (USER, "ReplaceWorker", "default", True),
+        (failure("ContainerRestart", exit_code=1), "ReplaceWorker", "default", True),
+        (
+            failure("ExitCode", exit_code=137, pod_conditions=frozenset({"OOMKilled"})),
+            "ReplaceWorker",
+            "default-oom",
+            True,
+        ),
+        (failure("ExitCode", exit_code=5), "FailJob", "default-permanent", True),
+    ],
+)
+def test_defaults(found: detection.Failure, action: str, rule: str, counts: bool) -> None:
+    decision = policy.decide(found, api.FailurePolicySpec())
+    assert (decision.action, decision.rule) == (action, rule)
+    if action != "FailJob":
+        assert decision.counts is counts
+
+
+def test_user_rules_come_first_and_match_every_class() -> None:
+    rules = [
+        api.FailureRule(name="oops", match=api.FailureMatch(exit_codes=[1]), action="FailJob"),
+        api.FailureRule(match=api.FailureMatch(no_progress=True), action="RestartJob"),
+        api.FailureRule(name="nodes", match=api.FailureMatch(node_conditions=["NotReady"]), action="Ignore"),
+        api.FailureRule(
+            name="kills", match=api.FailureMatch(exit_codes=[137]), counts_toward_max_restarts=True
+        ),
+    ]
+    spec = api.FailurePolicySpec(rules=rules)
+    assert policy.decide(USER, spec).action == "FailJob"
+    hung = policy.decide(HUNG, spec)
+    assert (hung.action, hung.rule, hung.counts) == ("RestartJob", "rule-2", False)
+    assert policy.decide(LOST, spec).action == "Ignore"
+    killed = policy.decide(KILLED, spec)
+    assert (killed.rule, killed.counts) == ("kills", True)
+    # Unmatched classes still get the defaults.
+    assert policy.decide(failure("HeartbeatTimeout"), spec).rule == "default-infrastructure"
+
+
+def test_infrastructure_restarts_never_spend_the_users_budget() -> None:
+    spec = api.FailurePolicySpec(max_restarts=1)
+    restarts = api.RestartCounts()
+    for _ in range(5):
+        budget = policy.spend(restarts, policy.decide(KILLED, spec), "Killed", spec.max_restarts)
+        assert budget.allowed
+        restarts = budget.restarts
+    assert restarts.total == 5 and restarts.counted == 0 and restarts.by_cause == {"Killed": 5}
+    first = policy.spend(restarts, policy.decide(USER, spec), "ExitCode", spec.max_restarts)
+    assert first.allowed and first.restarts.counted == 1
+    second = policy.spend(first.restarts, policy.decide(USER, spec), "ExitCode", spec.max_restarts)
+    assert not second.allowed and "budget (1)" in second.message
+    assert second.restarts.by_cause == {"Killed": 5, "ExitCode": 2}
+
+
+def test_a_rules_own_budget() -> None:
+    rule = api.FailureRule(name="hangs", match=api.FailureMatch(no_progress=True), max_restarts=1)
+    spec = api.FailurePolicySpec(rules=[rule])
+    decision = policy.decide(HUNG, spec)
+    once = policy.spend(api.RestartCounts(), decision, "NoProgress", spec.max_restarts)
+    twice = policy.spend(once.restarts, decision, "NoProgress", spec.max_restarts)
+    assert once.allowed and not twice.allowed and "hangs" in twice.message
+
+
+def beats(now: datetime, *steps: int) -> list[incidents.Beat]:
+    return [incidents.Beat(step=step, renewed=now) for step in steps]
+
+
+def opened(now: datetime, step: int | None = 20, spare: bool = False) -> api.Incident:
+    decision = policy.decide(KILLED, api.FailurePolicySpec())
+    found = failure("Killed", exit_code=137, spare=spare)
+    return incidents.open_incident(found, decision, now, step, unreported=2)
+
+
+def test_incident_resumes_only_past_the_detected_step_and_the_unreported_ones(now: datetime) -> None:
+    incident = opened(now)
+    assert incident.resume_step == 22 and incidents.is_open(incident)
+    # A late heartbeat of a survivor (steps done before the failure) is not a resumption.
+    late = incidents.observe_progress([incident], beats(now, 21, 22), now + timedelta(seconds=1))
+    assert late.recovered == [] and late.incidents[0].resumed_from_step == 21
+    # The group restored step 20 and trained on.
+    restored = incidents.observe_progress(late.incidents, beats(now, 20), now + timedelta(seconds=2))
+    done = incidents.observe_progress(restored.incidents, beats(now, 23, 23), now + timedelta(seconds=4))
+    (closed,) = done.recovered
+    assert closed.resumed_at == format_time(now + timedelta(seconds=4))
+    assert closed.seconds_to_recover == 4.0 and closed.steps_lost == 0
+    assert done.recovery_seconds == 4.0 and not incidents.is_open(closed)
+
+
+def test_steps_lost_is_detected_minus_resumed_from(now: datetime) -> None:
+    incident = opened(now, step=30)
+    # A heartbeat renewed before the detection (a lagging Lease) says nothing about the resumption.
+    stale = [incidents.Beat(step=25, renewed=now - timedelta(seconds=1))]
+    assert incidents.observe_progress([incident], stale, now).incidents[0].resumed_from_step is None
+    first = incidents.observe_progress([incident], beats(now, 28), now + timedelta(seconds=1))
+    (closed,) = incidents.observe_progress(
+        first.incidents, beats(now, 33), now + timedelta(seconds=3)
+    ).recovered
+    assert closed.steps_lost == 2 and closed.resumed_from_step == 28
+
+
+def test_a_spare_failure_disrupts_nothing(now: datetime) -> None:
+    incident = opened(now, spare=True)
+    assert not incidents.is_open(incident) and incident.seconds_to_recover == 0
+
+
+def test_goodput_counts_closed_and_open_recoveries(now: datetime) -> None:
+    start = format_time(now - timedelta(seconds=100))
+    assert incidents.goodput(start, now, 0.0, []) == 1.0
+    assert incidents.goodput(start, now, 10.0, []) == 0.9
+    still_open = opened(now - timedelta(seconds=5))
+    assert incidents.goodput(start, now, 10.0, [still_open]) == 0.85
+    assert incidents.goodput(None, now, 0.0, []) is None
+
+
+def test_unreported_steps_follow_the_step_time() -> None:
+    assert incidents.unreported_steps(1, [0.25, 0.25]) == 4
+    assert incidents.unreported_steps(5, [10.0]) == 1
+    assert incidents.unreported_steps(1, []) == 1
+
+
+def test_event_texts_tell_the_story() -> None:
+    incident = opened(datetime(2026, 1, 1, 12, 0, 0).astimezone())
+    text = incidents.detected_text(incident)
+    assert "node node-a" in text and "step 20" in text and "ReplaceWorker" in text
+    incident.seconds_to_recover, incident.steps_lost, incident.resumed_from_step = 3.5, 1, 19
+    assert "3.5s after Killed of demo-worker-1; 1 step(s) lost" in incidents.recovered_text(incident)
