@@ -201,7 +201,8 @@ def build_workers_service(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding letting the job's pods write their own heartbeat Leases."""
+    """ServiceAccount, Role and RoleBinding letting the job's pods write their own heartbeat Leases and
+    read their own TrainingJob."""
     job_name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     name = names.worker_account_name(job_name)
@@ -214,6 +215,13 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
         },
         # Reading its own pod gives the launcher the uid for the Lease's ownerReference.
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        # The launcher follows its job's desired replicas (`kubectl scale`); only this job, read-only.
+        {
+            "apiGroups": [api.GROUP],
+            "resources": [api.PLURAL],
+            "resourceNames": [job_name],
+            "verbs": ["get"],
+        },
     ]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name)},

@@ -19,6 +19,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_JOB_NAME": "job_name",
     "PHALANX_MIN_NODES": "min_nodes",
     "PHALANX_MAX_NODES": "max_nodes",
+    "PHALANX_MAX_NODES_FILE": "max_nodes_file",
     "PHALANX_NPROC_PER_NODE": "nproc_per_node",
     "PHALANX_ROLE": "role",
     "PHALANX_MAX_RESTARTS": "max_restarts",
@@ -39,6 +40,12 @@ ENV_FIELDS: dict[str, str] = {
 # every launcher restart its worker group and re-rendezvous at once.
 RESTART_EPOCH_KEY = "phalanx/restart-epoch"
 
+# The key in the rendezvous store holding the number of active nodes in force (`max_nodes` of every round).
+# The first launcher seeds it with its `PHALANX_MAX_NODES`; a launcher that learns a new desired count
+# replaces it with compare-and-set. The value is the integer, optionally followed by a space and the
+# writer's identity (so concurrent writers can tell who won).
+MAX_NODES_KEY = "phalanx/max-nodes"
+
 
 class LaunchSettings(BaseModel):
     """Everything the launcher needs; defaults favour fast recovery over torch's conservative ones."""
@@ -54,7 +61,11 @@ class LaunchSettings(BaseModel):
     min_nodes: int = Field(default=1, ge=1)
     """Fewest launchers (pods) the group trains with."""
     max_nodes: int = Field(default=1, ge=1)
-    """Most launchers in the group; a launcher arriving beyond it waits as a standby."""
+    """Most launchers in the group at start; a launcher arriving beyond it waits as a standby. While the job
+    runs the value in force is the store's `phalanx/max-nodes` (worker/scaling.py), seeded with this one."""
+    max_nodes_file: str = ""
+    """A file holding the desired number of active nodes, read every heartbeat interval instead of the
+    TrainingJob (for running without Kubernetes); empty: follow the TrainingJob when Kubernetes is reachable."""
     nproc_per_node: int = Field(default=1, ge=1)
     """Training processes per launcher."""
     role: Literal["worker", "spare"] = "worker"

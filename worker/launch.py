@@ -7,6 +7,7 @@ What this adds to torchrun (see worker/README.md):
 - c10d rendezvous against an external store (worker/rendezvous.py), fast timeouts, a standby role;
 - survives the store going away: training continues, the launcher reconnects, then re-rendezvous;
 - `phalanx/restart-epoch` in the store: when the operator bumps it, the worker group restarts at once;
+- `phalanx/max-nodes` in the store: the number of active nodes follows the TrainingJob (worker/scaling.py);
 - restarts kill training processes outright (state lives in in-memory snapshots), SIGTERM lets them save;
 - exit codes that tell user errors from infrastructure failures (worker/exitcodes.py);
 - heartbeat Lease and Prometheus metrics from the training processes' status records.
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,7 +48,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from phalanx.worker import heartbeat, rendezvous
+from phalanx.worker import heartbeat, rendezvous, scaling
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
 from phalanx.worker.metrics import PodMetrics
@@ -75,6 +77,7 @@ class RendezvousClient:
     def __init__(self, settings: LaunchSettings) -> None:
         self.settings = settings
         self.store = self._connect_until(time.monotonic() + settings.join_timeout)
+        self.max_nodes = scaling.StoreMaxNodes(lambda: self.store, settings.max_nodes)
         self.handler = DynamicRendezvousHandler.from_backend(
             run_id=settings.run_id,
             store=self.store,
@@ -91,6 +94,8 @@ class RendezvousClient:
             keep_alive_interval=settings.keepalive_interval,  # type: ignore[arg-type]
             keep_alive_max_attempt=settings.keepalive_max_attempts,
         )
+        # Every decision of the rendezvous about "full" reads the store's count, not the start-up one.
+        scaling.install_live_settings(self.handler, self.max_nodes.current)
 
     def _connect_once(self) -> dist.TCPStore:
         return rendezvous.connect(
@@ -170,7 +175,7 @@ class RendezvousClient:
                 participants=len(state.participants),
                 waiting=len(state.wait_list),
             )
-            reason = rendezvous.spare_may_join(view, self.settings.max_nodes, time.monotonic() >= deadline)
+            reason = rendezvous.spare_may_join(view, self.max_nodes.current(), time.monotonic() >= deadline)
             if reason is not None:
                 logger.info("spare joins the rendezvous: %s (%s)", reason, view)
                 return
@@ -199,6 +204,7 @@ class PhalanxAgent(LocalElasticAgent):
         self._client = client
         self._reporter = reporter
         self._epoch_seen = 0
+        self._max_nodes_seen = settings.max_nodes
         self._attempt = 0
         self._restart_cause = "start"
         self._failures_without_progress = 0
@@ -235,10 +241,18 @@ class PhalanxAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: Any) -> None:
         self._reporter.launcher_phase = "rendezvous"
         started = time.monotonic()
+        self._read_max_nodes()
         super()._rendezvous(worker_group)
         self._reporter.metrics.rendezvous_seconds.set(time.monotonic() - started)
         with contextlib.suppress(*STORE_ERRORS):
             self._epoch_seen = self._client.restart_epoch()
+
+    def _read_max_nodes(self) -> None:
+        """The round's max_nodes comes from the store, read before joining (all launchers agree)."""
+        before = self._max_nodes_seen
+        self._max_nodes_seen = self._client.max_nodes.refresh()
+        if self._max_nodes_seen != before:
+            logger.info("joining with max %d active nodes (was %d)", self._max_nodes_seen, before)
 
     def _initialize_resilient(self) -> None:
         """Rendezvous and start workers; rides out a store outage up to the join timeout."""
@@ -428,6 +442,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--rdzv-endpoint", help="host:port of the rendezvous store (env PHALANX_RDZV_ENDPOINT)")
     add("--rdzv-id", dest="run_id", help="rendezvous id (env PHALANX_JOB_UID)")
     add("--nnodes", help="N or MIN:MAX launchers (env PHALANX_MIN_NODES, PHALANX_MAX_NODES)")
+    add("--max-nodes-file", help="file with the desired active nodes, polled (env PHALANX_MAX_NODES_FILE)")
     add("--nproc-per-node", type=int, help="training processes per launcher (env PHALANX_NPROC_PER_NODE)")
     add("--role", choices=["worker", "spare"], help="spare: join as a standby (env PHALANX_ROLE)")
     add("--max-restarts", type=int, help="restart budget after failures (default 1000)")
@@ -449,6 +464,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 FLAG_FIELDS = (
     "rdzv_endpoint",
+    "max_nodes_file",
     "run_id",
     "nproc_per_node",
     "role",
@@ -519,6 +535,31 @@ def _status_dir(settings: LaunchSettings) -> Path:
     return Path(tempfile.mkdtemp(prefix="phalanx-status-", dir=root))
 
 
+def _start_max_nodes_follower(
+    settings: LaunchSettings, client: RendezvousClient
+) -> scaling.MaxNodesFollower | None:
+    """Follow the desired number of active nodes (off without a source: no file and no Kubernetes)."""
+    from phalanx.worker.lease import kubernetes_reachable
+
+    try:
+        source = scaling.desired_nodes_source(
+            settings.max_nodes_file,
+            settings.job_name,
+            settings.pod_namespace,
+            kubernetes_reachable(os.environ),
+        )
+    except Exception as error:
+        logger.warning("scaling not followed: cannot configure the Kubernetes client: %s", error)
+        return None
+    if source is None:
+        return None
+    writer = f"{settings.pod_name or settings.local_addr}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    follower = scaling.MaxNodesFollower(
+        source, client.max_nodes, settings.min_nodes, writer, settings.heartbeat_interval
+    )
+    return follower.start()
+
+
 def run(settings: LaunchSettings) -> int:
     status_dir = _status_dir(settings)
     log_dir = tempfile.mkdtemp(prefix="phalanx-launch-logs-")
@@ -531,6 +572,7 @@ def run(settings: LaunchSettings) -> int:
     reporter.start()
     close_rendezvous = False
     client: RendezvousClient | None = None
+    follower: scaling.MaxNodesFollower | None = None
     logger.info(
         "launching %s: rendezvous %s id=%s nodes=%d:%d nproc=%d role=%s timeouts join=%gs last-call=%gs "
         "keepalive=%gs/%gs",
@@ -549,6 +591,7 @@ def run(settings: LaunchSettings) -> int:
     try:
         client = RendezvousClient(settings)
         reporter.standby_probe = client.in_standby
+        follower = _start_max_nodes_follower(settings, client)
         spec = WorkerSpec(
             role="trainer",
             local_world_size=settings.nproc_per_node,
@@ -594,6 +637,8 @@ def run(settings: LaunchSettings) -> int:
         logger.error("the job's rendezvous is closed: the group already ended")
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
     finally:
+        if follower is not None:
+            follower.stop()
         if close_rendezvous and client is not None:
             with contextlib.suppress(Exception):
                 client.handler.shutdown()

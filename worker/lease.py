@@ -1,4 +1,5 @@
-"""The only module of the worker that talks to Kubernetes: it creates and renews the pod's heartbeat Lease."""
+"""The only module of the worker that talks to Kubernetes: the pod's heartbeat Lease, and its TrainingJob's
+desired number of active workers."""
 
 from __future__ import annotations
 
@@ -9,17 +10,31 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# The TrainingJob API (operator/api.py; the worker does not import the operator).
+TRAININGJOB_GROUP, TRAININGJOB_VERSION, TRAININGJOB_PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
+
+
+def kubernetes_reachable(env: Mapping[str, str]) -> bool:
+    """In a pod (service host set) or with a kubeconfig."""
+    return bool(env.get("KUBERNETES_SERVICE_HOST") or env.get("KUBECONFIG"))
+
+
+def _load_config() -> None:
+    from kubernetes import config
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+
 
 class LeaseClient:
     """Creates the Lease on first use, then replaces its spec and annotations on each renewal."""
 
     def __init__(self, pod_name: str, namespace: str) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()
-        else:
-            config.load_kube_config()
+        _load_config()
         self._core = client.CoreV1Api()
         self._coordination = client.CoordinationV1Api()
         self._api_exception = client.ApiException
@@ -31,8 +46,7 @@ class LeaseClient:
     @staticmethod
     def available(env: Mapping[str, str], pod_name: str, namespace: str) -> bool:
         """Heartbeats need a pod identity and a way to reach the API server."""
-        reachable = bool(env.get("KUBERNETES_SERVICE_HOST") or env.get("KUBECONFIG"))
-        return reachable and bool(pod_name) and bool(namespace)
+        return kubernetes_reachable(env) and bool(pod_name) and bool(namespace)
 
     def pod_uid(self) -> str | None:
         """The owner for the Lease, read once; None if the pod cannot be read (the Lease is still renewed)."""
@@ -55,3 +69,31 @@ class LeaseClient:
                 self._created = True
         patch = {"metadata": {"annotations": body["metadata"]["annotations"]}, "spec": body["spec"]}
         self._coordination.patch_namespaced_lease(self.pod_name, self.namespace, patch)
+
+
+def desired_replicas_of(job: Mapping[str, Any]) -> int | None:
+    """Active workers a TrainingJob asks for: the operator's accepted `status.replicas.desired`, else
+    `spec.replicas` (before the operator's first status write); None when neither is a positive integer."""
+    desired = ((job.get("status") or {}).get("replicas") or {}).get("desired")
+    if isinstance(desired, int) and desired > 0:
+        return desired
+    replicas = (job.get("spec") or {}).get("replicas")
+    return replicas if isinstance(replicas, int) and replicas > 0 else None
+
+
+class TrainingJobReader:
+    """Reads the pod's own TrainingJob (the worker ServiceAccount may `get` only that one)."""
+
+    def __init__(self, job_name: str, namespace: str) -> None:
+        from kubernetes import client
+
+        _load_config()
+        self._custom = client.CustomObjectsApi()
+        self.job_name = job_name
+        self.namespace = namespace
+
+    def desired_replicas(self) -> int | None:
+        job = self._custom.get_namespaced_custom_object(
+            TRAININGJOB_GROUP, TRAININGJOB_VERSION, self.namespace, TRAININGJOB_PLURAL, self.job_name
+        )
+        return desired_replicas_of(job)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -19,20 +20,26 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from phalanx.worker.env import RESTART_EPOCH_KEY
+from phalanx.worker.env import MAX_NODES_KEY, RESTART_EPOCH_KEY
 
 READY_PREFIX = "phalanx-rendezvous ready"
 
 
 def serve(host: str, port: int) -> dist.TCPStore:
-    """Start the store server in this process (the server runs on a background thread)."""
+    """Start the store server in this process (the server runs on a background thread).
+
+    Left to itself the store's server listens on every address of the machine. Pods of the local
+    cluster share one port space, so the listening socket is bound to `host` here and handed over:
+    two jobs' stores on one machine then never collide.
+    """
+    listener = socket.create_server((host, port), backlog=1024)
     return dist.TCPStore(
         host_name=host,
         port=port,
         is_master=True,
-        multi_tenant=True,
         wait_for_workers=False,
         timeout=timedelta(seconds=30),
+        master_listen_fd=listener.detach(),  # the store owns the socket from now on
     )
 
 
@@ -56,6 +63,23 @@ def read_restart_epoch(store: dist.Store) -> int:
 def request_restart(store: dist.Store) -> int:
     """Ask every launcher of the job to restart its worker group now; returns the new epoch."""
     return int(store.add(RESTART_EPOCH_KEY, 1))
+
+
+def parse_max_nodes(raw: str) -> int | None:
+    """The node count of a `phalanx/max-nodes` value (`"3"` or `"3 <writer>"`); None if malformed."""
+    first = raw.split(" ", 1)[0]
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+def read_max_nodes(store: dist.Store, seed: int) -> str:
+    """The raw `phalanx/max-nodes` value; an absent key is set to `seed` first (one atomic operation)."""
+    return store.compare_set(MAX_NODES_KEY, "", str(seed)).decode()
+
+
+def publish_max_nodes(store: dist.Store, expected_raw: str, value: int, writer: str) -> bool:
+    """Replace `expected_raw` with `value`; True only for the one writer whose compare-and-set won."""
+    mine = f"{value} {writer}"
+    return store.compare_set(MAX_NODES_KEY, expected_raw, mine).decode() == mine
 
 
 @dataclass(frozen=True)

@@ -267,14 +267,45 @@ def test_topology_pack_and_spread(cluster: Cluster, operator: Operator, namespac
     cluster.kubectl("delete", "trainingjob", "topo", "-n", namespace, "--wait=false")
 
 
+def worker_heartbeats(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, str]]:
+    """Annotations of each worker pod's heartbeat Lease (pods without a Lease yet are left out)."""
+    leases = {
+        lease["metadata"]["name"]: lease["metadata"].get("annotations", {})
+        for lease in cluster.get_json("leases", "-n", namespace)["items"]
+    }
+    pods = [pod.metadata.name for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker")]
+    return {pod: leases[pod] for pod in pods if pod in leases}
+
+
+def training_at_world_size(
+    cluster: Cluster, namespace: str, name: str, world_size: int, after_step: int = 0
+) -> bool:
+    """Every worker pod trains (phase training, past `after_step`) in a group of `world_size`."""
+    beats = worker_heartbeats(cluster, namespace, name)
+    return len(beats) == world_size and all(
+        beat.get("phalanx.dev/phase") == "training"
+        and beat.get("phalanx.dev/world-size") == str(world_size)
+        and int(beat.get("phalanx.dev/step", "0")) > after_step
+        for beat in beats.values()
+    )
+
+
 def test_scale_within_and_outside_bounds(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    job = trainingjob("elastic", replicas=2, steps=3000, step_delay=0.05, minReplicas=1, maxReplicas=3)
+    job = trainingjob(
+        "elastic",
+        replicas=2,
+        steps=3000,
+        step_delay=0.05,
+        minReplicas=1,
+        maxReplicas=3,
+    )
     cluster.apply(job, namespace)
     wait_for(
-        lambda: len(job_pods(cluster, namespace, "elastic", "phalanx.dev/role=worker")) == 2,
-        60,
-        message="two active workers",
+        lambda: training_at_world_size(cluster, namespace, "elastic", 2),
+        180,
+        message="two active workers training at world size 2",
     )
+    step_before_scale = get_job(cluster, namespace, "elastic")["status"].get("step") or 0
     cluster.kubectl("scale", "trainingjob/elastic", "--replicas=3", "-n", namespace)
     wait_for(
         lambda: (
@@ -283,6 +314,11 @@ def test_scale_within_and_outside_bounds(cluster: Cluster, operator: Operator, n
         ),
         60,
         message="a third active worker after kubectl scale",
+    )
+    wait_for(
+        lambda: training_at_world_size(cluster, namespace, "elastic", 3, after_step=step_before_scale),
+        180,
+        message="training to go on at world size 3 after kubectl scale",
     )
     cluster.kubectl("scale", "trainingjob/elastic", "--replicas=5", "-n", namespace)
     current = wait_for(

@@ -184,6 +184,20 @@ def test_worker_rbac_lets_pods_write_leases(make_job: MakeJob) -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-worker", "namespace": "ml"}]
 
 
+def test_worker_rbac_lets_pods_read_only_their_own_trainingjob(make_job: MakeJob) -> None:
+    job = make_job()
+    _, role, _ = builders.build_worker_rbac(job, _spec(job))
+    job_rules = [rule for rule in role["rules"] if "trainingjobs" in rule["resources"]]
+    assert job_rules == [
+        {
+            "apiGroups": ["phalanx.dev"],
+            "resources": ["trainingjobs"],
+            "resourceNames": ["demo"],
+            "verbs": ["get"],
+        }
+    ]
+
+
 def test_fixed_children_are_all_owned_by_the_job(make_job: MakeJob) -> None:
     job = make_job(gang={"podGroup": "Volcano", "queueName": "q"})
     children = builders.build_fixed_children(job, _spec(job))
