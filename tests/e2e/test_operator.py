@@ -233,7 +233,7 @@ def test_gang_is_all_or_nothing_and_starts_when_capacity_appears(
     cluster.kubectl("delete", "pod", "blocker-0", "blocker-1", "--grace-period=0", "--force", "-n", namespace)
     final = wait_succeeded(cluster, namespace, "big", timeout=300)
     assert has_condition(final, "GangScheduled")
-    assert final["status"]["gang"]["attempts"] >= 2
+    assert final["status"]["gang"]["attempts"] >= 1  # attempts counts gang attempts that timed out
 
 
 def zones_of(cluster: Cluster, pods: list) -> list[str]:
