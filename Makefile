@@ -50,8 +50,9 @@ e2e: control-plane
 demo: control-plane
 	$(BIN)/phalanx demo
 
-bench: control-plane
-	$(BIN)/phalanx bench
+# Benchmarks write reports under bench/results/ (p50/p95, the machine, the baseline beside each number).
+bench: install
+	$(BIN)/python -m bench.checkpoint_stall --out bench/results/checkpoint-stall
 
 clean:
 	rm -rf $(VENV) build *.egg-info
