@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -35,8 +35,8 @@ ANNOTATION_PREFIX = "phalanx.dev/"
 
 
 @dataclass(frozen=True)
-class StatusRecord:
-    """What one training process last reported. None means "not known yet"."""
+class TrainingFigures:
+    """The measurements a training process reports and a pod publishes. None means "not known yet"."""
 
     step: int | None = None
     loss: float | None = None
@@ -47,6 +47,12 @@ class StatusRecord:
     checkpoint_stall_seconds: float | None = None
     rank: int | None = None
     world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class StatusRecord(TrainingFigures):
+    """What one training process last reported."""
+
     phase: Phase = "starting"
     restore_source: str | None = None
     updated: float = field(default_factory=time.time)
@@ -62,20 +68,11 @@ class StatusRecord:
         return cls(**known)
 
 
-@dataclass(frozen=True)
-class PodStatus:
+@dataclass(frozen=True, kw_only=True)
+class PodStatus(TrainingFigures):
     """The pod's view, assembled from its training processes and the launcher's own phase."""
 
     phase: Phase
-    step: int | None = None
-    loss: float | None = None
-    step_seconds: float | None = None
-    samples_per_second: float | None = None
-    grad_norm: float | None = None
-    checkpoint_step: int | None = None
-    checkpoint_stall_seconds: float | None = None
-    rank: int | None = None
-    world_size: int | None = None
 
 
 def status_file(directory: Path, local_rank: int) -> Path:
@@ -117,18 +114,10 @@ def combine(records: list[StatusRecord], launcher_phase: Phase | None) -> PodSta
     else:
         phase = leader.phase
     steps = [record.step for record in records if record.step is not None]
-    return PodStatus(
-        phase=phase,
-        step=min(steps) if steps else None,
-        loss=leader.loss,
-        step_seconds=leader.step_seconds,
-        samples_per_second=leader.samples_per_second,
-        grad_norm=leader.grad_norm,
-        checkpoint_step=leader.checkpoint_step,
-        checkpoint_stall_seconds=leader.checkpoint_stall_seconds,
-        rank=leader.rank,
-        world_size=leader.world_size,
-    )
+    figures = {item.name: getattr(leader, item.name) for item in fields(TrainingFigures)}
+    # The step is the slowest rank's; every other figure is the leader's.
+    figures["step"] = min(steps) if steps else None
+    return PodStatus(phase=phase, **figures)
 
 
 def _format(value: float | int | None) -> str:
