@@ -15,8 +15,6 @@ _COMMAND_MODULES = (
     "phalanx.operator.cli",
     "phalanx.worker.cli",
     "phalanx.demo",
-    "phalanx.drill",
-    "phalanx.bench",
 )
 
 
@@ -24,13 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phalanx", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 
