@@ -307,22 +307,32 @@ class Incident(ApiModel):
     """Name of the failure-policy rule that matched, if any."""
     message: str | None = None
     """What happened."""
+    occurred_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the failure happened, as closely as the operator can tell: the end of the second of the
+    container's `finishedAt` (exits, kills), the Lease's last renewal (heartbeat timeout), the last sign of
+    life of the node or the pod (node lost), else the detection time (deletions, stragglers, hangs)."""
     detected_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
     """When the operator noticed the failure."""
     resumed_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
-    """When training resumed."""
+    """When training resumed: the end of the first step of the worker group formed after the failure (its
+    heartbeat's `resumed-at`), else the reconcile that saw a heartbeat pass `resumeStep`."""
     seconds_to_recover: float | None = None
-    """Seconds from detection to resumed training."""
+    """Seconds from the failure (`occurredAt`, else `detectedAt`) to resumed training."""
     steps_lost: int | None = None
-    """Training steps done again after the recovery: the step at detection minus the step training
-    resumed from."""
+    """Training steps done again after the recovery: `detectedStep` minus `restoredStep` (else minus the
+    lowest step the heartbeats showed after the failure)."""
     detected_step: int | None = None
-    """The job's step (highest heartbeat step) when the failure was detected."""
+    """The highest step any worker had reached: the job's step when the failure was detected, raised by
+    heartbeats of the failed group that arrive late (up to `resumeStep`)."""
     resumed_from_step: int | None = None
     """Lowest step the active workers' heartbeats showed after the failure: where training resumed."""
     resume_step: int | None = None
     """Training counts as resumed once a heartbeat passes this step: the step at detection plus the steps
-    one heartbeat interval may not have reported yet."""
+    one heartbeat interval may not have reported yet (used when the heartbeats do not tell `resumed-at`)."""
+    restored_step: int | None = None
+    """Step the worker group formed after the failure restored (its heartbeat's `restored-step`)."""
+    restored_from: str | None = None
+    """Where that group restored its state from (its heartbeat's `restore-source`)."""
 
 
 class WorkerTrack(ApiModel):
@@ -337,17 +347,46 @@ class WorkerTrack(ApiModel):
     step: int | None = None
     """Last step its heartbeat showed."""
     since: str | None = Field(default=None, json_schema_extra=DATE_TIME)
-    """When that step was first seen while training (the no-progress clock starts here)."""
-    renewed: str | None = None
-    """The Lease renew time of the last heartbeat judged for stragglers."""
+    """When that step was first seen while training (the no-progress clock starts here); unset while the
+    worker does not train (the clock is off)."""
     slow: int = 0
-    """Consecutive heartbeats with a step time above `stragglerFactor` x the job's median."""
+    """Consecutive new steps seen with a step time (the worker's own compute time when it reports it)
+    above `stragglerFactor` x the job's median."""
     restarts: int = 0
     """Container restarts of the trainer seen so far."""
     done: bool = False
     """The operator is done with this pod: its failure was handled, or the operator deleted it on purpose."""
     kept: bool = False
     """Its failure was ignored by a rule: the pod is left as it is."""
+
+
+class RendezvousTrack(ApiModel):
+    """What the operator remembers of the job's rendezvous pod (so its loss is noticed, even across an
+    operator restart)."""
+
+    pod: str
+    """Pod name."""
+    uid: str | None = None
+    """Uid of the rendezvous pod last seen running."""
+    node: str | None = None
+    """Node it runs on."""
+    restarts: int = 0
+    """Restarts of its container seen so far (a restart empties the store)."""
+
+
+class RegroupRequest(ApiModel):
+    """The operator's request to the workers' launchers: worker groups started before `before` include a
+    worker that failed or is being removed, so re-form them now rather than wait for collective timeouts.
+    A group started after `before` already re-formed without that worker and is left alone."""
+
+    before: str = Field(json_schema_extra=DATE_TIME)
+    """Groups started before this moment re-form: when the failure happened, as closely as the operator can
+    tell (the latest of them when one reconcile handles several), plus a quarter second for the difference
+    between machines' clocks; in microseconds."""
+    epoch: int = Field(ge=1)
+    """Number of the request, one more than the previous one: a launcher acts on each epoch once."""
+    reason: str = ""
+    """Why, e.g. `HeartbeatTimeout of tj-worker-2`."""
 
 
 class TrainingJobStatus(ApiModel):
@@ -385,6 +424,10 @@ class TrainingJobStatus(ApiModel):
     """The most recent failures handled (newest last)."""
     tracking: list[WorkerTrack] = Field(default_factory=list)
     """Per-worker heartbeat memory (steps, no-progress clocks, straggler streaks)."""
+    rendezvous: RendezvousTrack | None = None
+    """The rendezvous pod last seen running."""
+    regroup: RegroupRequest | None = None
+    """The latest request to the launchers to re-form worker groups that include a failed worker."""
     goodput: float | None = None
     """Productive training time over wall time since the job started (recovery time is the loss)."""
     recovery_seconds: float = 0.0

@@ -98,10 +98,17 @@ def _wrap_trainer(container: dict[str, Any], env: list[dict[str, Any]], spec: ap
 
 
 def build_worker_pod(
-    job: dict[str, Any], spec: api.TrainingJobSpec, index: int, role: names.Role
+    job: dict[str, Any],
+    spec: api.TrainingJobSpec,
+    index: int,
+    role: names.Role,
+    near: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Worker or spare pod number `index`: the user's template with the launcher, contract env, DNS name,
-    checkpoint volume, topology hints and gang-scheduler metadata added."""
+    checkpoint volume, topology hints and gang-scheduler metadata added.
+
+    `near`: (node label, value) of a domain the pod prefers (a spare standing in for a failed worker
+    prefers that worker's domain)."""
     job_name = job["metadata"]["name"]
     template = copy.deepcopy(spec.template)
     template_meta = template.get("metadata") or {}
@@ -134,6 +141,8 @@ def build_worker_pod(
     if gang.scheduler_name(spec) and not pod_spec.get("schedulerName"):
         pod_spec["schedulerName"] = gang.scheduler_name(spec)
     pod_spec = topology.apply_topology(pod_spec, job_name, spec.topology)
+    if near is not None:
+        pod_spec = topology.prefer_domain(pod_spec, *near)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -215,12 +224,13 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
         },
         # Reading its own pod gives the launcher the uid for the Lease's ownerReference.
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-        # The launcher follows its job's desired replicas (`kubectl scale`); only this job, read-only.
+        # The launcher follows its job (desired replicas after `kubectl scale`, `status.regroup` after a
+        # failure) by watching it: only this job, read-only.
         {
             "apiGroups": [api.GROUP],
             "resources": [api.PLURAL],
             "resourceNames": [job_name],
-            "verbs": ["get"],
+            "verbs": ["get", "list", "watch"],
         },
     ]
     return [

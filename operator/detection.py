@@ -5,6 +5,9 @@ last moved, straggler streak), then judges every trainer pod once (`detect`), in
 node, an eviction or disruption, an exit code, a deletion by someone else, a container restart, then the
 heartbeat classes (timeout, no progress, straggler). A pod yields at most one failure per reconcile, and a
 pod the operator is done with (`WorkerTrack.done`) yields none, so a slow deletion is never counted twice.
+
+Each failure carries when it happened (`occurred_at`), as closely as the observations tell: the launchers
+re-form only worker groups started before it (`status.regroup`), and recovery is measured from it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from phalanx.operator import api
 from phalanx.operator import status as observe
-from phalanx.operator.timeutil import format_time, parse_time
+from phalanx.operator.timeutil import format_time, parse_time, parse_time_end
 
 # Failure causes (the keys of status.restarts.byCause).
 EXIT_CODE = "ExitCode"
@@ -29,6 +32,7 @@ NODE_LOST = "NodeLost"
 HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
 NO_PROGRESS = "NoProgress"
 STRAGGLER = "Straggler"
+RENDEZVOUS_LOST = "RendezvousLost"
 
 # Node problems, as `failurePolicy.rules[].match.nodeConditions` names them.
 NODE_NOT_READY = "NotReady"
@@ -63,6 +67,10 @@ class Failure:
     """The pod was a standby spare: training was not disrupted."""
     alive: bool = False
     """The pod still runs (the operator deletes it); False when it already ended or is going."""
+    occurred_at: datetime | None = None
+    """When the failure happened, as closely as known (never after its detection): the end of the second
+    of the container's finish time, the last heartbeat, the node's or the pod's last sign of life, or the
+    detection time (deletions, stragglers, hangs). None only for failures built by hand."""
 
 
 def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> str | None:
@@ -80,6 +88,33 @@ def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> s
     if health.get("noExecute"):
         return NODE_NO_EXECUTE
     return None
+
+
+def _at_most(moment: datetime | None, now: datetime) -> datetime:
+    """`moment` when known and not later than `now` (a stamp rounded up to its second may be), else `now`."""
+    return now if moment is None else min(moment, now)
+
+
+def node_lost_at(
+    problem: str, health: dict[str, Any] | None, lease: dict[str, Any] | None, now: datetime
+) -> datetime:
+    """When a lost node failed: the later of the node's last word (its last Ready heartbeat when it went
+    silent, when it turned NotReady, when the NoExecute taint came) and the pod's last heartbeat. Both are
+    signs of life before the loss, so the later one is the closer; a deleted node: now."""
+    if problem == NODE_DELETED:
+        return now
+    health = health or {}
+    node_time = {
+        NODE_UNREACHABLE: health.get("readyHeartbeat"),
+        NODE_NOT_READY: health.get("readySince"),
+        NODE_NO_EXECUTE: health.get("noExecuteSince"),
+    }.get(problem)
+    known = [
+        moment
+        for moment in (parse_time_end(node_time), parse_time_end((lease or {}).get("renewTime")))
+        if moment is not None
+    ]
+    return _at_most(max(known) if known else None, now)
 
 
 def _seconds_since(moment: str | None, now: datetime) -> float | None:
@@ -123,10 +158,28 @@ def _trainer_restarts(pod: dict[str, Any], trainer: str) -> tuple[int, int | Non
     return 0, None
 
 
-def _terminated_reason(pod: dict[str, Any], trainer: str) -> str | None:
+def _terminated(pod: dict[str, Any], container_name: str) -> dict[str, Any]:
     for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        if container.get("name") == trainer and container.get("terminated"):
-            return container["terminated"].get("reason")
+        if container.get("name") == container_name and container.get("terminated"):
+            return container["terminated"]
+    return {}
+
+
+def _terminated_reason(pod: dict[str, Any], trainer: str) -> str | None:
+    return _terminated(pod, trainer).get("reason")
+
+
+def _last_finished(pod: dict[str, Any], container_name: str) -> str | None:
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == container_name:
+            return container.get("lastFinishedAt")
+    return None
+
+
+def _condition_since(pod: dict[str, Any], condition_type: str) -> str | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == condition_type:
+            return condition.get("lastTransitionTime")
     return None
 
 
@@ -135,6 +188,20 @@ def _has_condition(pod: dict[str, Any], condition_type: str) -> bool:
         condition.get("type") == condition_type and condition.get("status") == "True"
         for condition in (pod.get("status") or {}).get("conditions") or []
     )
+
+
+COMPUTE_SECONDS = "compute-seconds"
+STEP_SECONDS = "step-seconds"
+
+
+def straggler_measure(timed: list[dict[str, Any]]) -> str:
+    """Which step time the training workers are compared on: their own compute time when every one
+    reports it (under synchronous data parallelism every rank's full step time includes waiting for the
+    slowest, so only the compute time shows which one is slow), else the full step time."""
+    reported = [lease_number(lease, COMPUTE_SECONDS) for lease in timed]
+    if timed and all(seconds is not None and seconds > 0 for seconds in reported):
+        return COMPUTE_SECONDS
+    return STEP_SECONDS
 
 
 def update_tracks(
@@ -146,17 +213,24 @@ def update_tracks(
     now: datetime,
 ) -> list[api.WorkerTrack]:
     """Per-worker memory after this reconcile's observations (pods no longer observed are forgotten,
-    except those whose disappearance is still to be judged)."""
+    except those whose disappearance is still to be judged).
+
+    Nothing here follows the Lease's renew time: a heartbeat that only renews changes no track, so it
+    never makes the operator write the status.
+    """
     previous = {(track.pod, track.uid): track for track in tracks}
-    medians = [
-        seconds
+    training = {
+        observe.pod_name(pod): lease
         for pod in trainers
-        if (lease := heartbeat_of(pod, leases)) is not None
-        and lease.get("phase") == TRAINING_PHASE
-        and (seconds := lease_number(lease, "step-seconds")) is not None
-        and seconds > 0
-    ]
-    median = statistics.median(medians) if len(medians) >= 2 else None
+        if (lease := heartbeat_of(pod, leases)) is not None and lease.get("phase") == TRAINING_PHASE
+    }
+    measure = straggler_measure(list(training.values()))
+    times = {
+        name: seconds
+        for name, lease in training.items()
+        if (seconds := lease_number(lease, measure)) is not None and seconds > 0
+    }
+    median = statistics.median(times.values()) if len(times) >= 2 else None
     stamp = format_time(now)
     result: list[api.WorkerTrack] = []
     seen: set[tuple[str, str | None]] = set()
@@ -171,20 +245,23 @@ def update_tracks(
         track.node = (pod.get("spec") or {}).get("nodeName") or old.node
         lease = heartbeat_of(pod, leases)
         step = lease_step(lease)
-        training = lease is not None and lease.get("phase") == TRAINING_PHASE
-        # The no-progress clock runs only while training at an unchanged step.
-        if not training or step != old.step or old.since is None:
+        is_training = key[0] in training
+        new_step = step is not None and step != old.step
+        # The no-progress clock runs only while training at an unchanged step; in any other phase it is
+        # off (unset, so a standby spare's track stays the same from one reconcile to the next).
+        if not is_training:
+            track.since = None
+        elif new_step or old.since is None:
             track.since = stamp
         track.step = step if step is not None else old.step
-        renewed = (lease or {}).get("renewTime")
-        if training and renewed and renewed != old.renewed and heartbeat.straggler_factor > 0:
-            seconds = lease_number(lease, "step-seconds")
+        if is_training and new_step and heartbeat.straggler_factor > 0:
+            # Each new step is one new measurement of the worker's step time.
+            seconds = times.get(key[0])
             slow = (
                 median is not None and seconds is not None and seconds > heartbeat.straggler_factor * median
             )
             track.slow = old.slow + 1 if slow else 0
-            track.renewed = renewed
-        elif not training:
+        elif not is_training:
             track.slow = 0
         result.append(track)
     # A pod that vanished without the operator's doing is kept until judged (PodDeleted).
@@ -205,7 +282,7 @@ def sync_restarts(tracks: list[api.WorkerTrack], trainers: list[dict[str, Any]],
 def restart_clocks(tracks: list[api.WorkerTrack], now: datetime) -> None:
     """After an incident every survivor waits on the group: no-progress clocks and streaks start over."""
     for track in tracks:
-        track.since = format_time(now)
+        track.since = format_time(now) if track.since is not None else None
         track.slow = 0
 
 
@@ -215,6 +292,8 @@ def _pod_failure(
     trainer: str,
     nodes: dict[str, dict[str, Any]] | None,
     spare: bool,
+    lease: dict[str, Any] | None,
+    now: datetime,
 ) -> Failure | None:
     """Failures seen on the pod object itself (node, eviction, exit code, deletion, restart)."""
     name, uid = observe.pod_name(pod), pod["metadata"].get("uid")
@@ -229,13 +308,31 @@ def _pod_failure(
             NODE_NO_EXECUTE: "has a NoExecute taint",
         }[problem]
         message = f"{name}: its node {node} {what}"
-        return Failure(NODE_LOST, message=message, node_conditions=frozenset({problem}), force=True, **base)
+        return Failure(
+            NODE_LOST,
+            message=message,
+            node_conditions=frozenset({problem}),
+            force=True,
+            occurred_at=node_lost_at(problem, (nodes or {}).get(node or ""), lease, now),
+            **base,
+        )
+    finished = _at_most(parse_time_end(_terminated(pod, trainer).get("finishedAt")), now)
     if (pod.get("status") or {}).get("reason") == EVICTED:
-        return Failure(EVICTED, message=f"{name} was evicted", pod_conditions=frozenset({EVICTED}), **base)
+        return Failure(
+            EVICTED,
+            message=f"{name} was evicted",
+            pod_conditions=frozenset({EVICTED}),
+            occurred_at=finished,
+            **base,
+        )
     if _has_condition(pod, DISRUPTION_TARGET):
         message = f"{name} is a disruption target"
         return Failure(
-            DISRUPTION_TARGET, message=message, pod_conditions=frozenset({DISRUPTION_TARGET}), **base
+            DISRUPTION_TARGET,
+            message=message,
+            pod_conditions=frozenset({DISRUPTION_TARGET}),
+            occurred_at=_at_most(parse_time_end(_condition_since(pod, DISRUPTION_TARGET)), now),
+            **base,
         )
     code = observe.trainer_exit_code(pod, trainer)
     if code is not None and code != 0:
@@ -244,11 +341,19 @@ def _pod_failure(
         killed = code in KILL_EXIT_CODES and reason != OOM_REASON
         cause = KILLED if killed else EXIT_CODE
         message = f"{name} exited with code {code}" + (f" ({reason})" if reason else "")
-        return Failure(cause, message=message, exit_code=code, pod_conditions=conditions, **base)
+        return Failure(
+            cause, message=message, exit_code=code, pod_conditions=conditions, occurred_at=finished, **base
+        )
     if observe.is_terminating(pod):
         if track is not None and not track.done:
             message = f"{name} was deleted by someone other than the operator"
-            return Failure(POD_DELETED, message=message, pod_conditions=frozenset({POD_DELETED}), **base)
+            return Failure(
+                POD_DELETED,
+                message=message,
+                pod_conditions=frozenset({POD_DELETED}),
+                occurred_at=now,
+                **base,
+            )
         return None
     restarts, last_code = _trainer_restarts(pod, trainer)
     if track is not None and restarts > track.restarts:
@@ -259,6 +364,7 @@ def _pod_failure(
             exit_code=last_code,
             pod_conditions=frozenset({CONTAINER_RESTART}),
             alive=True,
+            occurred_at=_at_most(parse_time_end(_last_finished(pod, trainer)), now),
             **base,
         )
     return None
@@ -280,7 +386,9 @@ def _heartbeat_failure(
     silent = _seconds_since(lease.get("renewTime"), now)
     if silent is not None and silent > heartbeat.timeout_seconds:
         message = f"{name}: no heartbeat for {silent:.0f}s (timeout {heartbeat.timeout_seconds}s)"
-        return Failure(HEARTBEAT_TIMEOUT, message=message, force=True, **base)
+        # Frozen since its last renewal, at the latest.
+        last = _at_most(parse_time_end(lease.get("renewTime")), now)
+        return Failure(HEARTBEAT_TIMEOUT, message=message, force=True, occurred_at=last, **base)
     stalled = _seconds_since(track.since, now)
     if (
         lease.get("phase") == TRAINING_PHASE
@@ -291,14 +399,15 @@ def _heartbeat_failure(
             f"{name}: step {track.step} has not advanced for {stalled:.0f}s while training "
             f"(progress timeout {heartbeat.progress_timeout_seconds}s)"
         )
-        return Failure(NO_PROGRESS, message=message, force=True, **base)
+        return Failure(NO_PROGRESS, message=message, force=True, occurred_at=now, **base)
     if heartbeat.straggler_factor > 0 and track.slow >= heartbeat.straggler_heartbeats:
+        what = "compute time" if lease_number(lease, COMPUTE_SECONDS) else "step time"
         message = (
-            f"{name}: step time above {heartbeat.straggler_factor:g}x the job's median for "
-            f"{track.slow} heartbeats"
+            f"{name}: {what} above {heartbeat.straggler_factor:g}x the job's median for "
+            f"{track.slow} steps seen in a row"
         )
         # Still alive and healthy enough to save: deleted with its grace period (emergency save).
-        return Failure(STRAGGLER, message=message, **base)
+        return Failure(STRAGGLER, message=message, occurred_at=now, **base)
     return None
 
 
@@ -330,7 +439,7 @@ def detect(
         judged = track if key in known else None
         lease = heartbeat_of(pod, leases)
         spare = observe.observed_role(pod, lease) == "spare"
-        failure = _pod_failure(pod, judged, trainer, nodes, spare)
+        failure = _pod_failure(pod, judged, trainer, nodes, spare, lease, now)
         if failure is None and track is not None:
             failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare)
         if failure is not None and failure.cause == NO_PROGRESS:
@@ -353,6 +462,76 @@ def detect(
                     node=track.node,
                     message=message,
                     pod_conditions=frozenset({POD_DELETED}),
+                    occurred_at=now,
                 )
             )
     return failures
+
+
+def _container_restarts(pod: dict[str, Any], container_name: str) -> int:
+    return _trainer_restarts(pod, container_name)[0]
+
+
+def rendezvous_failure(
+    pods: list[dict[str, Any]],
+    memory: api.RendezvousTrack | None,
+    nodes: dict[str, dict[str, Any]] | None,
+    container: str,
+    now: datetime,
+) -> Failure | None:
+    """The loss of the rendezvous pod last seen running (`memory`): gone, deleted, ended, its node lost,
+    or its store restarted in place (a restart empties the store as surely as a new pod)."""
+    if memory is None:
+        return None
+    pod = next((p for p in pods if observe.is_rendezvous(p) and p["metadata"].get("uid") == memory.uid), None)
+    base = {"cause": RENDEZVOUS_LOST, "pod": memory.pod, "uid": memory.uid, "node": memory.node}
+    if pod is None:
+        message = f"rendezvous pod {memory.pod} disappeared"
+        return Failure(message=message, occurred_at=now, **base)
+    problem = node_problem(memory.node, nodes)
+    if problem is not None:
+        message = f"rendezvous pod {memory.pod}: its node {memory.node} is lost ({problem})"
+        health = (nodes or {}).get(memory.node or "")
+        return Failure(
+            message=message,
+            node_conditions=frozenset({problem}),
+            force=True,
+            occurred_at=node_lost_at(problem, health, None, now),
+            **base,
+        )
+    terminated = _terminated(pod, container)
+    if observe.phase(pod) in observe.FINISHED_PHASES or terminated:
+        code = terminated.get("exitCode")
+        message = f"rendezvous pod {memory.pod} ended" + (f" (exit code {code})" if code is not None else "")
+        finished = _at_most(parse_time_end(terminated.get("finishedAt")), now)
+        return Failure(message=message, exit_code=code, occurred_at=finished, **base)
+    if observe.is_terminating(pod):
+        message = f"rendezvous pod {memory.pod} was deleted by someone other than the operator"
+        return Failure(message=message, occurred_at=now, **base)
+    restarts, last_code = _trainer_restarts(pod, container)
+    if restarts > memory.restarts:
+        message = f"rendezvous store of {memory.pod} restarted (exit code {last_code}): its state is gone"
+        occurred = _at_most(parse_time_end(_last_finished(pod, container)), now)
+        return Failure(message=message, exit_code=last_code, occurred_at=occurred, **base)
+    return None
+
+
+def rendezvous_memory(
+    pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]] | None, container: str
+) -> api.RendezvousTrack | None:
+    """The rendezvous pod to watch from now on: the one running on a healthy node (None: none is)."""
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if (
+            observe.is_rendezvous(pod)
+            and observe.is_running(pod)
+            and not _terminated(pod, container)
+            and node_problem(node, nodes) is None
+        ):
+            return api.RendezvousTrack(
+                pod=observe.pod_name(pod),
+                uid=pod["metadata"].get("uid"),
+                node=node,
+                restarts=_container_restarts(pod, container),
+            )
+    return None

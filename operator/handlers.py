@@ -1,8 +1,12 @@
 """kopf handlers: they only gather what is observed, call `reconcile.plan`, and carry the plan out.
 
-Order inside one reconcile: create missing children and pods, delete pods, write the status once (guarded
-by the job's resourceVersion), then post the Events, so an Event never describes a status that was not
-stored.
+Order inside one reconcile: read the job (under the job's lock, so a reconcile queued behind another plans
+from the status that one stored), create missing children and pods, delete pods, write the status once
+(guarded by the job's resourceVersion), then post the Events, so an Event never describes a status that was
+not stored.
+
+What wakes a reconcile: the job's own changes, a timer, its pods' changes, and those heartbeat changes that
+call for action (`status.heartbeat_signal`: phase, rank, group, resumption), never a mere renewal.
 """
 
 from __future__ import annotations
@@ -30,22 +34,41 @@ def _first(store: Iterable[Any] | None) -> Any:
     return next(iter(store or ()), None)
 
 
+class HeartbeatSignals:
+    """The last `heartbeat_signal` seen per Lease: a Lease event wakes its job only when it changed."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], tuple[str | None, ...]] = {}
+        self._lock = threading.Lock()
+
+    def changed(self, key: tuple[str, str], summary: dict[str, Any]) -> bool:
+        signal = observe.heartbeat_signal(summary)
+        with self._lock:
+            before = self._seen.get(key)
+            self._seen[key] = signal
+        return before != signal
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+
+
 class JobReconciler:
     """Carries out plans; one lock per job so periodic and event-driven reconciles never overlap."""
 
     def __init__(self, kube: Kube, metrics: OperatorMetrics) -> None:
         self.kube = kube
         self.metrics = metrics
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
-    def _lock(self, uid: str) -> threading.Lock:
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
-            return self._locks.setdefault(uid, threading.Lock())
+            return self._locks.setdefault((namespace, name), threading.Lock())
 
-    def forget(self, uid: str) -> None:
+    def forget(self, namespace: str, name: str, uid: str) -> None:
         with self._locks_guard:
-            self._locks.pop(uid, None)
+            self._locks.pop((namespace, name), None)
         self.metrics.job_state(uid, None)
 
     def reconcile(
@@ -58,11 +81,13 @@ class JobReconciler:
         logger: logging.Logger | logging.LoggerAdapter[Any],
     ) -> None:
         started = time.perf_counter()
-        # Always the stored object: a watch event may lag behind our own last status write.
-        job = self.kube.get_job(namespace, name)
-        if job is None or job["metadata"].get("deletionTimestamp"):
-            return
-        with self._lock(job["metadata"]["uid"]):
+        with self._lock(namespace, name):
+            # Always the stored object, read under the lock: a watch event may lag behind our own last status
+            # write, and a job read before a reconcile running now would miss that reconcile's status (its
+            # deletions would then look like someone else's).
+            job = self.kube.get_job(namespace, name)
+            if job is None or job["metadata"].get("deletionTimestamp"):
+                return
             job_pods = [dict(pod) for pod in list(pods.get((namespace, name), ()))]
             pod_names = [observe.pod_name(pod) for pod in job_pods]
             job_leases = {
@@ -181,6 +206,11 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
     def phalanx_leases(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): observe.summarize_lease(dict(body))}
 
+    @kopf.index("pods", id="phalanx_pod_jobs", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
+    def phalanx_pod_jobs(namespace: str, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+        # A heartbeat Lease is named after its pod: this finds the job a Lease event belongs to.
+        return {(namespace, name): labels[names.LABEL_JOB_NAME]}
+
     @kopf.index("nodes", id="phalanx_nodes", registry=registry)
     def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
         return {name: observe.summarize_node(dict(body))}
@@ -216,9 +246,35 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             kwargs.pop("name", None)  # the pod's name; the job's is its label
             run(labels[names.LABEL_JOB_NAME], namespace, logger, **kwargs)
 
+    signals = HeartbeatSignals()
+
+    @kopf.on.event(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        id="lease_changed",
+        annotations={HEARTBEAT_PHASE_ANNOTATION: kopf.PRESENT},
+        registry=registry,
+    )
+    def lease_changed(
+        namespace: str, name: str, body: kopf.Body, type: str | None, logger: Any, **kwargs: Any
+    ) -> None:
+        # A heartbeat that changes what the operator acts on (a promoted spare, a group that re-formed or
+        # resumed, a finished worker): reconcile its job now. A mere renewal (step, timings) waits for the
+        # timer, so heartbeats never multiply reconciles or status writes.
+        key = (namespace, name)
+        if type == "DELETED":
+            signals.forget(key)
+            return
+        changed = signals.changed(key, observe.summarize_lease(dict(body)))
+        job_name = _first(kwargs["phalanx_pod_jobs"].get(key))
+        # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
+        if changed and type is not None and job_name is not None:
+            run(job_name, namespace, logger, **kwargs)
+
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", registry=registry)
     def trainingjob_deleted(name: str, namespace: str, uid: str, **_: Any) -> None:
         # Children go with the job through their ownerReferences; only our own bookkeeping is left.
-        reconciler.forget(uid)
+        reconciler.forget(namespace, name, uid)
         reconciler.metrics.job_goodput(namespace, name, None)
         reconciler.kube.forget(namespace, name)

@@ -8,16 +8,33 @@ operator restart, asks for the same deterministic names, so nothing is ever dupl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from phalanx.operator import api, builders, conditions, detection, gang, incidents, names, policy, validation
+from phalanx.operator import (
+    api,
+    builders,
+    conditions,
+    detection,
+    gang,
+    incidents,
+    names,
+    policy,
+    topology,
+    validation,
+)
 from phalanx.operator import status as observe
-from phalanx.operator.timeutil import format_time, parse_time
+from phalanx.operator.timeutil import format_micro_time, format_time, parse_time
 
 MAX_INCIDENTS = incidents.MAX_INCIDENTS
 # Heartbeat phases of a worker that holds a slot in the training group.
 ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
+# Heartbeat phases of a worker inside a running group: its loss leaves that group broken.
+GROUP_PHASES = ("training", "saving", "restoring")
+MAX_REGROUP_REASON = 256
+# Added to a regroup request's `before`: the failure time and a group's start come from different machines'
+# clocks. A group that re-formed by itself starts seconds after the failure, well beyond this.
+REGROUP_CLOCK_MARGIN = timedelta(milliseconds=250)
 
 
 @dataclass(frozen=True)
@@ -76,7 +93,9 @@ class _Builder:
         self.now = observed.now
         self.generation = job["metadata"].get("generation")
         self.status = api.TrainingJobStatus.model_validate(job.get("status") or {})
+        self.previous_workers = {worker.name: worker for worker in self.status.workers}
         self.plan = Plan()
+        self.regroups: list[tuple[datetime, str]] = []
 
     def condition(
         self,
@@ -126,7 +145,25 @@ class _Builder:
                 track.done = True
                 track.kept = track.kept or kept
 
+    def regroup(self, before: datetime, reason: str) -> None:
+        """Ask the launchers to re-form groups started before `before` (one request per reconcile)."""
+        self.regroups.append((before, reason))
+
+    def _write_regroup(self) -> None:
+        if not self.regroups:
+            return
+        previous = self.status.regroup.epoch if self.status.regroup is not None else 0
+        reason = "; ".join(dict.fromkeys(reason for _, reason in self.regroups))
+        if len(reason) > MAX_REGROUP_REASON:
+            reason = reason[: MAX_REGROUP_REASON - 3] + "..."
+        self.status.regroup = api.RegroupRequest(
+            before=format_micro_time(max(moment for moment, _ in self.regroups) + REGROUP_CLOCK_MARGIN),
+            epoch=previous + 1,
+            reason=reason,
+        )
+
     def finish(self) -> Plan:
+        self._write_regroup()
         self.status.observed_generation = self.generation
         end = parse_time(self.status.completion_time) or self.now
         self.status.goodput = incidents.goodput(
@@ -183,6 +220,9 @@ def _finish_job(b: _Builder, succeeded: bool, reason: str, message: str) -> None
         b.condition(conditions.RECOVERING, False, reason, message)
     _clean_up_finished(b, succeeded)
     b.status.tracking = []
+    b.status.rendezvous = None
+    # The job is over: nothing is left to re-form.
+    b.regroups.clear()
 
 
 def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
@@ -212,11 +252,34 @@ def _force_delete_on_lost_nodes(b: _Builder) -> None:
             b.delete([pod], force=True)
 
 
+def _in_group(pod: dict[str, Any] | None, failure_spare: bool, b: _Builder) -> bool:
+    """Whether the pod held a place in a running worker group (its loss breaks that group): its last
+    heartbeat says so; without one (heartbeats off, pod gone), an active worker is assumed to."""
+    if failure_spare:
+        return False
+    lease = _heartbeat(pod, b) if pod is not None else None
+    if lease is None or not lease.get("phase"):
+        return True
+    return lease.get("phase") in GROUP_PHASES
+
+
+def _decisions(
+    failures: list[detection.Failure], spec: api.TrainingJobSpec
+) -> list[tuple[detection.Failure, policy.Decision]]:
+    """Each failure with its decision. A permanent failure ends the job: when one is among them, it alone
+    is handled, since the other workers' failures seen with it (a peer that exited the same way, a pod the
+    operator already removed) cannot change that and must not spend restarts or open incidents."""
+    decided = [(failure, policy.decide(failure, spec.failure_policy)) for failure in failures]
+    fatal = [(failure, decision) for failure, decision in decided if decision.action == "FailJob"]
+    return fatal[:1] or decided
+
+
 def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
     """Detect failures, apply the failure policy, start recoveries; True when the job failed.
 
     Each pod's failure is handled once (its track is marked done), so a slow deletion never spends the
-    restart budget twice; a pod the operator is done with but that still exists is deleted again.
+    restart budget twice; a pod the operator is done with but that still exists is deleted again. A handled
+    failure of a worker inside a running group asks the launchers to re-form (`status.regroup`).
     """
     trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
     known = {(track.pod, track.uid) for track in b.status.tracking}
@@ -244,8 +307,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         if (seconds := detection.lease_number(_heartbeat(pod, b), "step-seconds")) is not None
     ]
     unreported = incidents.unreported_steps(spec.heartbeat.interval_seconds, step_seconds)
-    for failure in failures:
-        decision = policy.decide(failure, spec.failure_policy)
+    for failure, decision in _decisions(failures, spec):
         incident = incidents.open_incident(failure, decision, b.now, b.status.step, unreported)
         b.status.incidents = incidents.append(b.status.incidents, incident)
         b.plan.detected.append(incident)
@@ -272,6 +334,8 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
             _finish_job(b, False, conditions.REASON_RESTARTS_EXCEEDED, f"{message}; {budget.message}")
             return True
         disrupted = disrupted or not failure.spare
+        if _in_group(pod, failure.spare, b):
+            b.regroup(failure.occurred_at or b.now, f"{failure.cause} of {failure.pod}")
         b.mark_done(failure.pod, failure.uid)
         if decision.action == "RestartJob":
             b.delete(trainers, force=failure.force)
@@ -280,9 +344,39 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
                 [pod],
                 force=failure.force or detection.node_problem(failure.node, b.observed.nodes) is not None,
             )
+    disrupted = _follow_rendezvous(b, unreported) or disrupted
     if disrupted:
         detection.restart_clocks(b.status.tracking, b.now)
     return False
+
+
+def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
+    """The loss of the rendezvous pod while the job runs is an incident (never charged to the user's
+    restart budget); the pod is recreated by `_plan_pods`. True when one was lost."""
+    container = names.RENDEZVOUS_CONTAINER
+    failure = detection.rendezvous_failure(
+        b.observed.pods, b.status.rendezvous, b.observed.nodes, container, b.now
+    )
+    if failure is not None:
+        incident = incidents.open_incident(failure, None, b.now, b.status.step, unreported)
+        b.status.incidents = incidents.append(b.status.incidents, incident)
+        b.plan.detected.append(incident)
+        b.event("Warning", failure.cause, incidents.detected_text(incident))
+        restarts = b.status.restarts.model_copy(deep=True)
+        restarts.total += 1
+        restarts.by_cause[failure.cause] = restarts.by_cause.get(failure.cause, 0) + 1
+        b.status.restarts = restarts
+        # Watched again once a new one runs (`_remember_rendezvous`).
+        b.status.rendezvous = None
+        return True
+    return False
+
+
+def _remember_rendezvous(b: _Builder) -> None:
+    """Once the gang runs, remember the running rendezvous pod, so its loss is noticed later."""
+    running = b.status.gang.scheduled_time is not None
+    found = detection.rendezvous_memory(b.observed.pods, b.observed.nodes, names.RENDEZVOUS_CONTAINER)
+    b.status.rendezvous = found if running else None
 
 
 def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.HeartbeatSpec) -> None:
@@ -298,11 +392,24 @@ def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.He
         b.delete([pod], force=silent or detection.node_problem(node, b.observed.nodes) is not None)
 
 
+def _beat(step: int, lease: dict[str, Any]) -> incidents.Beat:
+    """An active worker's heartbeat as the incidents read it (empty annotations mean unknown)."""
+    restored = detection.lease_number(lease, "restored-step")
+    return incidents.Beat(
+        step=step,
+        renewed=parse_time(lease.get("renewTime")),
+        group_started=parse_time(lease.get("group-started")),
+        resumed_at=parse_time(lease.get("resumed-at")),
+        restored_step=None if restored is None else int(restored),
+        restored_from=lease.get("restore-source") or None,
+    )
+
+
 def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
     """Close incidents once training passed the step they stopped it at; set the Recovering condition."""
     doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
-    steps = [
-        incidents.Beat(step=step, renewed=parse_time(lease.get("renewTime")))
+    beats = [
+        _beat(step, lease)
         for pod in b.observed.pods
         if observe.is_trainer(pod)
         and observe.is_live(pod)
@@ -311,7 +418,7 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
         and lease.get("phase") in ACTIVE_PHASES
         and (step := detection.lease_step(lease)) is not None
     ]
-    progress = incidents.observe_progress(b.status.incidents, steps, b.now)
+    progress = incidents.observe_progress(b.status.incidents, beats, b.now)
     b.status.incidents = progress.incidents
     b.status.recovery_seconds = round(b.status.recovery_seconds + progress.recovery_seconds, 1)
     for incident in progress.recovered:
@@ -351,12 +458,17 @@ def _free_indices(pods: list[dict[str, Any]], job_name: str, count: int) -> list
     return result
 
 
-def _scale_down(b: _Builder, live: list[dict[str, Any]], wanted: int) -> None:
-    """Delete the surplus: unscheduled pods first, then the highest indices."""
+def _scale_down(b: _Builder, live: list[dict[str, Any]], wanted: int, workers: bool = False) -> None:
+    """Delete the surplus: unscheduled pods first, then the highest indices. Removing a worker from a
+    running group asks the launchers to re-form it without that worker."""
     if len(live) <= wanted:
         return
     order = sorted(live, key=lambda pod: (gang.is_scheduled(pod), -observe.index(pod)))
-    b.delete(order[: len(live) - wanted])
+    surplus = order[: len(live) - wanted]
+    for pod in surplus:
+        if workers and observe.is_running(pod) and _in_group(pod, False, b):
+            b.regroup(b.now, f"scale-down removed {observe.pod_name(pod)}")
+    b.delete(surplus)
 
 
 def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
@@ -403,7 +515,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             b.status.state = "Backoff"
             return
 
-    _scale_down(b, workers, spec.replicas)
+    _scale_down(b, workers, spec.replicas, workers=True)
     kept_workers = min(len(workers), spec.replicas)
     # Only a surplus over the whole gang removes spares: a spare about to take a failed worker's slot
     # and the new spare refilling the pool both stay.
@@ -420,8 +532,12 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     missing_spares = missing - missing_workers
     indices = _free_indices(b.observed.pods, job_name, missing_workers + missing_spares)
     roles: list[names.Role] = [names.ROLE_WORKER] * missing_workers + [names.ROLE_SPARE] * missing_spares
+    # A spare refilling the pool goes where the failed worker was (its domain), so the group stays close.
+    no_domain: list[tuple[str, str] | None] = [None] * missing_workers
+    domains = no_domain + _vacated_domains(b, spec, missing_spares)
     new_pods = [
-        builders.build_worker_pod(job, spec, index, role) for index, role in zip(indices, roles, strict=True)
+        builders.build_worker_pod(job, spec, index, role, near=domain)
+        for index, role, domain in zip(indices, roles, domains, strict=True)
     ]
     b.plan.create_pods.extend(new_pods)
     if new_pods:
@@ -459,6 +575,24 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         message = f"{ready} of at least {spec.effective_min_replicas} workers running"
         b.condition(conditions.RUNNING, False, conditions.REASON_WAITING, message)
         b.status.state = "Pending"
+
+
+def _vacated_domains(b: _Builder, spec: api.TrainingJobSpec, count: int) -> list[tuple[str, str] | None]:
+    """(topology key, domain) of the nodes of the workers whose slots are being refilled, newest failure
+    first, padded with None to `count`: the node's label when the node is still observed, else the domain
+    the previous status recorded for the worker."""
+    key = topology.domain_key(spec.topology)
+    found: list[tuple[str, str] | None] = []
+    for incident in reversed(b.status.incidents):
+        if not incidents.is_open(incident) or incident.action not in incidents.WORKER_ACTIONS:
+            continue
+        labels = b.observed.node_labels.get(incident.node or "")
+        previous = b.previous_workers.get(incident.worker or "")
+        domain = topology.zone_of(labels, spec.topology) if labels is not None else None
+        domain = domain or (previous.zone if previous is not None else None)
+        if domain:
+            found.append((key, domain))
+    return (found + [None] * count)[:count]
 
 
 def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
@@ -563,6 +697,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         b.delete([pod for pod in observed.pods if not observe.is_terminating(pod)])
         for track in b.status.tracking:
             track.done = True
+        b.status.rendezvous = None
         b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, "the job is suspended", "Normal")
         b.condition(conditions.RUNNING, False, conditions.REASON_SUSPENDED, "the job is suspended")
         b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SUSPENDED, "the job is suspended")
@@ -589,4 +724,5 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         return b.finish()
 
     _plan_pods(b, spec, trainer)
+    _remember_rendezvous(b)
     return b.finish()

@@ -24,11 +24,17 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
         terminated = (container.get("state") or {}).get("terminated")
         entry: dict[str, Any] = {"name": container.get("name"), "ready": bool(container.get("ready"))}
         if terminated:
-            entry["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason")}
+            entry["terminated"] = {
+                "exitCode": terminated.get("exitCode"),
+                "reason": terminated.get("reason"),
+                # When the failure happened (a regroup asks only groups older than that to re-form).
+                "finishedAt": terminated.get("finishedAt"),
+            }
         if container.get("restartCount"):
             entry["restartCount"] = container["restartCount"]
             last = (container.get("lastState") or {}).get("terminated") or {}
             entry["lastExitCode"] = last.get("exitCode")
+            entry["lastFinishedAt"] = last.get("finishedAt")
         containers.append(entry)
     return {
         "metadata": {
@@ -42,7 +48,10 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
             "reason": status.get("reason"),
             "podIP": status.get("podIP"),
             "conditions": [
-                {key: condition.get(key) for key in ("type", "status", "reason", "message")}
+                {
+                    key: condition.get(key)
+                    for key in ("type", "status", "reason", "message", "lastTransitionTime")
+                }
                 for condition in status.get("conditions") or []
             ],
             "containerStatuses": containers,
@@ -65,16 +74,50 @@ def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
-    """What the operator needs of a node: its labels, its Ready status and its NoExecute taints."""
+    """What the operator needs of a node: its labels, its Ready status (and since when the node last said
+    so), and its NoExecute taints (and since when)."""
     meta = body.get("metadata") or {}
     conditions = (body.get("status") or {}).get("conditions") or []
-    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
-    taints = [
-        taint.get("key")
-        for taint in (body.get("spec") or {}).get("taints") or []
-        if taint.get("effect") == "NoExecute"
+    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+    no_execute = [
+        taint for taint in (body.get("spec") or {}).get("taints") or [] if taint.get("effect") == "NoExecute"
     ]
-    return {"labels": dict(meta.get("labels") or {}), "ready": ready, "noExecute": taints}
+    added = sorted(taint["timeAdded"] for taint in no_execute if taint.get("timeAdded"))
+    return {
+        "labels": dict(meta.get("labels") or {}),
+        "ready": ready.get("status"),
+        "readyHeartbeat": ready.get("lastHeartbeatTime"),
+        "readySince": ready.get("lastTransitionTime"),
+        "noExecute": [taint.get("key") for taint in no_execute],
+        "noExecuteSince": added[0] if added else None,
+    }
+
+
+# Heartbeat fields whose change the operator acts on at once (roles, group changes, resumption). The step,
+# timings and the renew time move with every heartbeat and are left to the periodic reconcile.
+SIGNAL_FIELDS = (
+    "phase",
+    "rank",
+    "world-size",
+    "group-started",
+    "group-restarts",
+    "resumed-at",
+    "restored-step",
+    "restore-source",
+    "ownerUid",
+)
+
+
+# A worker in a group flips between these with every step it snapshots: one state as far as waking goes.
+IN_GROUP_PHASES = ("training", "saving", "restoring")
+
+
+def heartbeat_signal(summary: dict[str, Any]) -> tuple[str | None, ...]:
+    """The part of a Lease summary that should wake its job's reconcile when it changes."""
+    values = {key: summary.get(key) or None for key in SIGNAL_FIELDS}
+    if values["phase"] in IN_GROUP_PHASES:
+        values["phase"] = "in-group"
+    return tuple(values.values())
 
 
 def pod_name(pod: dict[str, Any]) -> str:

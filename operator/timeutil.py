@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+
+# A stamp written to the second stands for any moment of that second.
+WHOLE_SECOND = timedelta(microseconds=999_999)
 
 
 def now() -> datetime:
@@ -14,6 +17,11 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_micro_time(moment: datetime) -> str:
+    """`2024-01-02T03:04:05.123456Z` (microseconds, as metav1.MicroTime)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -22,3 +30,13 @@ def parse_time(text: str | None) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def parse_time_end(text: str | None) -> datetime | None:
+    """The latest moment a stamp can mean: one written to the second (a container's `finishedAt`, a node
+    condition's times) stands for the whole of that second, so the end of it is returned."""
+    parsed = parse_time(text)
+    if parsed is None or text is None:
+        return None
+    has_fraction = "." in text.split("T", 1)[-1]
+    return parsed if has_fraction else parsed + WHOLE_SECOND

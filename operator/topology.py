@@ -3,6 +3,7 @@
 Pack uses pod affinity to the job's own trainer pods over `topology.key`: Kubernetes lets the first pod of a
 group that matches its own affinity term schedule anywhere, and every later pod (spares included, since they
 carry the same labels) follows it into that domain. Spread uses topologySpreadConstraints with maxSkew 1.
+A spare refilling the pool after a swap prefers the domain of the worker it stands in for (`prefer_domain`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ import copy
 from typing import Any
 
 from phalanx.operator import api, names
+
+# The domain label when the job sets no topology.
+DEFAULT_DOMAIN_KEY = "topology.kubernetes.io/zone"
+# Weight of the preference for the failed worker's domain (the highest a preference may have).
+DOMAIN_PREFERENCE_WEIGHT = 100
 
 
 def _selector(job_name: str) -> dict[str, Any]:
@@ -62,7 +68,24 @@ def apply_topology(
     return result
 
 
+def domain_key(topology: api.TopologySpec | None) -> str:
+    """The node label whose values are the job's domains: the topology key, else the zone label."""
+    return topology.key if topology is not None else DEFAULT_DOMAIN_KEY
+
+
 def zone_of(node_labels: dict[str, str] | None, topology: api.TopologySpec | None) -> str | None:
     """The domain of a node: its value of the topology key (the zone label when no topology is set)."""
-    key = topology.key if topology is not None else "topology.kubernetes.io/zone"
-    return (node_labels or {}).get(key)
+    return (node_labels or {}).get(domain_key(topology))
+
+
+def prefer_domain(pod_spec: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    """A copy of `pod_spec` preferring nodes whose label `key` is `value` (a preference, never a
+    requirement: a spare elsewhere is better than none)."""
+    term = {
+        "weight": DOMAIN_PREFERENCE_WEIGHT,
+        "preference": {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]},
+    }
+    result = copy.deepcopy(pod_spec)
+    extra = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
+    result["affinity"] = _merge_affinity(result.get("affinity") or {}, extra)
+    return result

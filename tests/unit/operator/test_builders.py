@@ -184,16 +184,17 @@ def test_worker_rbac_lets_pods_write_leases(make_job: MakeJob) -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-worker", "namespace": "ml"}]
 
 
-def test_worker_rbac_lets_pods_read_only_their_own_trainingjob(make_job: MakeJob) -> None:
+def test_worker_rbac_lets_pods_read_and_watch_only_their_own_trainingjob(make_job: MakeJob) -> None:
     job = make_job()
     _, role, _ = builders.build_worker_rbac(job, _spec(job))
     job_rules = [rule for rule in role["rules"] if "trainingjobs" in rule["resources"]]
+    # Launchers watch their job (scaling, regroup requests); a watch needs list as well.
     assert job_rules == [
         {
             "apiGroups": ["phalanx.dev"],
             "resources": ["trainingjobs"],
             "resourceNames": ["demo"],
-            "verbs": ["get"],
+            "verbs": ["get", "list", "watch"],
         }
     ]
 
@@ -206,3 +207,13 @@ def test_fixed_children_are_all_owned_by_the_job(make_job: MakeJob) -> None:
     for child in children:
         assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
         assert child["metadata"]["labels"]["phalanx.dev/job-name"] == "demo"
+
+
+def test_a_worker_pod_near_a_domain_prefers_it(make_job: MakeJob) -> None:
+    job = make_job()
+    pod = builders.build_worker_pod(job, _spec(job), 3, "spare", near=("topology.kubernetes.io/zone", "z2"))
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["preference"]["matchExpressions"] == [
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z2"]}
+    ]
+    assert "affinity" not in builders.build_worker_pod(job, _spec(job), 3, "spare")["spec"]

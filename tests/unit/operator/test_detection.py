@@ -224,3 +224,177 @@ def test_memory_survives_an_operator_restart(make_pod: MakePod, now: datetime) -
     stuck = now + timedelta(seconds=11)
     (failure,), _ = run(pods, {"demo-worker-0": lease(stuck)}, stuck, restored)
     assert failure.cause == "NoProgress"
+
+
+# ------------------------------------------------------------------------------- when failures happened
+
+
+def test_an_exit_happened_by_the_end_of_its_finish_second(make_pod: MakePod, now: datetime) -> None:
+    pod = make_pod("demo-worker-0", phase="Failed", exit_code=137)
+    pod["status"]["containerStatuses"][0]["terminated"]["finishedAt"] = "2026-01-01T11:59:57Z"
+    (failure,), _ = run([pod], {}, now)
+    # finishedAt is written to the second: the exit may have come at any moment of it.
+    assert failure.occurred_at == datetime(2026, 1, 1, 11, 59, 57, 999_999, tzinfo=now.tzinfo)
+    # Never later than its detection (a stamp of the current second).
+    pod["status"]["containerStatuses"][0]["terminated"]["finishedAt"] = "2026-01-01T12:00:00Z"
+    (failure,), _ = run([pod], {}, now)
+    assert failure.occurred_at == now
+
+
+def test_a_frozen_worker_failed_at_its_last_heartbeat(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {"demo-worker-0": lease(now)}, now)
+    (failure,), _ = run(pods, {"demo-worker-0": lease(now, age=6)}, now, tracks)
+    assert failure.cause == "HeartbeatTimeout" and failure.occurred_at == now - timedelta(seconds=6)
+
+
+def test_a_lost_node_failed_at_the_last_sign_of_life_of_the_node_or_the_pod(
+    make_pod: MakePod, now: datetime
+) -> None:
+    pods = [make_pod("demo-worker-0")]
+    silent = {"labels": {}, "ready": "Unknown", "noExecute": [], "readyHeartbeat": "2026-01-01T11:59:40Z"}
+    # The pod's heartbeat came after the node's last status: the later one is the closer.
+    (failure,), _ = run(pods, {"demo-worker-0": lease(now, age=9)}, now, nodes={"node-a": silent})
+    assert failure.occurred_at == now - timedelta(seconds=9)
+    (failure,), _ = run(pods, {}, now, nodes={"node-a": silent})
+    assert failure.occurred_at == datetime(2026, 1, 1, 11, 59, 40, 999_999, tzinfo=now.tzinfo)
+    not_ready = {"labels": {}, "ready": "False", "noExecute": [], "readySince": "2026-01-01T11:59:50Z"}
+    (failure,), _ = run(pods, {}, now, nodes={"node-a": not_ready})
+    assert failure.occurred_at == datetime(2026, 1, 1, 11, 59, 50, 999_999, tzinfo=now.tzinfo)
+    (deleted,), _ = run(pods, {"demo-worker-0": lease(now, age=9)}, now, nodes={})
+    assert deleted.occurred_at == now
+
+
+def test_deletions_and_restarts_have_their_moments(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {}, now)
+    (deleted,), _ = run([make_pod("demo-worker-0", terminating=True)], {}, now, tracks)
+    (vanished,), _ = run([], {}, now, tracks)
+    assert deleted.occurred_at == now and vanished.occurred_at == now
+    restarted = make_pod("demo-worker-0")
+    restarted["status"]["containerStatuses"] = [
+        {
+            "name": "trainer",
+            "ready": True,
+            "restartCount": 1,
+            "lastExitCode": 1,
+            "lastFinishedAt": "2026-01-01T11:59:30Z",
+        }
+    ]
+    (failure,), _ = run([restarted], {}, now, tracks)
+    assert failure.cause == "ContainerRestart"
+    assert failure.occurred_at == datetime(2026, 1, 1, 11, 59, 30, 999_999, tzinfo=now.tzinfo)
+
+
+# ------------------------------------------------------------------------------------------ stragglers
+
+
+def _synchronous_leases(moment: datetime, step: int, compute: list[float | None]) -> dict[str, dict]:
+    """Synchronous data parallelism: every rank's step takes as long as the slowest rank's."""
+    leases = {}
+    for index, seconds in enumerate(compute):
+        extra = (
+            {"step-seconds": 3.0} if seconds is None else {"step-seconds": 3.0, "compute-seconds": seconds}
+        )
+        leases[f"demo-worker-{index}"] = lease(moment, step=step, **extra)
+    return leases
+
+
+def test_under_synchronous_training_the_compute_time_finds_the_straggler(
+    make_pod: MakePod, now: datetime
+) -> None:
+    spec = api.HeartbeatSpec(straggler_factor=1.5, straggler_heartbeats=2)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)]
+    tracks: list[api.WorkerTrack] = []
+    found: list[detection.Failure] = []
+    for beat in range(2):
+        moment = now + timedelta(seconds=beat)
+        found, tracks = run(
+            pods, _synchronous_leases(moment, beat, [1.0, 1.1, 2.9]), moment, tracks, heartbeat=spec
+        )
+    assert [(f.cause, f.pod, f.force, f.alive) for f in found] == [
+        ("Straggler", "demo-worker-2", False, True)
+    ]
+    assert "compute time" in found[0].message and found[0].occurred_at == now + timedelta(seconds=1)
+    # When one worker does not report its compute time, all are compared on the (equal) step time.
+    tracks = []
+    for beat in range(4):
+        moment = now + timedelta(seconds=beat)
+        leases = _synchronous_leases(moment, beat, [1.0, None, 2.9])
+        found, tracks = run(pods, leases, moment, tracks, heartbeat=spec)
+        assert found == []
+
+
+def test_the_straggler_measure_is_the_compute_time_only_when_everyone_reports_it(now: datetime) -> None:
+    both = [lease(now, **{"step-seconds": 2, "compute-seconds": 1}) for _ in range(2)]
+    assert detection.straggler_measure(both) == "compute-seconds"
+    assert detection.straggler_measure([*both, lease(now, **{"step-seconds": 2})]) == "step-seconds"
+    empty = lease(now, **{"step-seconds": 2})
+    empty["compute-seconds"] = ""
+    assert detection.straggler_measure([*both, empty]) == "step-seconds"
+    assert detection.straggler_measure([]) == "step-seconds"
+
+
+def test_a_renewal_alone_changes_no_track(make_pod: MakePod, now: datetime) -> None:
+    spec = api.HeartbeatSpec(straggler_factor=1.5, straggler_heartbeats=3)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(2)]
+    leases = {p["metadata"]["name"]: lease(now, step=4, **{"step-seconds": 1.0}) for p in pods}
+    _, tracks = run(pods, leases, now, heartbeat=spec)
+    later = now + timedelta(seconds=2)
+    renewed = {p["metadata"]["name"]: lease(later, step=4, **{"step-seconds": 1.0}) for p in pods}
+    _, again = run(pods, renewed, later, tracks, heartbeat=spec)
+    assert again == tracks
+
+
+# ------------------------------------------------------------------------------------------ rendezvous
+
+RDZV = api.RendezvousTrack(pod="demo-rdzv", uid="uid-demo-rdzv", node="node-a", restarts=0)
+
+
+def _rdzv(make_pod: MakePod, **kwargs: Any) -> dict[str, Any]:
+    return make_pod("demo-rdzv", role="rendezvous", **kwargs)
+
+
+def _rdzv_failure(
+    pods: list[dict[str, Any]], now: datetime, nodes: dict | None = None
+) -> detection.Failure | None:
+    return detection.rendezvous_failure(pods, RDZV, HEALTHY if nodes is None else nodes, "rendezvous", now)
+
+
+def test_the_rendezvous_pod_running_is_no_failure(make_pod: MakePod, now: datetime) -> None:
+    assert _rdzv_failure([_rdzv(make_pod)], now) is None
+    assert detection.rendezvous_failure([], None, HEALTHY, "rendezvous", now) is None
+
+
+def test_every_way_to_lose_the_rendezvous(make_pod: MakePod, now: datetime) -> None:
+    vanished = _rdzv_failure([], now)
+    assert vanished is not None and vanished.cause == "RendezvousLost" and "disappeared" in vanished.message
+    failed = _rdzv(make_pod, phase="Failed")
+    failed["status"]["containerStatuses"] = [
+        {"name": "rendezvous", "terminated": {"exitCode": 1, "finishedAt": "2026-01-01T11:59:58Z"}}
+    ]
+    ended = _rdzv_failure([failed], now)
+    assert ended is not None and ended.exit_code == 1 and "ended" in ended.message
+    assert ended.occurred_at == datetime(2026, 1, 1, 11, 59, 58, 999_999, tzinfo=now.tzinfo)
+    deleted = _rdzv_failure([_rdzv(make_pod, terminating=True)], now)
+    assert deleted is not None and "deleted" in deleted.message and deleted.occurred_at == now
+    restarted = _rdzv(make_pod)
+    restarted["status"]["containerStatuses"] = [{"name": "rendezvous", "restartCount": 1, "lastExitCode": 2}]
+    crashed = _rdzv_failure([restarted], now)
+    assert crashed is not None and "restarted" in crashed.message
+    lost = _rdzv_failure([_rdzv(make_pod)], now, nodes={})
+    assert lost is not None and lost.force and lost.node_conditions == {"Deleted"}
+    # A new rendezvous pod (another uid) does not stand for the lost one.
+    assert _rdzv_failure([make_pod("demo-rdzv", role="rendezvous", uid="new")], now) is not None
+
+
+def test_only_a_running_rendezvous_on_a_healthy_node_is_remembered(make_pod: MakePod, now: datetime) -> None:
+    running = _rdzv(make_pod)
+    running["status"]["containerStatuses"] = [{"name": "rendezvous", "restartCount": 2, "lastExitCode": 1}]
+    assert detection.rendezvous_memory([running], HEALTHY, "rendezvous") == RDZV.model_copy(
+        update={"restarts": 2}
+    )
+    assert detection.rendezvous_memory([running], {}, "rendezvous") is None
+    assert detection.rendezvous_memory([_rdzv(make_pod, phase="Pending")], HEALTHY, "rendezvous") is None
+    assert detection.rendezvous_memory([_rdzv(make_pod, terminating=True)], HEALTHY, "rendezvous") is None
+    assert detection.rendezvous_memory([make_pod("demo-worker-0")], HEALTHY, "rendezvous") is None

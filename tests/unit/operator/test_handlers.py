@@ -149,7 +149,7 @@ def test_all_handlers_register_with_ids_matching_their_kwargs() -> None:
     kube = FakeKube({})
     handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
     index_ids = {handler.id for handler in registry._indexing.get_all_handlers()}
-    assert index_ids == {"phalanx_pods", "phalanx_leases", "phalanx_nodes"}
+    assert index_ids == {"phalanx_pods", "phalanx_pod_jobs", "phalanx_leases", "phalanx_nodes"}
     resource_ids = {handler.id for handler in registry._changing.get_all_handlers()}
     assert {"created", "updated", "resumed", "deleted"} <= resource_ids
     assert {handler.id for handler in registry._spawning.get_all_handlers()} == {"tick"}
@@ -192,3 +192,153 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_nodes={},
     )
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
+
+
+def test_the_job_is_read_under_its_lock(make_job: Callable[..., Any]) -> None:
+    """A reconcile queued behind another must plan from the status that one stored: reading the job before
+    taking the lock once let a reconcile take the operator's own deletions for someone else's."""
+    reconciler: handlers.JobReconciler | None = None
+
+    class LockCheckingKube(FakeKube):
+        def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+            assert reconciler is not None
+            self.calls.append(("get-locked", str(reconciler._lock(namespace, name).locked())))
+            return self.job
+
+    kube = LockCheckingKube(make_job())
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    reconciler.reconcile("ml", "demo", {}, {}, {}, logger)
+    assert ("get-locked", "True") in kube.calls and ("get-locked", "False") not in kube.calls
+
+
+def _lease_body(name: str, renewed: str, **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "annotations": {f"phalanx.dev/{key}": value for key, value in annotations.items()},
+        },
+        "spec": {"renewTime": renewed},
+    }
+
+
+def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Callable[..., Any]) -> None:
+    registry = kopf.OperatorRegistry()
+    kube = FakeKube(make_job())
+    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "lease_changed"]
+
+    def event(kind: str | None, body: dict[str, Any]) -> int:
+        """Reconciles of the job this event caused."""
+        before = kube.calls.count(("get", "demo"))
+        handler.fn(
+            namespace="ml",
+            name=body["metadata"]["name"],
+            body=body,
+            type=kind,
+            logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+            phalanx_pods={},
+            phalanx_pod_jobs={("ml", "demo-worker-0"): ["demo"]},
+            phalanx_leases={},
+            phalanx_nodes={},
+        )
+        return kube.calls.count(("get", "demo")) - before
+
+    training = {"phase": "training", "step": "10", "rank": "0", "group-started": "2026-01-01T11:00:00Z"}
+    # The operator's start-up listing: remembered, left to the resume handlers.
+    assert event(None, _lease_body("demo-worker-0", "2026-01-01T12:00:00.1Z", **training)) == 0
+    # Renewals with a new step and timings: nothing to act on at once.
+    for second in range(1, 4):
+        renewal = {**training, "step": str(10 + second), "step-seconds": "0.5"}
+        assert (
+            event("MODIFIED", _lease_body("demo-worker-0", f"2026-01-01T12:00:0{second}.1Z", **renewal)) == 0
+        )
+    # A new group resumed: the job is reconciled now (its incident can close).
+    resumed = {**training, "group-started": "2026-01-01T12:00:05Z", "resumed-at": "2026-01-01T12:00:06Z"}
+    assert event("MODIFIED", _lease_body("demo-worker-0", "2026-01-01T12:00:06.1Z", **resumed)) == 1
+    assert event("MODIFIED", _lease_body("demo-worker-0", "2026-01-01T12:00:07.1Z", **resumed)) == 0
+    # A Lease of a pod the operator does not know wakes nothing; a deleted one is forgotten.
+    assert event("MODIFIED", _lease_body("other-0", "2026-01-01T12:00:07.1Z", **resumed)) == 0
+    assert event("DELETED", _lease_body("demo-worker-0", "2026-01-01T12:00:07.1Z", **resumed)) == 0
+    assert event("ADDED", _lease_body("demo-worker-0", "2026-01-01T12:00:08.1Z", **resumed)) == 1
+
+
+def test_heartbeat_signal_ignores_renewals_steps_and_timings() -> None:
+    from phalanx.operator.status import heartbeat_signal
+
+    base = {"phase": "training", "rank": "1", "step": "5", "renewTime": "t1", "step-seconds": "0.4"}
+    moved = {**base, "step": "6", "renewTime": "t2", "step-seconds": "0.5", "compute-seconds": "0.3"}
+    assert heartbeat_signal(base) == heartbeat_signal(moved)
+    # Inside a group, training, saving and restoring alternate with every step: one state here.
+    assert heartbeat_signal({**base, "phase": "saving"}) == heartbeat_signal(base)
+    assert heartbeat_signal({**base, "phase": "restoring"}) == heartbeat_signal(base)
+    # Empty annotations mean unknown, like absent ones.
+    assert heartbeat_signal({**base, "resumed-at": ""}) == heartbeat_signal(base)
+    for key, value in [
+        ("phase", "standby"),
+        ("phase", "finished"),
+        ("rank", "0"),
+        ("group-started", "x"),
+        ("resumed-at", "y"),
+        ("restored-step", "3"),
+        ("restore-source", "peer"),
+        ("group-restarts", "2"),
+    ]:
+        assert heartbeat_signal({**base, key: value}) != heartbeat_signal(base), key
+
+
+def test_summaries_keep_when_things_ended() -> None:
+    from phalanx.operator.status import summarize_node, summarize_pod
+
+    pod = summarize_pod(
+        {
+            "metadata": {"name": "w-0"},
+            "status": {
+                "phase": "Failed",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "lastTransitionTime": "t0"}],
+                "containerStatuses": [
+                    {
+                        "name": "trainer",
+                        "restartCount": 1,
+                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "t1"}},
+                        "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": "t2"}},
+                    }
+                ],
+            },
+        }
+    )
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["terminated"] == {"exitCode": 137, "reason": "Error", "finishedAt": "t2"}
+    assert container["lastFinishedAt"] == "t1" and container["lastExitCode"] == 1
+    assert pod["status"]["conditions"][0]["lastTransitionTime"] == "t0"
+    node = summarize_node(
+        {
+            "metadata": {"name": "n", "labels": {"zone": "z"}},
+            "spec": {
+                "taints": [
+                    {"key": "a", "effect": "NoExecute", "timeAdded": "t5"},
+                    {"key": "b", "effect": "NoExecute", "timeAdded": "t4"},
+                    {"key": "c", "effect": "NoSchedule", "timeAdded": "t1"},
+                ]
+            },
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "Unknown",
+                        "lastHeartbeatTime": "t3",
+                        "lastTransitionTime": "t6",
+                    }
+                ]
+            },
+        }
+    )
+    assert node == {
+        "labels": {"zone": "z"},
+        "ready": "Unknown",
+        "readyHeartbeat": "t3",
+        "readySince": "t6",
+        "noExecute": ["a", "b"],
+        "noExecuteSince": "t4",
+    }

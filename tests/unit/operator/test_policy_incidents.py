@@ -166,3 +166,88 @@ def test_event_texts_tell_the_story() -> None:
     assert "node node-a" in text and "step 20" in text and "ReplaceWorker" in text
     incident.seconds_to_recover, incident.steps_lost, incident.resumed_from_step = 3.5, 1, 19
     assert "3.5s after Killed of demo-worker-1; 1 step(s) lost" in incidents.recovered_text(incident)
+
+
+# ------------------------------------------------------------------------- exact figures from heartbeats
+
+
+def opened_at(occurred: datetime, detected: datetime, step: int = 30) -> api.Incident:
+    decision = policy.decide(KILLED, api.FailurePolicySpec())
+    found = failure("Killed", exit_code=137, occurred_at=occurred)
+    return incidents.open_incident(found, decision, detected, step, unreported=2)
+
+
+def group_beat(
+    step: int, started: datetime, resumed: datetime | None = None, **fields: object
+) -> incidents.Beat:
+    return incidents.Beat(step=step, renewed=started, group_started=started, resumed_at=resumed, **fields)  # type: ignore[arg-type]
+
+
+def test_an_incident_records_when_its_failure_happened(now: datetime) -> None:
+    incident = opened_at(now - timedelta(seconds=2), now)
+    assert (
+        incident.occurred_at == "2026-01-01T11:59:58.000000Z"
+        and incident.detected_at == "2026-01-01T12:00:00Z"
+    )
+
+
+def test_the_group_formed_after_the_failure_gives_exact_figures(now: datetime) -> None:
+    failed = now - timedelta(seconds=2)
+    incident = opened_at(failed, now, step=30)
+    old_group = now - timedelta(minutes=5)
+    # A survivor's late heartbeat from the failed group: it had reached step 31 (lost with the group).
+    late = incidents.observe_progress([incident], [group_beat(31, old_group)], now)
+    assert late.recovered == [] and late.incidents[0].detected_step == 31
+    # By one heartbeat interval's steps at most: the threshold of the estimate stays where it was.
+    higher = incidents.observe_progress(late.incidents, [group_beat(45, old_group)], now).incidents[0]
+    assert (higher.detected_step, higher.resume_step) == (32, 32)
+    # The new group formed and restored step 28, but has not completed a step yet: still open.
+    started = now + timedelta(seconds=1)
+    forming = incidents.observe_progress(
+        late.incidents, [group_beat(28, started, restored_step=28, restored_from="peer")], now
+    )
+    assert forming.recovered == []
+    resumed = now + timedelta(seconds=3, milliseconds=400)
+    beats = [
+        group_beat(29, started, resumed, restored_step=28, restored_from="peer"),
+        group_beat(29, started, resumed + timedelta(milliseconds=5), restored_step=28, restored_from="peer"),
+    ]
+    done = incidents.observe_progress(forming.incidents, beats, now + timedelta(seconds=5))
+    (closed,) = done.recovered
+    assert closed.resumed_at == "2026-01-01T12:00:03.400000Z"
+    assert closed.seconds_to_recover == 5.4  # from the failure, not from its detection
+    assert (closed.steps_lost, closed.restored_step, closed.restored_from) == (3, 28, "peer")
+    assert done.recovery_seconds == 5.4
+    assert "from step 28 (peer)" in incidents.recovered_text(closed)
+
+
+def test_a_group_older_than_the_failure_never_closes_it(now: datetime) -> None:
+    incident = opened_at(now - timedelta(seconds=2), now)
+    before = now - timedelta(seconds=10)
+    stale = [group_beat(35, before, before + timedelta(seconds=1), restored_step=20)]
+    progress = incidents.observe_progress([incident], stale, now)
+    assert progress.recovered == [] and progress.incidents[0].resumed_at is None
+
+
+def test_without_group_figures_the_estimate_stays(now: datetime) -> None:
+    incident = opened_at(now - timedelta(seconds=2), now, step=30)
+    first = incidents.observe_progress([incident], beats(now, 29), now + timedelta(seconds=1))
+    (closed,) = incidents.observe_progress(
+        first.incidents, beats(now, 33), now + timedelta(seconds=3)
+    ).recovered
+    assert closed.steps_lost == 1 and closed.restored_step is None
+    assert closed.resumed_at == "2026-01-01T12:00:03Z" and closed.seconds_to_recover == 5.0
+
+
+def test_a_lost_rendezvous_is_replaced_and_open_until_training_advances(now: datetime) -> None:
+    lost = detection.Failure(
+        cause="RendezvousLost", pod="demo-rdzv", uid="r", node="node-a", message="gone", occurred_at=now
+    )
+    incident = incidents.open_incident(lost, None, now, 40, unreported=1)
+    assert incident.action == "ReplaceRendezvous" and incident.rule is None and incidents.is_open(incident)
+    assert incidents.detected_text(incident) == "gone on node node-a at step 40: ReplaceRendezvous"
+    # The group that trained through the loss keeps its old start: its steps do not move the baseline.
+    old = now - timedelta(minutes=1)
+    trained_on = incidents.Beat(step=42, renewed=now, group_started=old)
+    (closed,) = incidents.observe_progress([incident], [trained_on], now).recovered
+    assert closed.detected_step == 40 and closed.steps_lost == 0

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from phalanx.operator.reconcile import Observed, Plan, plan
+from phalanx.operator.reconcile import REGROUP_CLOCK_MARGIN, Observed, Plan, plan
+from phalanx.operator.timeutil import format_micro_time
 
 MakeJob = Callable[..., dict[str, Any]]
 MakePod = Callable[..., dict[str, Any]]
@@ -434,3 +435,395 @@ def test_operator_deletions_are_not_failures(make_job: MakeJob, make_pod: MakePo
         _with_status(smaller, after), Observed(pods=pods[:2] + pods[3:], now=now, nodes=HEALTHY_NODES)
     )
     assert gone.status["incidents"] == [] and gone.status["restarts"]["total"] == 0
+
+
+# ------------------------------------------------------------------------------------- regroup requests
+
+
+def _exited(make_pod: MakePod, name: str, code: int, finished: str) -> dict[str, Any]:
+    pod = make_pod(name, phase="Failed", exit_code=code)
+    pod["status"]["containerStatuses"][0]["terminated"]["finishedAt"] = finished
+    return pod
+
+
+def _steady(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime, step: int = 10) -> Plan:
+    return plan(job, Observed(pods=pods, now=now, leases=_gang_leases(now, step), nodes=HEALTHY_NODES))
+
+
+def test_a_failed_worker_asks_its_group_to_re_form_from_when_it_failed(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5})
+    pods = _running_gang(make_pod)
+    steady = _steady(job, pods, now)
+    assert "regroup" not in steady.status
+    later = now + timedelta(seconds=2)
+    pods[1] = _exited(make_pod, "demo-worker-1", 137, "2026-01-01T12:00:01Z")
+    killed = plan(
+        _with_status(job, steady),
+        Observed(pods=pods, now=later, leases=_gang_leases(later, 12), nodes=HEALTHY_NODES),
+    )
+    # The exit is known to the second: the request covers the whole of it (and a margin for clocks).
+    assert killed.status["regroup"] == {
+        "before": "2026-01-01T12:00:02.249999Z",
+        "epoch": 1,
+        "reason": "Killed of demo-worker-1",
+    }
+    assert killed.status["incidents"][0]["occurredAt"] == "2026-01-01T12:00:01.999999Z"
+    # Unchanged while nothing else fails.
+    again = plan(
+        _with_status(job, killed),
+        Observed(pods=pods, now=later, leases=_gang_leases(later, 12), nodes=HEALTHY_NODES),
+    )
+    assert again.status["regroup"] == killed.status["regroup"]
+    # The next failure (a frozen worker) is the next epoch, from its last heartbeat.
+    frozen_at = later + timedelta(seconds=10)
+    leases = {**_gang_leases(frozen_at, 20), "demo-worker-0": _lease(frozen_at, 15, age=6)}
+    frozen = plan(
+        _with_status(job, again),
+        Observed(pods=pods, now=frozen_at, leases=leases, nodes=HEALTHY_NODES),
+    )
+    assert frozen.status["regroup"] == {
+        "before": format_micro_time(frozen_at - timedelta(seconds=6) + REGROUP_CLOCK_MARGIN),
+        "epoch": 2,
+        "reason": "HeartbeatTimeout of demo-worker-0",
+    }
+
+
+def test_several_failures_make_one_request_from_the_latest(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(replicas=3, spares=0)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)] + [make_pod("demo-rdzv", role="rendezvous")]
+    leases = {f"demo-worker-{i}": _lease(now, 10) for i in range(3)}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    pods[0] = _exited(make_pod, "demo-worker-0", 137, "2026-01-01T11:59:58Z")
+    pods[1] = _exited(make_pod, "demo-worker-1", 1, "2026-01-01T11:59:59Z")
+    both = plan(_with_status(job, steady), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    assert len(both.status["incidents"]) == 2
+    assert both.status["regroup"] == {
+        "before": "2026-01-01T12:00:00.249999Z",
+        "epoch": 1,
+        "reason": "Killed of demo-worker-0; ExitCode of demo-worker-1",
+    }
+
+
+def test_no_request_when_no_running_group_lost_a_worker(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # A standby spare's failure.
+    pods = _running_gang(make_pod)
+    job = make_job()
+    steady = _steady(job, pods, now)
+    pods[2] = _exited(make_pod, "demo-worker-2", 137, "2026-01-01T11:59:59Z")
+    pods[2]["metadata"]["labels"]["phalanx.dev/role"] = "spare"
+    spare = plan(
+        _with_status(job, steady),
+        Observed(pods=pods, now=now, leases=_gang_leases(now, 10), nodes=HEALTHY_NODES),
+    )
+    assert spare.status["incidents"][0]["worker"] == "demo-worker-2" and "regroup" not in spare.status
+    # A worker that never joined a group (still in the rendezvous) exits.
+    pods = _running_gang(make_pod)
+    leases = {**_gang_leases(now, 10), "demo-worker-1": _lease(now, 0, phase="rendezvous")}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    pods[1] = _exited(make_pod, "demo-worker-1", 1, "2026-01-01T11:59:59Z")
+    joining = plan(
+        _with_status(job, steady), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert joining.status["incidents"] and "regroup" not in joining.status
+    # A failure the policy ignores.
+    rules = [{"match": {"exitCodes": [1]}, "action": "Ignore"}]
+    ignoring = make_job(failurePolicy={"rules": rules})
+    pods = _running_gang(make_pod)
+    steady = _steady(ignoring, pods, now)
+    pods[1] = _exited(make_pod, "demo-worker-1", 1, "2026-01-01T11:59:59Z")
+    ignored = plan(
+        _with_status(ignoring, steady),
+        Observed(pods=pods, now=now, leases=_gang_leases(now, 10), nodes=HEALTHY_NODES),
+    )
+    assert ignored.status["incidents"][0]["action"] == "Ignore" and "regroup" not in ignored.status
+
+
+def test_removing_a_training_worker_on_scale_down_asks_for_a_regroup(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(replicas=3, maxReplicas=3, spares=0)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)] + [make_pod("demo-rdzv", role="rendezvous")]
+    leases = {f"demo-worker-{i}": _lease(now, 10) for i in range(3)}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    smaller = make_job(replicas=2, maxReplicas=3, spares=0)
+    down = plan(
+        _with_status(smaller, steady), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert down.delete_pods == ["demo-worker-2"]
+    assert down.status["regroup"] == {
+        "before": "2026-01-01T12:00:00.250000Z",
+        "epoch": 1,
+        "reason": "scale-down removed demo-worker-2",
+    }
+
+
+def test_a_straggler_is_removed_with_its_grace_period_and_its_group_re_forms(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(replicas=3, spares=0, heartbeat={"stragglerFactor": 1.5, "stragglerHeartbeats": 1})
+    pods = [make_pod(f"demo-worker-{i}") for i in range(3)] + [make_pod("demo-rdzv", role="rendezvous")]
+    leases = {
+        f"demo-worker-{i}": {**_lease(now, 10), "step-seconds": "3.0", "compute-seconds": seconds}
+        for i, seconds in enumerate(["1.0", "1.1", "2.8"])
+    }
+    result = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    (incident,) = result.status["incidents"]
+    assert (incident["cause"], incident["worker"], incident["rule"]) == (
+        "Straggler",
+        "demo-worker-2",
+        "default-infrastructure",
+    )
+    # Deleted with its grace period (it saves on the way out), not forced.
+    assert result.delete_pods == ["demo-worker-2"] and result.force_delete_pods == []
+    assert result.status["restarts"]["byCause"] == {"Straggler": 1}
+    assert result.status["regroup"]["reason"] == "Straggler of demo-worker-2"
+    assert result.status["regroup"]["before"] == "2026-01-01T12:00:00.250000Z"
+
+
+# ---------------------------------------------------------------------------- one permanent failure only
+
+
+def test_a_permanent_failure_is_the_only_incident_of_its_reconcile(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    """Both workers diverge (exit 5). A reconcile that planned from a status older than the one stored
+    last failed the job and deleted worker-0 while it still ran; the next one sees worker-0 going, without
+    an exit code, and worker-1's exit 5. It once recorded worker-0 as deleted by someone else as well."""
+    rules = [{"name": "diverged", "match": {"exitCodes": [5]}, "action": "FailJob"}]
+    job = make_job(failurePolicy={"maxRestarts": 3, "rules": rules})
+    pods = _running_gang(make_pod)
+    steady = _steady(job, pods, now)
+    later = now + timedelta(seconds=1)
+    pods = [
+        make_pod("demo-worker-0", terminating=True),
+        _exited(make_pod, "demo-worker-1", 5, "2026-01-01T12:00:00Z"),
+        make_pod("demo-worker-2", role="spare"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    leases = _gang_leases(later, 10)
+    failed = plan(
+        _with_status(job, steady), Observed(pods=pods, now=later, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert [(i["cause"], i["worker"], i["action"]) for i in failed.status["incidents"]] == [
+        ("ExitCode", "demo-worker-1", "FailJob")
+    ]
+    assert failed.status["restarts"]["total"] == 0 and failed.status["state"] == "Failed"
+    assert "regroup" not in failed.status
+    assert [e.reason for e in failed.events if e.type == "Warning"] == ["ExitCode", "PermanentFailure"]
+    # Afterwards nothing more is recorded, whatever the pods do.
+    ended = [
+        _exited(make_pod, "demo-worker-0", 5, "2026-01-01T12:00:01Z"),
+        _exited(make_pod, "demo-worker-1", 5, "2026-01-01T12:00:00Z"),
+    ]
+    for seen in (ended, ended[1:], []):
+        after = plan(
+            _with_status(job, failed), Observed(pods=seen, now=later, leases=leases, nodes=HEALTHY_NODES)
+        )
+        assert after.status["incidents"] == failed.status["incidents"] and after.detected == []
+
+
+# --------------------------------------------------------------------------------- exact incident figures
+
+
+def test_the_incident_takes_its_figures_from_the_group_that_resumed(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(heartbeat={"intervalSeconds": 1})
+    pods = _running_gang(make_pod)
+    group = "2026-01-01T11:50:00.000000Z"
+    leases = {name: {**lease, "group-started": group} for name, lease in _gang_leases(now, 10).items()}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    later = now + timedelta(seconds=2)
+    pods[1] = _exited(make_pod, "demo-worker-1", 137, "2026-01-01T12:00:01Z")
+    leases = {
+        "demo-worker-0": {**_lease(later, 12), "group-started": group},
+        "demo-worker-1": {**_lease(later, 12), "group-started": group},
+        "demo-worker-2": _lease(later, 0, phase="standby"),
+    }
+    killed = plan(
+        _with_status(job, steady), Observed(pods=pods, now=later, leases=leases, nodes=HEALTHY_NODES)
+    )
+    # A late report of the failed group: worker-0 had reached step 13 before the group broke.
+    leases["demo-worker-0"] = {**_lease(later, 13), "group-started": group}
+    late = plan(_with_status(job, killed), Observed(pods=pods, now=later, leases=leases, nodes=HEALTHY_NODES))
+    assert late.status["incidents"][0]["detectedStep"] == 13
+    # The new group (worker-0 and the promoted spare) restored step 10 from a peer and resumed.
+    pods = [p for p in pods if p["metadata"]["name"] != "demo-worker-1"]
+    resumed_at = later + timedelta(seconds=4)
+    new_group = {
+        "group-started": "2026-01-01T12:00:03.000000Z",
+        "resumed-at": "2026-01-01T12:00:04.250000Z",
+        "restored-step": "10",
+        "restore-source": "peer",
+    }
+    leases = {
+        "demo-worker-0": {**_lease(resumed_at, 12), **new_group},
+        "demo-worker-2": {**_lease(resumed_at, 12), **new_group},
+    }
+    resumed = plan(
+        _with_status(job, late), Observed(pods=pods, now=resumed_at, leases=leases, nodes=HEALTHY_NODES)
+    )
+    (incident,) = resumed.status["incidents"]
+    assert incident["resumedAt"] == "2026-01-01T12:00:04.250000Z"
+    assert incident["secondsToRecover"] == 2.3  # from 12:00:01.999999, the end of the exit's second
+    assert (incident["stepsLost"], incident["restoredStep"], incident["restoredFrom"]) == (3, 10, "peer")
+    assert _condition(resumed, "Recovering")["reason"] == "Recovered"
+
+
+# ------------------------------------------------------------------------- the refill spare's placement
+
+
+def _zoned_nodes(*zones: tuple[str, str]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
+    labels = {node: {"topology.kubernetes.io/zone": zone, "rack": f"rack-{zone}"} for node, zone in zones}
+    health = {node: {"labels": labels[node], "ready": "True", "noExecute": []} for node in labels}
+    return labels, health
+
+
+def _preferred_domains(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    node_affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    terms = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    return [expression for term in terms for expression in term["preference"]["matchExpressions"]]
+
+
+def test_the_spare_refilling_the_pool_prefers_the_failed_workers_domain(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    labels, health = _zoned_nodes(("node-a", "z1"), ("node-b", "z2"))
+    for job, key, domain in (
+        (make_job(), "topology.kubernetes.io/zone", "z2"),
+        (make_job(topology={"key": "rack", "policy": "Spread"}), "rack", "rack-z2"),
+    ):
+        pods = _running_gang(make_pod)
+        pods[1] = make_pod("demo-worker-1", node="node-b")
+        observed = Observed(
+            pods=pods, now=now, leases=_gang_leases(now, 10), node_labels=labels, nodes=health
+        )
+        steady = plan(job, observed)
+        pods[1] = _exited(make_pod, "demo-worker-1", 137, "2026-01-01T11:59:59Z")
+        pods[1]["spec"]["nodeName"] = "node-b"
+        killed = plan(
+            _with_status(job, steady),
+            Observed(pods=pods, now=now, leases=_gang_leases(now, 10), node_labels=labels, nodes=health),
+        )
+        (spare,) = killed.create_pods
+        assert spare["metadata"]["labels"]["phalanx.dev/role"] == "spare"
+        assert _preferred_domains(spare) == [{"key": key, "operator": "In", "values": [domain]}]
+
+
+def test_a_lost_nodes_domain_comes_from_the_last_status(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    labels, health = _zoned_nodes(("node-a", "z1"), ("node-b", "z2"))
+    job = make_job()
+    pods = _running_gang(make_pod)
+    pods[1] = make_pod("demo-worker-1", node="node-b")
+    steady = plan(
+        job, Observed(pods=pods, now=now, leases=_gang_leases(now, 10), node_labels=labels, nodes=health)
+    )
+    # node-b was deleted: it is no longer observed, its zone is remembered in status.workers.
+    gone = Observed(
+        pods=pods,
+        now=now,
+        leases=_gang_leases(now, 10),
+        node_labels={"node-a": labels["node-a"]},
+        nodes={"node-a": health["node-a"]},
+    )
+    lost = plan(_with_status(job, steady), gone)
+    assert lost.status["incidents"][0]["cause"] == "NodeLost"
+    (spare,) = lost.create_pods
+    assert _preferred_domains(spare) == [
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z2"]}
+    ]
+
+
+def test_new_workers_and_first_spares_have_no_domain_preference(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    created = plan(make_job(), Observed(pods=[], now=now))
+    assert all(_preferred_domains(pod) == [] for pod in created.create_pods)
+
+
+# ------------------------------------------------------------------------------------- rendezvous loss
+
+
+def test_a_lost_rendezvous_is_an_incident_recreated_and_closed_when_training_advances(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(failurePolicy={"maxRestarts": 0}, heartbeat={"intervalSeconds": 1})
+    pods = _running_gang(make_pod)
+    steady = _steady(job, pods, now)
+    assert steady.status["rendezvous"] == {
+        "pod": "demo-rdzv",
+        "uid": "uid-demo-rdzv",
+        "node": "node-a",
+        "restarts": 0,
+    }
+    later = now + timedelta(seconds=1)
+    pods[-1] = make_pod("demo-rdzv", role="rendezvous", phase="Failed")
+    lost = plan(
+        _with_status(job, steady),
+        Observed(pods=pods, now=later, leases=_gang_leases(later, 12), nodes=HEALTHY_NODES),
+    )
+    (incident,) = lost.status["incidents"]
+    assert (incident["cause"], incident["worker"], incident["action"]) == (
+        "RendezvousLost",
+        "demo-rdzv",
+        "ReplaceRendezvous",
+    )
+    assert "rule" not in incident and "resumedAt" not in incident
+    # Never charged to the user's budget (0 here: the job goes on).
+    restarts = lost.status["restarts"]
+    assert restarts["counted"] == 0 and restarts["byCause"] == {"RendezvousLost": 1}
+    assert _condition(lost, "Failed")["status"] == "False"
+    assert lost.delete_pods == ["demo-rdzv"] and "regroup" not in lost.status
+    assert _condition(lost, "Recovering")["reason"] == "RendezvousLost"
+    # Gone: recreated, nothing counted again.
+    gone = plan(
+        _with_status(job, lost),
+        Observed(pods=pods[:-1], now=later, leases=_gang_leases(later, 12), nodes=HEALTHY_NODES),
+    )
+    assert _created(gone) == ["demo-rdzv"] and len(gone.status["incidents"]) == 1
+    # The new store runs and training passes the step it was lost at: closed.
+    back_at = later + timedelta(seconds=3)
+    pods[-1] = make_pod("demo-rdzv", role="rendezvous", uid="uid-new-rdzv")
+    back = plan(
+        _with_status(job, gone),
+        Observed(pods=pods, now=back_at, leases=_gang_leases(back_at, 15), nodes=HEALTHY_NODES),
+    )
+    (incident,) = back.status["incidents"]
+    assert incident["resumedAt"] and incident["secondsToRecover"] == 3.0
+    assert back.status["rendezvous"]["uid"] == "uid-new-rdzv"
+    assert _condition(back, "Recovering")["reason"] == "Recovered"
+
+
+def test_a_rendezvous_not_yet_running_or_of_a_suspended_job_is_no_incident(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job()
+    created = plan(job, Observed(pods=[], now=now))
+    assert "rendezvous" not in created.status
+    again = plan(_with_status(job, created), Observed(pods=[], now=now))
+    assert again.status["incidents"] == []
+    steady = _steady(job, _running_gang(make_pod), now)
+    suspended = plan(_with_status(make_job(suspend=True), steady), Observed(pods=[], now=now))
+    resumed = plan(_with_status(make_job(), suspended), Observed(pods=[], now=now))
+    assert suspended.status["incidents"] == [] and resumed.status["incidents"] == []
+
+
+# ------------------------------------------------------------------------------------ no heartbeat churn
+
+
+def test_a_heartbeat_renewal_alone_changes_nothing_in_status(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(heartbeat={"stragglerFactor": 2.0})
+    pods = _running_gang(make_pod)
+    first = _steady(job, pods, now)
+    renewed = _steady(_with_status(job, first), pods, now + timedelta(seconds=3))
+    assert renewed.status == first.status and renewed.events == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from phalanx.operator import api
-from phalanx.operator.topology import apply_topology, zone_of
+from phalanx.operator.topology import apply_topology, domain_key, prefer_domain, zone_of
 
 SELECTOR = {"matchLabels": {"phalanx.dev/job-name": "demo", "phalanx.dev/component": "trainer"}}
 
@@ -57,3 +57,28 @@ def test_zone_of_reads_the_topology_key() -> None:
     assert zone_of(labels, None) == "z1"
     assert zone_of(labels, api.TopologySpec(key="rack")) == "r7"
     assert zone_of(None, None) is None
+
+
+def test_prefer_domain_adds_a_node_preference_next_to_the_users_affinity() -> None:
+    user_node = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"x": 1}]}}
+    packed = apply_topology({"affinity": {"nodeAffinity": user_node}}, "demo", api.TopologySpec(key="rack"))
+    spec = prefer_domain(packed, "rack", "r7")
+    node_affinity = spec["affinity"]["nodeAffinity"]
+    assert (
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        == user_node["requiredDuringSchedulingIgnoredDuringExecution"]
+    )
+    assert node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {
+            "weight": 100,
+            "preference": {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r7"]}]},
+        }
+    ]
+    # The pack affinity stays, and the input is not changed.
+    assert spec["affinity"]["podAffinity"] == packed["affinity"]["podAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in packed["affinity"]["nodeAffinity"]
+
+
+def test_domain_key_is_the_topology_key_else_the_zone() -> None:
+    assert domain_key(None) == "topology.kubernetes.io/zone"
+    assert domain_key(api.TopologySpec(key="rack")) == "rack"
