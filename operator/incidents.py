@@ -214,9 +214,16 @@ def open_seconds(incidents: list[api.Incident], now: datetime) -> float:
 
 
 def goodput(
-    start_time: str | None, end: datetime, recovery_seconds: float, incidents: list[api.Incident]
+    start_time: str | None,
+    end: datetime,
+    recovery_seconds: float,
+    incidents: list[api.Incident],
+    digits: int = 4,
 ) -> float | None:
-    """Productive time over wall time since the job started (None before it started)."""
+    """Productive time over wall time since the job started (None before it started), rounded to `digits`.
+
+    A running job's figure moves with the clock: callers storing it round coarsely so that the timer's
+    reconciles do not write the status for a change in the fourth decimal."""
     started = parse_time(start_time)
     if started is None:
         return None
@@ -224,7 +231,7 @@ def goodput(
     if wall <= 0:
         return None
     lost = recovery_seconds + open_seconds(incidents, end)
-    return round(min(max(1.0 - lost / wall, 0.0), 1.0), 4)
+    return round(min(max(1.0 - lost / wall, 0.0), 1.0), digits)
 
 
 def detected_text(incident: api.Incident) -> str:

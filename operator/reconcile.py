@@ -165,9 +165,14 @@ class _Builder:
     def finish(self) -> Plan:
         self._write_regroup()
         self.status.observed_generation = self.generation
-        end = parse_time(self.status.completion_time) or self.now
+        finished = parse_time(self.status.completion_time)
+        # Percent while running (no status write per timer tick), full precision once finished.
         self.status.goodput = incidents.goodput(
-            self.status.start_time, end, self.status.recovery_seconds, self.status.incidents
+            self.status.start_time,
+            finished or self.now,
+            self.status.recovery_seconds,
+            self.status.incidents,
+            digits=4 if finished is not None else 2,
         )
         self.plan.status = self.status.to_wire()
         return self.plan

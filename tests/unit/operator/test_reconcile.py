@@ -344,7 +344,7 @@ def test_a_killed_worker_is_swapped_for_the_spare_without_spending_the_budget(
     assert _condition(resumed, "Recovering")["reason"] == "Recovered"
     reasons = [e.reason for e in resumed.events]
     assert "SparePromoted" in reasons and "Recovered" in reasons
-    assert resumed.status["goodput"] == round(1 - 3 / 65, 4)
+    assert resumed.status["goodput"] == round(1 - 3 / 65, 2)  # percent while the job runs
 
 
 def test_a_lost_node_force_deletes_its_pods_at_once(
