@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     )
     from phalanx.worker.heartbeat import StatusPublisher
     from phalanx.worker.state import TrainState
+    from phalanx.worker.steptime import StepClock, StepTiming
 
 # Resolved lazily: helper processes (the checkpoint saver, the launcher) import this package and must
 # not pay for importing torch.
@@ -31,6 +32,8 @@ __all__ = [
     "NonFiniteLossGuard",
     "RestoreInfo",
     "StatusPublisher",
+    "StepClock",
+    "StepTiming",
     "TrainState",
     "TrainerExit",
     "cleanup_snapshots",
@@ -58,6 +61,8 @@ _LAZY_EXPORTS = {
     "global_mean_loss": "phalanx.worker.guards",
     "process_group_timeout": "phalanx.worker.guards",
     "StatusPublisher": "phalanx.worker.heartbeat",
+    "StepClock": "phalanx.worker.steptime",
+    "StepTiming": "phalanx.worker.steptime",
     "LauncherExit": "phalanx.worker.exitcodes",
     "TrainerExit": "phalanx.worker.exitcodes",
 }

@@ -20,6 +20,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_MIN_NODES": "min_nodes",
     "PHALANX_MAX_NODES": "max_nodes",
     "PHALANX_MAX_NODES_FILE": "max_nodes_file",
+    "PHALANX_JOB_FILE": "job_file",
     "PHALANX_NPROC_PER_NODE": "nproc_per_node",
     "PHALANX_ROLE": "role",
     "PHALANX_MAX_RESTARTS": "max_restarts",
@@ -46,6 +47,11 @@ RESTART_EPOCH_KEY = "phalanx/restart-epoch"
 # writer's identity (so concurrent writers can tell who won).
 MAX_NODES_KEY = "phalanx/max-nodes"
 
+# The key in the rendezvous store holding the newest regroup request handled (`status.regroup.epoch` of
+# the TrainingJob, worker/regroup.py): `"<epoch>"` as seeded, `"<epoch> <writer>"` once a launcher claimed
+# the request with compare-and-set. The one launcher whose compare-and-set wins bumps the restart epoch.
+REGROUP_EPOCH_KEY = "phalanx/regroup-epoch"
+
 
 class LaunchSettings(BaseModel):
     """Everything the launcher needs; defaults favour fast recovery over torch's conservative ones."""
@@ -57,7 +63,7 @@ class LaunchSettings(BaseModel):
     run_id: str = Field(default="phalanx-local", min_length=1)
     """Rendezvous id: the TrainingJob uid, so two jobs never share a rendezvous."""
     job_name: str = ""
-    """TrainingJob name, for logs and metrics only."""
+    """TrainingJob name: the launcher watches this TrainingJob (in `pod_namespace`)."""
     min_nodes: int = Field(default=1, ge=1)
     """Fewest launchers (pods) the group trains with."""
     max_nodes: int = Field(default=1, ge=1)
@@ -66,6 +72,9 @@ class LaunchSettings(BaseModel):
     max_nodes_file: str = ""
     """A file holding the desired number of active nodes, read every heartbeat interval instead of the
     TrainingJob (for running without Kubernetes); empty: follow the TrainingJob when Kubernetes is reachable."""
+    job_file: str = ""
+    """A file holding the TrainingJob as JSON, read whenever it changes, instead of watching the TrainingJob
+    in Kubernetes (for running without Kubernetes, and tests): its desired replicas and regroup requests."""
     nproc_per_node: int = Field(default=1, ge=1)
     """Training processes per launcher."""
     role: Literal["worker", "spare"] = "worker"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -31,6 +32,8 @@ PHASES: tuple[Phase, ...] = (
 LAUNCHER_PHASES: frozenset[str] = frozenset({"starting", "rendezvous", "standby"})
 
 STATUS_DIR_ENV = "PHALANX_STATUS_DIR"
+# Set by the launcher for each start of its worker group (1, 2, ...).
+GROUP_ATTEMPT_ENV = "PHALANX_GROUP_ATTEMPT"
 ANNOTATION_PREFIX = "phalanx.dev/"
 
 
@@ -47,14 +50,32 @@ class TrainingFigures:
     checkpoint_stall_seconds: float | None = None
     rank: int | None = None
     world_size: int | None = None
+    compute_seconds: float | None = None
+    """This rank's own busy time in its last step: the step time less the time spent waiting for peers
+    (worker/steptime.py)."""
 
 
 @dataclass(frozen=True)
-class StatusRecord(TrainingFigures):
+class RestoreFigures:
+    """Where the current worker group resumed from. None means "not known yet"."""
+
+    restored_step: int | None = None
+    """The step loaded at start or by the latest restore."""
+    restore_source: str | None = None
+    """memory, peer, durable or none (a Checkpointer's `disk` is published as `durable`)."""
+    resumed_at: float | None = None
+    """Unix time when the first step after the latest restore completed."""
+
+
+@dataclass(frozen=True)
+class StatusRecord(RestoreFigures, TrainingFigures):
     """What one training process last reported."""
 
     phase: Phase = "starting"
-    restore_source: str | None = None
+    phase_since: float | None = None
+    """Unix time when this process entered `phase`."""
+    attempt: int | None = None
+    """The launcher's group attempt that started this process (`PHALANX_GROUP_ATTEMPT`)."""
     updated: float = field(default_factory=time.time)
     pid: int = 0
 
@@ -69,10 +90,16 @@ class StatusRecord(TrainingFigures):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PodStatus(TrainingFigures):
+class PodStatus(RestoreFigures, TrainingFigures):
     """The pod's view, assembled from its training processes and the launcher's own phase."""
 
     phase: Phase
+    phase_since: float | None = None
+    """Unix time when the pod entered `phase`."""
+    group_started: float | None = None
+    """Unix time when the launcher started its current worker group; None while none runs."""
+    group_restarts: int | None = None
+    """Restarts of the worker group by this launcher."""
 
 
 def status_file(directory: Path, local_rank: int) -> Path:
@@ -94,30 +121,124 @@ def read_records(directory: Path) -> list[StatusRecord]:
     return records
 
 
-def combine(records: list[StatusRecord], launcher_phase: Phase | None) -> PodStatus:
+def combine(
+    records: list[StatusRecord],
+    launcher_phase: Phase | None,
+    *,
+    attempt: int | None = None,
+    launcher_since: float | None = None,
+) -> PodStatus:
     """One pod status from its ranks' records.
 
     The launcher's phase (rendezvous, standby, ...) wins while it holds no running worker group. Otherwise
     the lowest local rank speaks for the pod, except that a save or restore anywhere shows, so the operator
-    never mistakes it for a hang; the step is the slowest rank's, since that is the pod's real progress.
+    never mistakes it for a hang; the step is the slowest rank's, since that is the pod's real progress,
+    and the compute time the busiest rank's, since the pod is as slow as that rank.
+
+    `attempt` is the launcher's current group attempt: records written by the processes of an earlier
+    attempt still give the step (until the new processes report one) but neither the phase nor where the
+    group resumed from. `launcher_since` is when the launcher entered `launcher_phase`.
     """
+    if launcher_phase is not None and launcher_phase in LAUNCHER_PHASES:
+        # No group runs: what the last group restored says nothing about the next one.
+        records = [replace(record, **_NO_RESTORE) for record in records]
+    current = [record for record in records if attempt is None or record.attempt == attempt]
     if not records:
-        return PodStatus(phase=launcher_phase or "starting")
-    leader = min(records, key=lambda record: record.rank if record.rank is not None else 1 << 30)
-    phases = {record.phase for record in records}
-    if launcher_phase is not None:
-        phase: Phase = launcher_phase
-    elif "saving" in phases:
-        phase = "saving"
-    elif "restoring" in phases:
-        phase = "restoring"
-    else:
-        phase = leader.phase
-    steps = [record.step for record in records if record.step is not None]
+        return PodStatus(phase=launcher_phase or "starting", phase_since=launcher_since)
+    speakers = current or [replace(record, **_NO_RESTORE) for record in records]
+    leader = min(speakers, key=lambda record: record.rank if record.rank is not None else 1 << 30)
+    phase, since = _pod_phase(current, launcher_phase, launcher_since)
+    steps = [record.step for record in speakers if record.step is not None]
+    if not steps:
+        steps = [record.step for record in records if record.step is not None]
+    computes = [record.compute_seconds for record in speakers if record.compute_seconds is not None]
     figures = {item.name: getattr(leader, item.name) for item in fields(TrainingFigures)}
-    # The step is the slowest rank's; every other figure is the leader's.
+    figures.update({item.name: getattr(leader, item.name) for item in fields(RestoreFigures)})
+    # The step is the slowest rank's; the compute time the busiest rank's; every other figure the leader's.
     figures["step"] = min(steps) if steps else None
-    return PodStatus(phase=phase, **figures)
+    figures["compute_seconds"] = max(computes) if computes else None
+    return PodStatus(phase=phase, phase_since=since, **figures)
+
+
+_NO_RESTORE: dict[str, Any] = {item.name: None for item in fields(RestoreFigures)}
+
+
+def _pod_phase(
+    current: list[StatusRecord], launcher_phase: Phase | None, launcher_since: float | None
+) -> tuple[Phase, float | None]:
+    """The pod's phase and when it was entered, as far as the sources tell."""
+    if launcher_phase is not None:
+        return launcher_phase, launcher_since
+    if not current:
+        return "starting", None  # the group's processes are starting and have not reported yet
+    leader = min(current, key=lambda record: record.rank if record.rank is not None else 1 << 30)
+    phases = {record.phase for record in current}
+    phase: Phase = "saving" if "saving" in phases else "restoring" if "restoring" in phases else leader.phase
+    entered = [record.phase_since for record in current if record.phase == phase and record.phase_since]
+    if not entered:
+        return phase, None
+    # A save or restore anywhere shows from its first rank on; any other phase once the last rank is in it.
+    return phase, min(entered) if phase in ("saving", "restoring") else max(entered)
+
+
+class PhaseClock:
+    """When the pod entered its current phase, as the launcher sees it.
+
+    A change the launcher observes takes its time from the source (the process or the launcher that
+    changed phase) when that time is plausible, else the moment of observation. Flips the launcher did
+    not observe (a quick saving -> training between two reads) do not move the time.
+    """
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.since: float | None = None
+
+    def observe(self, phase: str, source_since: float | None, now: float) -> float:
+        if phase != self.phase or self.since is None:
+            floor = self.since if self.since is not None else -math.inf
+            plausible = source_since is not None and floor <= source_since <= now
+            self.phase = phase
+            self.since = source_since if plausible and source_since is not None else now
+        return self.since
+
+
+# Phases whose start or end the operator measures (rendezvous, standbys, restores, the end): a change to or
+# from one of them renews the Lease at once instead of at the next heartbeat.
+PROMPT_PHASES: frozenset[str] = frozenset({"rendezvous", "standby", "restoring", "finished"})
+
+
+class RenewalSchedule:
+    """When the launcher renews the Lease: every interval, and promptly (at most every `min_gap` seconds)
+    after a change the operator times: a phase change to or from a `PROMPT_PHASES` phase, or a newly set
+    `resumed_at`. The saving <-> training flip of every step does not hurry a renewal."""
+
+    def __init__(self, interval: float, min_gap: float = 0.2) -> None:
+        self.interval = interval
+        self.min_gap = min_gap
+        self._last_renewal = -math.inf
+        self._pending = False
+        self._phase: str | None = None
+        self._resumed_at: float | None = None
+
+    def due(self, now: float, phase: str, resumed_at: float | None) -> bool:
+        """Whether to renew now; records the change it sees (call once per look at the status)."""
+        if phase != self._phase and (phase in PROMPT_PHASES or self._phase in PROMPT_PHASES):
+            self._pending = True
+        if resumed_at is not None and resumed_at != self._resumed_at:
+            self._pending = True
+        self._phase, self._resumed_at = phase, resumed_at
+        since = now - self._last_renewal
+        return since >= self.interval or (self._pending and since >= self.min_gap)
+
+    def renewed(self, now: float) -> None:
+        self._last_renewal = now
+        self._pending = False
+
+    def wait_hint(self, now: float) -> float:
+        """Seconds until a pending prompt renewal may go out (inf when none is pending)."""
+        if not self._pending:
+            return math.inf
+        return max(0.0, self._last_renewal + self.min_gap - now)
 
 
 def _format(value: float | int | None) -> str:
@@ -126,6 +247,25 @@ def _format(value: float | int | None) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
+
+
+def wall_time(seconds: float | None) -> str:
+    """RFC 3339 UTC with microseconds for a Unix time; empty when unknown."""
+    return "" if seconds is None else micro_time(datetime.fromtimestamp(seconds, UTC))
+
+
+RESTORE_SOURCES = {
+    "memory": "memory",
+    "peer": "peer",
+    "disk": "durable",
+    "durable": "durable",
+    "none": "none",
+}
+
+
+def restore_source_label(source: str | None) -> str:
+    """The contract's word for where a group resumed from: memory, peer, durable, none (or empty)."""
+    return RESTORE_SOURCES.get(source or "", "")
 
 
 def lease_annotations(status: PodStatus) -> dict[str, str]:
@@ -139,6 +279,13 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "checkpoint-step": status.checkpoint_step,
         "rank": status.rank,
         "world-size": status.world_size,
+        "phase-since": wall_time(status.phase_since),
+        "group-started": wall_time(status.group_started),
+        "group-restarts": status.group_restarts,
+        "restored-step": status.restored_step,
+        "restore-source": restore_source_label(status.restore_source),
+        "resumed-at": wall_time(status.resumed_at),
+        "compute-seconds": status.compute_seconds,
     }
     annotations = {
         ANNOTATION_PREFIX + key: value if isinstance(value, str) else _format(value)
@@ -188,12 +335,23 @@ def lease_body(
 class StatusPublisher:
     """Training-process side: `publish(step=..., loss=...)` merges fields into this rank's record.
 
-    Without PHALANX_STATUS_DIR (not under the launcher) it does nothing.
+    A change of `phase` stamps `phase_since`. After `restored(step, source)` the first published step
+    beyond the restored one stamps `resumed_at`. Without PHALANX_STATUS_DIR (not under the launcher) it
+    only keeps the record in memory.
     """
 
-    def __init__(self, path: Path | None, rank: int | None = None, world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        attempt: int | None = None,
+    ) -> None:
         self._path = path
-        self._record = StatusRecord(rank=rank, world_size=world_size, pid=os.getpid())
+        self._record = StatusRecord(
+            rank=rank, world_size=world_size, attempt=attempt, pid=os.getpid(), phase_since=time.time()
+        )
+        self._resume_after: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> StatusPublisher:
@@ -201,19 +359,40 @@ class StatusPublisher:
         directory = env.get(STATUS_DIR_ENV)
         rank = int(env["RANK"]) if "RANK" in env else None
         world_size = int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None
+        attempt_text = env.get(GROUP_ATTEMPT_ENV, "")
+        attempt = int(attempt_text) if attempt_text.isdigit() else None
         if not directory:
-            return cls(None, rank, world_size)
+            return cls(None, rank, world_size, attempt)
         local_rank = int(env.get("LOCAL_RANK", "0"))
-        return cls(status_file(Path(directory), local_rank), rank, world_size)
+        return cls(status_file(Path(directory), local_rank), rank, world_size, attempt)
 
     @property
     def record(self) -> StatusRecord:
         return self._record
 
     def publish(self, **fields: Any) -> None:
-        self._record = replace(self._record, updated=time.time(), **fields)
+        now = time.time()
+        if "phase" in fields and fields["phase"] != self._record.phase and "phase_since" not in fields:
+            fields["phase_since"] = now
+        step = fields.get("step")
+        if self._resume_after is not None and step is not None and step > self._resume_after:
+            fields.setdefault("resumed_at", now)
+            self._resume_after = None
+        self._record = replace(self._record, updated=now, **fields)
         if self._path is None:
             return
         # Progress reporting must never take training down.
         with contextlib.suppress(OSError):
             write_record(self._path, self._record)
+
+    def restored(self, step: int, source: str, phase: Phase = "training") -> None:
+        """The state is loaded (at start, or by a later restore): `step` is where training goes on from,
+        `source` where it came from (memory, peer, disk/durable, none)."""
+        self._resume_after = step
+        self.publish(
+            phase=phase,
+            step=step,
+            restored_step=step,
+            restore_source=restore_source_label(source) or source,
+            resumed_at=None,
+        )

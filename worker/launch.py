@@ -8,6 +8,8 @@ What this adds to torchrun (see worker/README.md):
 - survives the store going away: training continues, the launcher reconnects, then re-rendezvous;
 - `phalanx/restart-epoch` in the store: when the operator bumps it, the worker group restarts at once;
 - `phalanx/max-nodes` in the store: the number of active nodes follows the TrainingJob (worker/scaling.py);
+- regroup requests in the TrainingJob's status restart a group that includes a failed worker at once
+  (worker/regroup.py); the TrainingJob is watched (worker/jobwatch.py);
 - restarts kill training processes outright (state lives in in-memory snapshots), SIGTERM lets them save;
 - exit codes that tell user errors from infrastructure failures (worker/exitcodes.py);
 - heartbeat Lease and Prometheus metrics from the training processes' status records.
@@ -28,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,7 +51,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from phalanx.worker import heartbeat, rendezvous, scaling
+from phalanx.worker import heartbeat, jobwatch, regroup, rendezvous, scaling
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
 from phalanx.worker.metrics import PodMetrics
@@ -76,6 +79,8 @@ class RendezvousClient:
 
     def __init__(self, settings: LaunchSettings) -> None:
         self.settings = settings
+        self.new_store_hooks: list[Callable[[dist.TCPStore], None]] = []
+        """Called with each new store connection after a reconnect, before anyone uses it."""
         self.store = self._connect_until(time.monotonic() + settings.join_timeout)
         self.max_nodes = scaling.StoreMaxNodes(lambda: self.store, settings.max_nodes)
         self.handler = DynamicRendezvousHandler.from_backend(
@@ -140,6 +145,9 @@ class RendezvousClient:
     def _swap(self, store: dist.TCPStore, backend: C10dRendezvousBackend) -> None:
         # A restarted store has lost the rendezvous state; the handler's next sync reads the fresh one
         # (or the surviving one after a network blip) and its next join works against it.
+        for hook in self.new_store_hooks:
+            with contextlib.suppress(*STORE_ERRORS, RuntimeError):
+                hook(store)
         self.store = store
         self.handler._store = store
         self.handler._state_holder._backend = backend  # type: ignore[attr-defined]
@@ -215,17 +223,25 @@ class PhalanxAgent(LocalElasticAgent):
 
     # -- worker lifecycle -------------------------------------------------------------------------
 
+    def group_started(self) -> float | None:
+        """Unix time when the running worker group started; None while none runs."""
+        return self._reporter.group_started
+
     def _stop_workers(self, worker_group: Any) -> None:
         # State lives in in-memory snapshots that survive the processes, so a restart kills at once:
         # waiting for ranks stuck in a collective is what makes recoveries slow.
+        self._reporter.group_started = None
         if self._pcontext is not None:
             self._pcontext.close(signal.SIGKILL, timeout=10)
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         self._attempt += 1
-        os.environ["PHALANX_GROUP_ATTEMPT"] = str(self._attempt)
+        os.environ[heartbeat.GROUP_ATTEMPT_ENV] = str(self._attempt)
         os.environ["PHALANX_RESTART_CAUSE"] = self._restart_cause
         self._step_at_start = self._reporter.current().step
+        # From here on the group counts as started: a regroup request must know whether it predates it.
+        self._reporter.attempt = self._attempt
+        self._reporter.group_started = time.time()
         pids = super()._start_workers(worker_group)
         self._reporter.launcher_phase = None
         logger.info(
@@ -272,7 +288,9 @@ class PhalanxAgent(LocalElasticAgent):
     def _restart(self, cause: str) -> None:
         self._restart_cause = cause
         self._reporter.metrics.restarts.labels(cause=cause).inc()
+        self._reporter.group_restarts += 1
         logger.warning("restarting the worker group: %s", cause)
+        self._reporter.launcher_phase = "rendezvous"
         self._stop_workers(self._worker_group)
         self._worker_group.state = WorkerState.STOPPED
         self._initialize_resilient()
@@ -290,6 +308,7 @@ class PhalanxAgent(LocalElasticAgent):
             result = self._monitor_workers(self._worker_group)
             self._worker_group.state = result.state
             if result.state == WorkerState.SUCCEEDED:
+                self._reporter.group_started = None
                 self._reporter.launcher_phase = "finished"
                 self._exit_barrier()
                 return result
@@ -365,24 +384,59 @@ class PhalanxAgent(LocalElasticAgent):
 
 
 class PodReporter:
-    """Reads the training processes' status records; renews the Lease and updates the metrics."""
+    """Reads the training processes' status records; renews the Lease and updates the metrics.
+
+    It looks at the records every `POLL_SECONDS` (and at once when the launcher's phase changes), renews
+    the Lease every heartbeat interval, and promptly after the changes the operator times
+    (`heartbeat.RenewalSchedule`).
+    """
+
+    POLL_SECONDS = 0.1
 
     def __init__(self, settings: LaunchSettings, status_dir: Path, metrics: PodMetrics) -> None:
         self.settings = settings
         self.status_dir = status_dir
         self.metrics = metrics
-        self.launcher_phase: heartbeat.Phase | None = "starting"
         self.standby_probe: Callable[[], bool] = lambda: False
+        self.attempt: int | None = None
+        """The launcher's current group attempt (records of older attempts are stale)."""
+        self.group_started: float | None = None
+        """Unix time when the current worker group started; None while none runs."""
+        self.group_restarts = 0
+        """Restarts of the worker group by this launcher."""
+        self._launcher_phase: heartbeat.Phase | None = "starting"
+        self._launcher_since = time.time()
+        self._clock = heartbeat.PhaseClock()
+        self._schedule = heartbeat.RenewalSchedule(settings.heartbeat_interval)
+        self._changed = threading.Event()
         self._stop = threading.Event()
         self._lease: Any = None
         self._last_phase: str | None = None
         self._thread = threading.Thread(target=self._loop, name="phalanx-reporter", daemon=True)
 
+    @property
+    def launcher_phase(self) -> heartbeat.Phase | None:
+        """The launcher's own phase while it holds no running group (None: the training processes speak)."""
+        return self._launcher_phase
+
+    @launcher_phase.setter
+    def launcher_phase(self, phase: heartbeat.Phase | None) -> None:
+        if phase != self._launcher_phase:
+            self._launcher_phase = phase
+            self._launcher_since = time.time()
+            self._changed.set()
+
     def current(self) -> heartbeat.PodStatus:
-        phase = self.launcher_phase
+        phase = self._launcher_phase
         if phase == "rendezvous" and self.standby_probe():
             phase = "standby"
-        return heartbeat.combine(heartbeat.read_records(self.status_dir), phase)
+        status = heartbeat.combine(
+            heartbeat.read_records(self.status_dir),
+            phase,
+            attempt=self.attempt,
+            launcher_since=self._launcher_since,
+        )
+        return replace(status, group_started=self.group_started, group_restarts=self.group_restarts)
 
     def start(self) -> None:
         from phalanx.worker.lease import LeaseClient
@@ -399,30 +453,38 @@ class PodReporter:
 
     def stop(self) -> None:
         self._stop.set()
+        self._changed.set()
         self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            self._tick(renew=True)
+            self._tick(force=True)
 
     def _loop(self) -> None:
-        next_renewal = 0.0
-        while not self._stop.wait(min(1.0, self.settings.heartbeat_interval)):
-            now = time.monotonic()
-            renew = now >= next_renewal
-            if renew:
-                next_renewal = now + self.settings.heartbeat_interval
+        wait = 0.0
+        while not self._stop.is_set():
+            self._changed.wait(wait)
+            self._changed.clear()
+            if self._stop.is_set():
+                return
             try:
-                self._tick(renew)
+                self._tick(force=False)
             except Exception as error:
                 logger.warning("heartbeat failed: %s", error)
+            wait = min(self.POLL_SECONDS, self._schedule.wait_hint(time.monotonic()))
 
-    def _tick(self, renew: bool) -> None:
+    def _tick(self, force: bool) -> None:
         status = self.current()
+        since = self._clock.observe(status.phase, status.phase_since, time.time())
+        status = replace(status, phase_since=since)
         if status.phase != self._last_phase:
             if status.phase == "standby" or self._last_phase == "standby":
                 logger.info("phase %s -> %s", self._last_phase, status.phase)
             self._last_phase = status.phase
         self.metrics.update(status)
-        if renew and self._lease is not None:
+        now = time.monotonic()
+        if not (self._schedule.due(now, status.phase, status.resumed_at) or force):
+            return
+        self._schedule.renewed(now)
+        if self._lease is not None:
             body = heartbeat.lease_body(
                 pod_name=self.settings.pod_name,
                 namespace=self.settings.pod_namespace,
@@ -443,6 +505,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--rdzv-id", dest="run_id", help="rendezvous id (env PHALANX_JOB_UID)")
     add("--nnodes", help="N or MIN:MAX launchers (env PHALANX_MIN_NODES, PHALANX_MAX_NODES)")
     add("--max-nodes-file", help="file with the desired active nodes, polled (env PHALANX_MAX_NODES_FILE)")
+    add("--job-file", help="JSON file standing in for the TrainingJob, read on change (env PHALANX_JOB_FILE)")
     add("--nproc-per-node", type=int, help="training processes per launcher (env PHALANX_NPROC_PER_NODE)")
     add("--role", choices=["worker", "spare"], help="spare: join as a standby (env PHALANX_ROLE)")
     add("--max-restarts", type=int, help="restart budget after failures (default 1000)")
@@ -465,6 +528,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 FLAG_FIELDS = (
     "rdzv_endpoint",
     "max_nodes_file",
+    "job_file",
     "run_id",
     "nproc_per_node",
     "role",
@@ -535,29 +599,67 @@ def _status_dir(settings: LaunchSettings) -> Path:
     return Path(tempfile.mkdtemp(prefix="phalanx-status-", dir=root))
 
 
-def _start_max_nodes_follower(
-    settings: LaunchSettings, client: RendezvousClient
-) -> scaling.MaxNodesFollower | None:
-    """Follow the desired number of active nodes (off without a source: no file and no Kubernetes)."""
-    from phalanx.worker.lease import kubernetes_reachable
+class JobFollowing:
+    """What follows the TrainingJob (or the files that stand in for it): the feed and its followers."""
 
-    try:
-        source = scaling.desired_nodes_source(
-            settings.max_nodes_file,
-            settings.job_name,
-            settings.pod_namespace,
-            kubernetes_reachable(os.environ),
-        )
-    except Exception as error:
-        logger.warning("scaling not followed: cannot configure the Kubernetes client: %s", error)
-        return None
-    if source is None:
-        return None
-    writer = f"{settings.pod_name or settings.local_addr}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
-    follower = scaling.MaxNodesFollower(
-        source, client.max_nodes, settings.min_nodes, writer, settings.heartbeat_interval
-    )
-    return follower.start()
+    def __init__(self, settings: LaunchSettings) -> None:
+        self.settings = settings
+        self.view: jobwatch.JobView | None = None
+        self.feed: jobwatch.JobFeed | jobwatch.FileJobFeed | None = None
+        self.tickers: list[jobwatch.Ticker] = []
+        self.writer = f"{settings.pod_name or settings.local_addr}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+    def start_feed(self) -> None:
+        """Start reading the job (a file, or a watch when Kubernetes is reachable); off without either."""
+        from phalanx.worker.lease import TrainingJobApi, kubernetes_reachable
+
+        settings = self.settings
+        view = jobwatch.JobView()
+        if settings.job_file:
+            self.feed = jobwatch.FileJobFeed(settings.job_file, view).start()
+        elif kubernetes_reachable(os.environ) and settings.job_name and settings.pod_namespace:
+            try:
+                api = TrainingJobApi(settings.job_name, settings.pod_namespace)
+            except Exception as error:
+                logger.warning("TrainingJob not followed: cannot configure the Kubernetes client: %s", error)
+                return
+            self.feed = jobwatch.JobFeed(api, view, poll_interval=settings.heartbeat_interval).start()
+        else:
+            return
+        self.view = view
+
+    def start_followers(self, client: RendezvousClient, agent: PhalanxAgent) -> None:
+        settings = self.settings
+        source = scaling.desired_nodes_source(settings.max_nodes_file, self.view)
+        if source is not None:
+            follower = scaling.MaxNodesFollower(
+                source, client.max_nodes, settings.min_nodes, self.writer, settings.heartbeat_interval
+            )
+            self.tickers.append(follower)
+        if self.view is not None:
+            view = self.view
+            regrouper = regroup.Regrouper(
+                view.current,
+                lambda: client.store,
+                agent.group_started,
+                self.writer,
+                settings.heartbeat_interval,
+            )
+            with contextlib.suppress(*STORE_ERRORS, RuntimeError):
+                regrouper.seed()
+            client.new_store_hooks.append(regrouper.seed)
+            self.tickers.append(regrouper)
+        for ticker in self.tickers:
+            if self.view is not None:
+                self.view.subscribe(ticker.wake)
+            ticker.start()
+            ticker.wake()  # a first look at once, not after an interval
+
+    def stop(self) -> None:
+        if self.feed is not None:
+            self.feed.stop()
+        for ticker in self.tickers:
+            ticker.stop()
 
 
 def run(settings: LaunchSettings) -> int:
@@ -572,7 +674,7 @@ def run(settings: LaunchSettings) -> int:
     reporter.start()
     close_rendezvous = False
     client: RendezvousClient | None = None
-    follower: scaling.MaxNodesFollower | None = None
+    following = JobFollowing(settings)
     logger.info(
         "launching %s: rendezvous %s id=%s nodes=%d:%d nproc=%d role=%s timeouts join=%gs last-call=%gs "
         "keepalive=%gs/%gs",
@@ -589,9 +691,9 @@ def run(settings: LaunchSettings) -> int:
         settings.keepalive_timeout,
     )
     try:
+        following.start_feed()
         client = RendezvousClient(settings)
         reporter.standby_probe = client.in_standby
-        follower = _start_max_nodes_follower(settings, client)
         spec = WorkerSpec(
             role="trainer",
             local_world_size=settings.nproc_per_node,
@@ -603,6 +705,7 @@ def run(settings: LaunchSettings) -> int:
             local_addr=settings.local_addr,
         )
         agent = PhalanxAgent(spec, settings, client, reporter, log_dir)
+        following.start_followers(client, agent)
         try:
             result = agent.run()
         except LauncherStop as stop:
@@ -637,8 +740,7 @@ def run(settings: LaunchSettings) -> int:
         logger.error("the job's rendezvous is closed: the group already ended")
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
     finally:
-        if follower is not None:
-            follower.stop()
+        following.stop()
         if close_rendezvous and client is not None:
             with contextlib.suppress(Exception):
                 client.handler.shutdown()

@@ -1,11 +1,13 @@
-"""The only module of the worker that talks to Kubernetes: the pod's heartbeat Lease, and its TrainingJob's
-desired number of active workers."""
+"""The only module of the worker that talks to Kubernetes: the pod's heartbeat Lease, and reads of its own
+TrainingJob (watched by worker/jobwatch.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -81,19 +83,82 @@ def desired_replicas_of(job: Mapping[str, Any]) -> int | None:
     return replicas if isinstance(replicas, int) and replicas > 0 else None
 
 
-class TrainingJobReader:
-    """Reads the pod's own TrainingJob (the worker ServiceAccount may `get` only that one)."""
+class TrainingJobApi:
+    """The reads of the pod's own TrainingJob that `jobwatch.JobFeed` needs: get, list and watch, each
+    restricted to this one job (`fieldSelector metadata.name=<job>`), so a Role naming only this job
+    (`resourceNames: [<job>]`, verbs get, list, watch) allows them. API errors become
+    `jobwatch.ApiStatusError`. `api_client`: a configured `kubernetes.client.ApiClient` (default: the
+    pod's service account, or the kubeconfig)."""
 
-    def __init__(self, job_name: str, namespace: str) -> None:
+    def __init__(self, job_name: str, namespace: str, api_client: Any = None) -> None:
         from kubernetes import client
 
-        _load_config()
-        self._custom = client.CustomObjectsApi()
+        if api_client is None:
+            _load_config()
+        self._custom = client.CustomObjectsApi(api_client)
+        self._api_exception = client.ApiException
         self.job_name = job_name
         self.namespace = namespace
+        self._selector = f"metadata.name={job_name}"
 
-    def desired_replicas(self) -> int | None:
-        job = self._custom.get_namespaced_custom_object(
-            TRAININGJOB_GROUP, TRAININGJOB_VERSION, self.namespace, TRAININGJOB_PLURAL, self.job_name
+    def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        from phalanx.worker.jobwatch import ApiStatusError
+
+        try:
+            return function(*args, **kwargs)
+        except self._api_exception as error:
+            raise ApiStatusError(int(error.status or 0), str(error.reason or "")) from None
+
+    def get(self) -> dict[str, Any]:
+        return self._call(
+            self._custom.get_namespaced_custom_object,
+            TRAININGJOB_GROUP,
+            TRAININGJOB_VERSION,
+            self.namespace,
+            TRAININGJOB_PLURAL,
+            self.job_name,
         )
-        return desired_replicas_of(job)
+
+    def list(self) -> tuple[dict[str, Any] | None, str]:
+        answer = self._call(
+            self._custom.list_namespaced_custom_object,
+            TRAININGJOB_GROUP,
+            TRAININGJOB_VERSION,
+            self.namespace,
+            TRAININGJOB_PLURAL,
+            field_selector=self._selector,
+        )
+        items = answer.get("items") or []
+        return (items[0] if items else None), str(answer["metadata"]["resourceVersion"])
+
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        from phalanx.worker.jobwatch import ApiStatusError
+
+        response = self._call(
+            self._custom.list_namespaced_custom_object,
+            TRAININGJOB_GROUP,
+            TRAININGJOB_VERSION,
+            self.namespace,
+            TRAININGJOB_PLURAL,
+            field_selector=self._selector,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            # The server ends the watch after timeout_seconds; a read silent for longer is a dead link.
+            _request_timeout=(10, timeout_seconds + 15),
+        )
+        try:
+            status = int(getattr(response, "status", 200) or 200)
+            if not 200 <= status <= 299:
+                raise ApiStatusError(status, str(getattr(response, "reason", "") or ""))
+            for line in iter_resp_lines(response):
+                if line:
+                    yield json.loads(line)
+        finally:
+            response.close()
+            with contextlib.suppress(Exception):
+                response.release_conn()

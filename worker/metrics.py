@@ -15,6 +15,10 @@ class PodMetrics:
         gauge = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
         self.step = gauge("phalanx_worker_step", "Last training step completed by this pod.")
         self.step_seconds = gauge("phalanx_worker_step_seconds", "Duration of the last training step.")
+        self.compute_seconds = gauge(
+            "phalanx_worker_compute_seconds",
+            "Own busy time of the pod's busiest rank in the last step, without waiting for peers.",
+        )
         self.loss = gauge("phalanx_worker_loss", "Training loss at the last step.")
         self.samples_per_second = gauge("phalanx_worker_samples_per_second", "Global samples per second.")
         self.grad_norm = gauge("phalanx_worker_grad_norm", "Gradient norm at the last step.")
@@ -41,6 +45,7 @@ class PodMetrics:
         pairs = (
             (self.step, status.step),
             (self.step_seconds, status.step_seconds),
+            (self.compute_seconds, status.compute_seconds),
             (self.loss, status.loss),
             (self.samples_per_second, status.samples_per_second),
             (self.grad_norm, status.grad_norm),

@@ -5,8 +5,8 @@ launcher of a round: the first launcher seeds it with its `PHALANX_MAX_NODES`, e
 before it joins a round, and the rendezvous handler reads it live (`LiveRendezvousSettings`), so a node
 waiting as a standby sees a larger group as room to join.
 
-Each launcher polls the desired count (its TrainingJob, or a file) every heartbeat interval. When it
-differs from the store's, the launcher replaces the store's value with compare-and-set: of many launchers
+Each launcher follows the desired count: its TrainingJob, watched (worker/jobwatch.py), or a file, and
+looks again every heartbeat interval. When it differs from the store's, the launcher replaces the store's value with compare-and-set: of many launchers
 noticing the same change, one wins and acts, the others see the new value and do nothing.
 - Growing needs no restart by itself: a standby (or a pod arriving later) finds the group short of the new
   count and enters the wait list, which is the membership change that makes the group re-form once.
@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from phalanx.worker import rendezvous
+from phalanx.worker.jobwatch import JobView, Ticker
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -134,8 +135,14 @@ class FileDesiredNodes:
         return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-class MaxNodesFollower:
-    """Polls the desired count and publishes a change to the store (one launcher of many wins)."""
+class MaxNodesFollower(Ticker):
+    """Publishes a change of the desired count to the store (one launcher of many wins).
+
+    It looks when woken (a new TrainingJob object) and every `interval` seconds.
+    """
+
+    thread_name = "phalanx-max-nodes"
+    failure = "cannot follow the desired number of active nodes"
 
     def __init__(
         self,
@@ -145,17 +152,14 @@ class MaxNodesFollower:
         writer: str,
         interval: float,
     ) -> None:
+        super().__init__(interval)
         self.source = source
         self.in_force = in_force
         self.min_nodes = min_nodes
         self.writer = writer
-        self.interval = interval
-        self._stop = threading.Event()
-        self._last_problem = ""
-        self._thread = threading.Thread(target=self._loop, name="phalanx-max-nodes", daemon=True)
 
     def tick(self) -> MaxNodesChange | None:
-        """One poll; returns the change this launcher published, or None."""
+        """One look; returns the change this launcher published, or None."""
         desired = self.source()
         in_force = self.in_force.refresh()
         change = plan_max_nodes_change(desired, in_force, self.min_nodes)
@@ -163,14 +167,14 @@ class MaxNodesFollower:
             if desired is not None and desired < self.min_nodes and desired != in_force:
                 self._report(f"desired {desired} active nodes is below the minimum {self.min_nodes}: ignored")
             else:
-                self._last_problem = ""
+                self._clear_problem()
             return None
         store = self.in_force.store()
         if not rendezvous.publish_max_nodes(store, self.in_force.raw, change.value, self.writer):
             self.in_force.refresh()  # another launcher published first
             return None
         self.in_force.refresh()
-        self._last_problem = ""
+        self._clear_problem()
         logger.info(
             "active nodes %d -> %d%s",
             in_force,
@@ -182,36 +186,17 @@ class MaxNodesFollower:
         return change
 
     def start(self) -> MaxNodesFollower:
-        self._thread.start()
+        super().start()
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.tick()
-            except Exception as error:
-                self._report(f"cannot follow the desired number of active nodes: {error}")
-
-    def _report(self, problem: str) -> None:
-        # Once per distinct problem: a poll every heartbeat interval would flood the log otherwise.
-        if problem != self._last_problem:
-            logger.warning("%s", problem)
-            self._last_problem = problem
-
-
-def desired_nodes_source(
-    max_nodes_file: str, job_name: str, namespace: str, kubernetes_reachable: bool
-) -> DesiredNodesSource | None:
-    """Where the desired count comes from: the file if given, else the TrainingJob; None: not followed."""
+def desired_nodes_source(max_nodes_file: str, view: JobView | None) -> DesiredNodesSource | None:
+    """Where the desired count comes from: the file if given, else the followed TrainingJob (`view`);
+    None: not followed."""
     if max_nodes_file:
         return FileDesiredNodes(max_nodes_file)
-    if not (kubernetes_reachable and job_name and namespace):
+    if view is None:
         return None
-    from phalanx.worker.lease import TrainingJobReader
+    from phalanx.worker.lease import desired_replicas_of
 
-    return TrainingJobReader(job_name, namespace).desired_replicas
+    return lambda: desired_replicas_of(view.current() or {})

@@ -102,6 +102,34 @@ def rng_file(rank: int) -> str:
     return f"rng-rank-{rank}.pkl"
 
 
+def stop_background_saver(timeout: float = 10.0) -> None:
+    """End torch's checkpoint background process (`dcp.async_save` with the process executor) now.
+
+    torch keeps that process, with its own gloo group, for the life of the training process and leaves it
+    to interpreter teardown. Call only once no save is pending (`ShardedWriter.wait`): the process is idle,
+    and SIGTERM ends it at once, without the C++ teardown of its gloo group (its own orderly exit takes
+    seconds). A later `async_save` starts a new one (collectively, like the first).
+    """
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as executor
+    except ImportError:  # a torch without the process executor never started one
+        return
+    process = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    if process is None:
+        return
+    executor._CHECKPOINT_PROCESS = None
+    child = getattr(process, "_save_process", None)
+    if child is not None and child.is_alive():
+        child.terminate()
+        child.join(timeout=timeout)
+        if child.is_alive():
+            log.warning("checkpoint background process %s ignored SIGTERM; killing it", child.pid)
+            child.kill()
+            child.join(timeout=timeout)
+    with contextlib.suppress(Exception):
+        process._process_pipe.close()
+
+
 class ShardedWriter:
     """The sharded save/load path of a :class:`Checkpointer`."""
 
@@ -181,6 +209,7 @@ class ShardedWriter:
 
     def close(self) -> None:
         self.wait()
+        stop_background_saver()
 
     def load(self) -> tuple[int, str]:
         owner, group = self.owner, self.owner.group

@@ -40,6 +40,7 @@ from phalanx.worker.guards import (
     process_group_timeout,
 )
 from phalanx.worker.heartbeat import StatusPublisher
+from phalanx.worker.steptime import StepClock
 
 
 class Terminated(Exception):
@@ -153,6 +154,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--max-rollbacks", type=int, default=3, help="non-finite losses tolerated before giving up")
     add("--threads", type=int, default=1, help="torch CPU threads per process")
     add("--step-delay", type=float, default=0.0, help="seconds to sleep per step (tests)")
+    add(
+        "--slow-pod",
+        default=os.environ.get("PHALANX_EXAMPLE_SLOW_POD", ""),
+        help="the pod ($POD_NAME) that works --slow-seconds longer per step (tests; env PHALANX_EXAMPLE_SLOW_POD)",
+    )
+    add(
+        "--slow-seconds",
+        type=float,
+        default=float(os.environ.get("PHALANX_EXAMPLE_SLOW_SECONDS") or 0.0),
+        help="extra seconds of work per step on --slow-pod (env PHALANX_EXAMPLE_SLOW_SECONDS)",
+    )
     add("--fail-at-step", type=int, default=0, help="crash the last rank once at this step (tests)")
     add("--nan-at-step", type=int, default=0, help="make rank 0's loss NaN at this step (tests)")
     add("--nan-repeat", type=int, default=1, help="attempts at --nan-at-step that get a NaN (tests)")
@@ -173,11 +185,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     publisher = StatusPublisher.from_env()
     publisher.publish(phase="starting", rank=rank, world_size=world_size)
     watchdog = CollectiveWatchdog().start()
+    clock = StepClock(device=device if device.type == "cuda" else None)
+    slow_seconds = args.slow_seconds if args.slow_pod and os.environ.get("POD_NAME") == args.slow_pod else 0.0
 
     dataset = CharDataset(generate(args.corpus_chars), args.block)
     torch.manual_seed(args.seed)
     model = TinyGPT(len(dataset.vocab), args.block, width=args.width, layers=args.layers).to(device)
-    ddp = DistributedDataParallel(model) if world_size > 1 else model
+    # The only buffer is the constant causal mask: no broadcast of it at every forward, which would also
+    # make the ranks wait for each other before the StepClock's sync point could see it.
+    ddp = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 20
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
@@ -216,6 +232,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         }
         restores.append(event)
         append_json(args.log_file, event)
+        publisher.restored(step, event["source"])
         return step
 
     started = time.time()
@@ -224,7 +241,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     nans_injected = 0
     try:
         while step < args.steps:
-            step_started = time.perf_counter()
+            clock.start()
+            if slow_seconds:
+                time.sleep(slow_seconds)  # this pod's own work takes longer: a straggler
             batch = rank_share(sampler.next_global_batch(), rank, world_size)
             local_loss = torch.zeros((), device=device)
             poisoned = args.nan_at_step == step + 1 and rank == 0 and nans_injected < args.nan_repeat
@@ -240,6 +259,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         if poisoned:
                             loss = loss * float("nan")
                         scaled = loss * micro.loss_scale
+                        if micro.sync:
+                            # Before the backward that all-reduces the gradients: the time spent here is
+                            # waiting for slower ranks, not this rank's own work.
+                            clock.sync_point()
                         scaled.backward()
                     local_loss = local_loss + scaled.detach()
                 mean_loss = global_mean_loss(local_loss)
@@ -257,13 +280,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(args.step_delay)
             publisher.publish(phase="saving")
             ckpt.save(step)
-            step_seconds = time.perf_counter() - step_started
+            timing = clock.stop()
             publisher.publish(
                 phase="training",
                 step=step,
                 loss=loss_value,
-                step_seconds=step_seconds,
-                samples_per_second=args.global_batch / step_seconds,
+                step_seconds=timing.step_seconds,
+                compute_seconds=timing.compute_seconds,
+                samples_per_second=args.global_batch / timing.step_seconds,
                 grad_norm=grad_norm,
                 checkpoint_step=int(ckpt.stats["last_durable_step"]),
                 checkpoint_stall_seconds=float(ckpt.stats["last_stall_seconds"]),
@@ -335,14 +359,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = train(args)
     except Terminated:
+        _leave_group()
         return int(LauncherExit.TERMINATED)
     except NonFiniteLossError as error:
         print(f"phalanx example: {error}", file=sys.stderr, flush=True)
+        _leave_group()  # an abort at exit would turn exit code 86 into a retried failure
         return int(TrainerExit.NON_FINITE_LOSS)
     except RuntimeError as error:
         if not _peer_lost(error):
             raise
-        # Expected when another rank dies: the launcher re-forms the group; no traceback needed.
+        # Expected when another rank dies: the launcher re-forms the group; no traceback needed. The group
+        # is not torn down here: with a peer gone that could wait on it, and the launcher must see the exit.
         print(
             f"phalanx example: lost a peer: {str(error).splitlines()[0][:200]}", file=sys.stderr, flush=True
         )
@@ -352,9 +379,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
         if args.summary_file:
             Path(args.summary_file).write_text(line + "\n")
+    _leave_group()
+    return 0
+
+
+def _leave_group() -> None:
+    """Tear the process group down now: its C++ threads must not meet the interpreter's teardown."""
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -181,6 +181,12 @@ def main() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    # Once DTensors existed in a process, torch keeps its gloo group (and the threads under it) alive past
+    # destroy_process_group; left to interpreter teardown they can abort the exit ("terminate called
+    # without an active exception"). The result is written: leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,7 +11,9 @@ from prometheus_client import generate_latest
 
 from phalanx.worker.env import SettingsError, parse_nnodes, settings_from
 from phalanx.worker.heartbeat import (
+    PhaseClock,
     PodStatus,
+    RenewalSchedule,
     StatusPublisher,
     StatusRecord,
     combine,
@@ -73,8 +76,137 @@ def test_lease_annotations_follow_the_contract() -> None:
             "rank",
             "world-size",
             "phase",
+            "phase-since",
+            "group-started",
+            "group-restarts",
+            "restored-step",
+            "restore-source",
+            "resumed-at",
+            "compute-seconds",
         )
     }
+
+
+def test_lease_annotations_carry_times_restores_and_compute() -> None:
+    moment = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC).timestamp()
+    status = PodStatus(
+        phase="training",
+        phase_since=moment,
+        group_started=moment - 1.5,
+        group_restarts=2,
+        restored_step=40,
+        restore_source="disk",
+        resumed_at=moment + 0.25,
+        compute_seconds=0.125,
+    )
+    annotations = lease_annotations(status)
+    assert annotations["phalanx.dev/phase-since"] == "2025-01-02T03:04:05.678901Z"
+    assert annotations["phalanx.dev/group-started"] == "2025-01-02T03:04:04.178901Z"
+    assert annotations["phalanx.dev/group-restarts"] == "2"
+    assert annotations["phalanx.dev/restored-step"] == "40"
+    assert annotations["phalanx.dev/restore-source"] == "durable"
+    assert annotations["phalanx.dev/resumed-at"] == "2025-01-02T03:04:05.928901Z"
+    assert annotations["phalanx.dev/compute-seconds"] == "0.125"
+    empty = lease_annotations(PodStatus(phase="rendezvous"))
+    for key in ("phase-since", "group-started", "restored-step", "restore-source", "resumed-at"):
+        assert empty["phalanx.dev/" + key] == ""
+
+
+def test_publisher_stamps_phase_changes_and_the_first_step_after_a_restore(tmp_path: Path) -> None:
+    env = {"PHALANX_STATUS_DIR": str(tmp_path), "RANK": "0", "WORLD_SIZE": "2", "PHALANX_GROUP_ATTEMPT": "3"}
+    publisher = StatusPublisher.from_env(env)
+    publisher.publish(phase="restoring")
+    entered_restore = publisher.record.phase_since
+    publisher.publish(phase="restoring", loss=1.0)
+    assert publisher.record.phase_since == entered_restore
+    publisher.restored(12, "disk")
+    (record,) = read_records(tmp_path)
+    assert (record.attempt, record.phase, record.step, record.restored_step, record.restore_source) == (
+        3,
+        "training",
+        12,
+        12,
+        "durable",
+    )
+    assert record.resumed_at is None and record.phase_since is not None
+    assert entered_restore is not None and record.phase_since >= entered_restore
+    publisher.publish(phase="saving")
+    publisher.publish(phase="training", step=13)
+    resumed = publisher.record.resumed_at
+    assert resumed is not None
+    publisher.publish(phase="training", step=14)
+    assert publisher.record.resumed_at == resumed
+
+
+def test_combine_ignores_what_an_older_group_restored() -> None:
+    old = StatusRecord(
+        rank=0, step=30, phase="training", attempt=1, restored_step=10, restore_source="memory"
+    )
+    # The launcher started attempt 2; its process has not written yet: the step stays, the rest does not.
+    status = combine([old], None, attempt=2)
+    assert (status.phase, status.step, status.restored_step, status.restore_source) == (
+        "starting",
+        30,
+        None,
+        None,
+    )
+    new = StatusRecord(
+        rank=0, step=29, phase="training", phase_since=5.0, attempt=2, restored_step=29, restore_source="peer"
+    )
+    status = combine([new], None, attempt=2)
+    assert (status.phase, status.phase_since, status.step, status.restored_step) == ("training", 5.0, 29, 29)
+    # While the launcher re-forms the group, what the last group restored is not reported.
+    status = combine([new], "rendezvous", attempt=2, launcher_since=9.0)
+    assert (status.phase, status.phase_since, status.step, status.restored_step) == (
+        "rendezvous",
+        9.0,
+        29,
+        None,
+    )
+
+
+def test_combine_reports_the_busiest_rank_and_when_the_pod_entered_its_phase() -> None:
+    records = [
+        StatusRecord(rank=0, step=8, phase="training", phase_since=2.0, compute_seconds=0.1),
+        StatusRecord(rank=1, step=8, phase="saving", phase_since=3.0, compute_seconds=0.7),
+        StatusRecord(rank=2, step=8, phase="saving", phase_since=2.5, compute_seconds=0.2),
+    ]
+    status = combine(records, None)
+    assert (status.phase, status.phase_since, status.compute_seconds) == ("saving", 2.5, 0.7)
+    trained = [replace(record, phase="training") for record in records]
+    assert combine(trained, None).phase_since == 3.0
+
+
+def test_phase_clock_keeps_the_time_of_the_change_it_saw() -> None:
+    clock = PhaseClock()
+    assert clock.observe("starting", None, now=10.0) == 10.0
+    assert clock.observe("rendezvous", 10.5, now=11.0) == 10.5
+    assert clock.observe("rendezvous", 10.9, now=12.0) == 10.5
+    # A source time in the future or before the previous change is not believed.
+    assert clock.observe("training", 99.0, now=13.0) == 13.0
+    assert clock.observe("restoring", 12.0, now=14.0) == 14.0
+
+
+def test_renewals_are_prompt_for_the_phases_the_operator_times_and_rate_limited() -> None:
+    schedule = RenewalSchedule(interval=5.0, min_gap=0.2)
+    assert schedule.due(0.0, "training", None)
+    schedule.renewed(0.0)
+    # The saving <-> training flip of every step waits for the interval.
+    assert not schedule.due(1.0, "saving", None)
+    assert not schedule.due(1.1, "training", None)
+    assert schedule.due(1.2, "rendezvous", None)
+    schedule.renewed(1.2)
+    assert not schedule.due(1.3, "restoring", None)  # within the minimum gap: pending
+    assert schedule.wait_hint(1.3) == pytest.approx(0.1)
+    assert schedule.due(1.45, "restoring", None)
+    schedule.renewed(1.45)
+    assert not schedule.due(2.0, "restoring", None)
+    assert schedule.due(3.0, "training", 2.9)  # left restoring
+    schedule.renewed(3.0)
+    assert not schedule.due(3.5, "training", 2.9)
+    assert schedule.due(4.0, "training", 3.9)  # a new first step after a restore
+    schedule.renewed(4.0)
+    assert schedule.due(9.0, "training", 3.9)  # the interval
 
 
 def test_lease_body_is_owned_by_the_pod_and_renewed_now() -> None:
