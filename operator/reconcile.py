@@ -312,6 +312,11 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         if (seconds := detection.lease_number(_heartbeat(pod, b), "step-seconds")) is not None
     ]
     unreported = incidents.unreported_steps(spec.heartbeat.interval_seconds, step_seconds)
+    if _completed(b, trainer)[0]:
+        # Training has finished: a standby spare ending now (its rendezvous closed) is no failure.
+        for failure in [failure for failure in failures if failure.spare]:
+            b.mark_done(failure.pod, failure.uid, kept=True)
+        failures = [failure for failure in failures if not failure.spare]
     for failure, decision in _decisions(failures, spec):
         incident = incidents.open_incident(failure, decision, b.now, b.status.step, unreported)
         b.status.incidents = incidents.append(b.status.incidents, incident)

@@ -827,3 +827,18 @@ def test_a_heartbeat_renewal_alone_changes_nothing_in_status(
     first = _steady(job, pods, now)
     renewed = _steady(_with_status(job, first), pods, now + timedelta(seconds=3))
     assert renewed.status == first.status and renewed.events == []
+
+
+def test_a_spare_ending_after_training_finished_is_no_incident(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # One worker finished, the other still writes its last checkpoint; the standby spare's rendezvous closed.
+    pods = [
+        make_pod("demo-worker-0", phase="Succeeded", exit_code=0),
+        make_pod("demo-worker-1"),
+        _exited(make_pod, "demo-worker-2", 3, "2026-01-01T11:59:59Z"),
+    ]
+    pods[2]["metadata"]["labels"]["phalanx.dev/role"] = "spare"
+    result = plan(make_job(), Observed(pods=pods, now=now, nodes=HEALTHY_NODES))
+    assert result.status.get("incidents", []) == [] and result.detected == []
+    assert result.status["restarts"]["total"] == 0 and result.status["state"] == "Finishing"
