@@ -279,6 +279,16 @@ def _decisions(
     return fatal[:1] or decided
 
 
+def _training_finished(b: _Builder, trainer: str) -> bool:
+    """Whether some active worker finished training (exited 0, or its heartbeat says `finished`)."""
+    if _completed(b, trainer)[0]:
+        return True
+    return any(
+        observe.is_trainer(pod) and (_heartbeat(pod, b) or {}).get("phase") == "finished"
+        for pod in b.observed.pods
+    )
+
+
 def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
     """Detect failures, apply the failure policy, start recoveries; True when the job failed.
 
@@ -312,7 +322,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         if (seconds := detection.lease_number(_heartbeat(pod, b), "step-seconds")) is not None
     ]
     unreported = incidents.unreported_steps(spec.heartbeat.interval_seconds, step_seconds)
-    if _completed(b, trainer)[0]:
+    if _training_finished(b, trainer):
         # Training has finished: a standby spare ending now (its rendezvous closed) is no failure.
         for failure in [failure for failure in failures if failure.spare]:
             b.mark_done(failure.pod, failure.uid, kept=True)

@@ -842,3 +842,17 @@ def test_a_spare_ending_after_training_finished_is_no_incident(
     result = plan(make_job(), Observed(pods=pods, now=now, nodes=HEALTHY_NODES))
     assert result.status.get("incidents", []) == [] and result.detected == []
     assert result.status["restarts"]["total"] == 0 and result.status["state"] == "Finishing"
+
+
+def test_a_silent_spare_once_training_finished_is_no_incident(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # The workers report `finished` and write their last checkpoint; the spare's heartbeat went quiet.
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1"), make_pod("demo-worker-2", role="spare")]
+    leases = {
+        "demo-worker-0": _lease(now, 40, phase="finished"),
+        "demo-worker-1": _lease(now, 40, phase="finished"),
+        "demo-worker-2": _lease(now, 40, phase="standby", age=60),
+    }
+    result = plan(make_job(), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    assert result.detected == [] and result.status.get("incidents", []) == []
