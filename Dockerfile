@@ -24,7 +24,8 @@ COPY src ./src
 COPY operator ./operator
 COPY worker ./worker
 COPY devcluster ./devcluster
-# src/phalanx/{operator,worker,devcluster} are development symlinks; pyproject maps those packages itself.
+COPY bench ./bench
+# src/phalanx/{operator,worker,devcluster,bench} are development symlinks; pyproject maps those packages itself.
 RUN find src -type l -delete \
  && pip install --no-deps . \
  && python -c "import phalanx.operator.api, phalanx.worker" \

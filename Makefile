@@ -1,6 +1,7 @@
 # Everything Phalanx needs installs from this file and pyproject.toml.
 #   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
 #   make test   every test: unit and end-to-end against the real control plane (built once, cached)
+#   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -50,9 +51,12 @@ e2e: control-plane
 demo: control-plane
 	$(BIN)/phalanx demo
 
-# Benchmarks write reports under bench/results/ (p50/p95, the machine, the baseline beside each number).
-bench: install
-	$(BIN)/python -m bench.checkpoint_stall --out bench/results/checkpoint-stall
+# Benchmarks: the cluster benchmarks share a local cluster started for the run and stopped after; report.md,
+# results.json and plots go to bench/results/ (p50/p95/max, the machine, every timeout, the baselines).
+#   BENCH_ARGS="--quick" (smoke mode)   BENCH_ARGS="--only gang-creation operator-scale"   `phalanx bench --list`
+BENCH_ARGS ?=
+bench: control-plane
+	$(BIN)/phalanx bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,10 @@
+"""`python -m bench` from the repository root: the same as `phalanx bench`."""
+
+from __future__ import annotations
+
+import sys
+
+from phalanx.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))

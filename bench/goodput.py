@@ -1,0 +1,554 @@
+"""Goodput under random failures: productive time over wall time, and where every lost second went.
+
+One TrainingJob of the tiny GPT (2 workers, 1 spare, steps of about one second, a durable checkpoint
+every `CHECKPOINT_INTERVAL` steps on a shared claim) trains for `seconds` while failures arrive at random,
+a mean of `mean_gap` seconds apart (exponential gaps, drawn with a fixed seed): a killed worker, a frozen
+pod, a hung trainer (its training processes stopped, its launcher still renewing), or a crashed node (one
+that runs an active worker but neither the operator nor the job's rendezvous pod). A failure is injected
+no sooner than the previous one was recovered from and the spare refilled, so each loss is one failure's.
+
+Goodput is computed three ways over the same window:
+- from the step log (rank 0's completed steps on the shared claim, this machine's clock): productive time
+  = steps gained in the window x the median step time, over the window's wall time. Every lost second is
+  attributed: per failure, the step in flight and the steps replayed, detection, replacement and
+  rendezvous, restore (trainer restart and state load), the first step's overhead; between failures,
+  durable-checkpoint stalls (the excess time of steps that wrote one) and the other step-time variation.
+  The parts add up to the loss exactly;
+- from the job's own figures: `status.recoverySeconds` gained in the window over the window (and
+  `status.goodput`, which counts from the job's start);
+- from the heartbeat Lease timeline: the steps the workers reported, same method as the step log.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from phalanx.bench import faults
+from phalanx.bench.cluster import OPERATOR_NAMESPACE, BenchCluster, BenchError, wait_for
+from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target
+
+NAME = "goodput"
+TITLE = "Goodput with a random failure every few minutes (kills, hangs, node crashes)"
+
+REPLICAS = 2
+SPARES = 1
+STEP_DELAY = 0.9
+"""With the tiny model's own compute, steps of about one second (the targets table's setting)."""
+CHECKPOINT_INTERVAL = 50
+HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 10}
+KINDS = ("kill", "freeze", "hang", "node-crash")
+RECOVER_TIMEOUT = 300.0
+NODE_DOWN_SECONDS = 30.0
+"""How long a crashed node stays down (it comes back after the recovery, at the earliest)."""
+SEED = 20240609
+
+CATEGORIES = (
+    "step in flight + replayed steps",
+    "detection",
+    "replacement + rendezvous",
+    "restore (trainer restart, state load)",
+    "first step overhead",
+    "checkpoint stalls",
+    "step-time variation",
+    "other interruptions",
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    seconds: float
+    mean_gap: float
+    kinds: tuple[str, ...]
+    quiet_tail: float
+    """No failure is injected in the last seconds of the window, so every loss is seen through."""
+    first_at: float | None = None
+    """Seconds into the window of the first failure (None: drawn like the others)."""
+
+
+FULL = Sizes(seconds=1800, mean_gap=300, kinds=KINDS, quiet_tail=60)
+QUICK = Sizes(seconds=60, mean_gap=300, kinds=("kill",), quiet_tail=30, first_at=15)
+
+
+# ---------------------------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class FailureTimes:
+    """One injected failure and its recovery milestones (Unix times; None: not seen)."""
+
+    kind: str
+    victim: str
+    injected: float
+    detected: float | None = None
+    group: float | None = None
+    restored: float | None = None
+    resumed: float | None = None
+    cause: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Point:
+    """A completed step at a moment."""
+
+    time: float
+    step: int
+
+
+@dataclass
+class Attribution:
+    wall: float = 0.0
+    productive: float = 0.0
+    step_seconds: float = 0.0
+    """The median step time (the productive time of one step)."""
+    steps: int = 0
+    """Steps gained over the window."""
+    lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    per_failure: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float | None:
+        return self.productive / self.wall if self.wall > 0 else None
+
+
+def gap_of(points: list[Point], failure: FailureTimes) -> tuple[int, int] | None:
+    """Indexes (i, j) of the points that bracket the interruption `failure` caused: j the first step
+    completed after the resume (after the injection when the resume is unknown), i the last step before it
+    that still moved training forward (a step finishing while a kill is delivered does)."""
+    after = failure.resumed if failure.resumed is not None else failure.injected
+    last = next((i for i in range(len(points) - 1, -1, -1) if points[i].time <= failure.injected), 0)
+    first = next(
+        (
+            j
+            for j in range(last + 1, len(points))
+            if points[j].time > failure.injected and points[j].time >= after - 0.05
+        ),
+        None,
+    )
+    if first is None:
+        return None
+    # Only a step finished before the failure was noticed moved training on; one reported later is the
+    # new group's restored step, not progress.
+    progress_until = failure.detected if failure.detected is not None else failure.injected + 1.0
+    while (
+        last + 1 < first
+        and points[last + 1].step > points[last].step
+        and points[last + 1].time <= progress_until
+    ):
+        last += 1
+    return last, first
+
+
+def _clamped(moments: list[float | None], low: float, high: float) -> list[float]:
+    """The milestones in order, each inside [low, high] and not before the previous one (unknown ones
+    take the previous value, so their stage counts as zero)."""
+    result, floor = [], low
+    for moment in moments:
+        value = floor if moment is None else min(max(moment, floor), high)
+        result.append(value)
+        floor = value
+    return result
+
+
+def split_gap(a: Point, b: Point, failure: FailureTimes, step_seconds: float) -> dict[str, float]:
+    """The seconds an interruption from step `a` to step `b` cost, by cause. With `r` the step restored
+    (b.step - 1), the steps a.step - r are done twice: they cost their productive time again. The parts add
+    up to (b.time - a.time) - step_seconds x (b.step - a.step), the interval's excess over its progress."""
+    start, inject, detect, group, restore = _clamped(
+        [a.time, failure.injected, failure.detected, failure.group, failure.restored], a.time, b.time
+    )
+    replayed = step_seconds * (a.step - (b.step - 1))
+    return {
+        "step in flight + replayed steps": (inject - start) + replayed,
+        "detection": detect - inject,
+        "replacement + rendezvous": group - detect,
+        "restore (trainer restart, state load)": restore - group,
+        "first step overhead": (b.time - restore) - step_seconds,
+    }
+
+
+def attribute(
+    points: list[Point],
+    failures: list[FailureTimes],
+    checkpoint_interval: int | None,
+    every_step: bool = True,
+) -> Attribution:
+    """Productive and lost time over the span of `points` (completed steps in time order), the loss split
+    by cause. `checkpoint_interval`: steps that wrote a durable checkpoint (None: not told apart).
+
+    The productive time of a step is the median step time when `points` has every step (the step log),
+    else (samples, as the heartbeats are) the mean over the uninterrupted intervals."""
+    result = Attribution()
+    if len(points) < 3:
+        return result
+    spans: dict[int, tuple[int, FailureTimes]] = {}
+    for failure in failures:
+        found = gap_of(points, failure)
+        if found is not None and found[0] not in spans:
+            spans[found[0]] = (found[1], failure)
+    intervals: list[tuple[Point, Point, FailureTimes | None]] = []
+    index = 0
+    while index < len(points) - 1:
+        end, failure = spans.get(index, (index + 1, None))
+        intervals.append((points[index], points[end], failure))
+        index = end
+    normal = [(p, q) for p, q, failure in intervals if failure is None and q.step > p.step]
+    if not normal:
+        return result
+    if every_step:
+        m = statistics.median((q.time - p.time) / (q.step - p.step) for p, q in normal)
+    else:
+        m = sum(q.time - p.time for p, q in normal) / sum(q.step - p.step for p, q in normal)
+    result.step_seconds = m
+    result.wall = points[-1].time - points[0].time
+    result.steps = points[-1].step - points[0].step
+    result.productive = result.steps * m
+    for p, q, failure in intervals:
+        if failure is not None:
+            parts = split_gap(p, q, failure, m)
+            for key, value in parts.items():
+                result.lost[key] += value
+            result.per_failure.append({"injected": failure.injected, **parts})
+            continue
+        excess = (q.time - p.time) - m * (q.step - p.step)
+        if q.step <= p.step:
+            result.lost["other interruptions"] += excess
+        elif checkpoint_interval and q.step // checkpoint_interval > p.step // checkpoint_interval:
+            result.lost["checkpoint stalls"] += excess
+        else:
+            result.lost["step-time variation"] += excess
+    return result
+
+
+def failure_incident(incidents: list[dict[str, Any]], failure: FailureTimes) -> dict[str, Any] | None:
+    """The incident a failure caused: the victim's first one detected after the injection, else the first
+    one of any worker (a hung trainer's healthy peer may be blamed; failures come one at a time)."""
+    after = [
+        incident
+        for incident in incidents
+        if (faults.parse_stamp(incident.get("detectedAt")) or 0.0) >= math.floor(failure.injected)
+        and incident.get("action") in faults.RECOVERING_ACTIONS
+    ]
+    after.sort(key=lambda incident: incident.get("detectedAt") or "")
+    mine = [incident for incident in after if incident.get("worker") == failure.victim]
+    return (mine or after or [None])[0]
+
+
+def log_points(log: faults.StepLog, start: float, end: float) -> list[Point]:
+    return [Point(line.time, line.step) for line in log.steps if start <= line.time <= end]
+
+
+def lease_points(timeline: list[faults.LeaseSeen], start: float, end: float) -> list[Point]:
+    """The job's step as the heartbeats told it: each new step reported by an active worker, at its
+    Lease's renewal time."""
+    points: list[Point] = []
+    for item in sorted(timeline, key=lambda beat: beat.renewed or beat.seen):
+        moment = item.renewed or item.seen
+        step = item.step
+        if (
+            item.deleted
+            or step is None
+            or item.phase not in ("training", "saving")
+            or not start <= moment <= end
+        ):
+            continue
+        if points and step == points[-1].step:
+            continue
+        points.append(Point(moment, step))
+    return points
+
+
+def failure_schedule(rng: random.Random, sizes: Sizes) -> list[tuple[float, str]]:
+    """(seconds into the window, kind) of the failures: exponential gaps of mean `mean_gap`."""
+    found: list[tuple[float, str]] = []
+    moment = sizes.first_at if sizes.first_at is not None else rng.expovariate(1 / sizes.mean_gap)
+    while moment < sizes.seconds - sizes.quiet_tail:
+        found.append((moment, rng.choice(sizes.kinds)))
+        moment += rng.expovariate(1 / sizes.mean_gap)
+    return found
+
+
+def spikes(moments: list[float], low: float, high: float) -> tuple[list[float], list[float]]:
+    """A line that runs along `low` and rises to `high` at each moment (failure marks on a line plot)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for moment in sorted(moments):
+        xs += [moment, moment, moment]
+        ys += [low, high, low]
+    return xs, ys
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+class GoodputRun:
+    def __init__(self, cluster: BenchCluster, log: Any) -> None:
+        job = faults.tinygpt_job(
+            "goodput",
+            replicas=REPLICAS,
+            spares=SPARES,
+            min_replicas=REPLICAS,
+            steps=10**7,
+            step_delay=STEP_DELAY,
+            heartbeat=HEARTBEAT,
+            checkpoint={
+                "claimName": faults.CLAIM,
+                "path": faults.CHECKPOINT_PATH,
+                "intervalSteps": CHECKPOINT_INTERVAL,
+            },
+            log_file=f"{faults.CHECKPOINT_PATH}/{faults.STEP_LOG_NAME}",
+        )
+        self.cluster = cluster
+        self.run = faults.TrainingRun(cluster, "bench-goodput", job)
+        self.log = log
+        self.notes: list[str] = []
+
+    def protected_nodes(self) -> set[str]:
+        """Nodes whose crash would take down more than a worker: the operator's and the rendezvous pod's."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.cluster.api)
+        nodes = {pod.spec.node_name for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE).items}
+        rendezvous = core.list_namespaced_pod(
+            self.run.namespace, label_selector="phalanx.dev/role=rendezvous"
+        )
+        nodes |= {pod.spec.node_name for pod in rendezvous.items}
+        return {node for node in nodes if node}
+
+    def inject(self, kind: str, rng: random.Random) -> tuple[FailureTimes, Any]:
+        """Inject one failure into a random active worker; returns it and what undoes it (or None)."""
+        run = self.run
+        workers = run.wait_steady(timeout=RECOVER_TIMEOUT)
+        victim = rng.choice(workers)
+        if kind == "node-crash":
+            protected = self.protected_nodes()
+            candidates = [w for w in workers if w.node and w.node not in protected]
+            if not candidates:
+                self.notes.append("a node crash fell back to a kill: every worker shared a node with the "
+                                  "operator or the rendezvous pod")  # fmt: skip
+                kind = "kill"
+            else:
+                victim = rng.choice(candidates)
+        if kind == "hang":
+            moment, pids = faults.hang_trainer(run.namespace, victim.pod)
+            if pids:
+                return FailureTimes(kind, victim.pod, moment), lambda: faults.signal_all(pids, signal.SIGCONT)
+            self.notes.append(f"a hang fell back to a kill: no training process of {victim.pod} was found")
+            kind = "kill"
+        if kind == "kill":
+            return FailureTimes(
+                kind, victim.pod, faults.kill_pod(run.cluster, run.namespace, victim.pod)
+            ), None
+        if kind == "freeze":
+            return FailureTimes(
+                kind, victim.pod, faults.freeze_pod(run.cluster, run.namespace, victim.pod)
+            ), None
+        node = victim.node or ""
+        on_node = [(run.namespace, pod.metadata.name) for pod in run.pods() if pod.spec.node_name == node]
+        moment = faults.crash_node(run.cluster, node, pods=on_node)
+        failure = FailureTimes(kind, victim.pod, moment, note=f"node {node}")
+        return failure, lambda: faults.crash_node(run.cluster, node, crashed=False)
+
+    def follow(self, failure: FailureTimes, undo: Any) -> None:
+        """Wait for the recovery from `failure` and fill its milestones."""
+        run = self.run
+        try:
+            wait_for(lambda: run.resumed_after(failure.injected), RECOVER_TIMEOUT, message="the recovery")
+        except BenchError as error:
+            failure.note += f" no recovery: {error}"
+        finally:
+            if undo is not None:
+                if failure.kind == "node-crash":
+                    time.sleep(max(0.0, failure.injected + NODE_DOWN_SECONDS - time.time()))
+                undo()
+        incident = failure_incident(run.status().get("incidents") or [], failure)
+        if incident is not None:
+            key = (incident.get("podUid"), incident.get("cause"), incident.get("detectedAt"))
+            seen, _ = run.incident(lambda i: (i.get("podUid"), i.get("cause"), i.get("detectedAt")) == key)
+            failure.cause = incident.get("cause")
+            failure.detected = faults.detection_moment(incident.get("detectedAt"), seen)
+        timeline = run.timeline()
+        starts = faults.group_starts(timeline, failure.injected)
+        resumed = faults.resumed_times(timeline, starts)
+        failure.group = max(starts.values()) if starts else None
+        failure.resumed = max(resumed.values()) if resumed else None
+        log = run.step_log()
+        restores = [
+            line
+            for line in log.restores
+            if failure.group is not None and failure.group <= line.time <= (failure.resumed or math.inf)
+        ]
+        failure.restored = max((line.time for line in restores), default=None)
+
+
+def run(context: Any, quick: bool) -> BenchResult:
+    cluster = context.cluster()
+    operator = cluster.ensure_operator()
+    sizes = QUICK if quick else FULL
+    rng = random.Random(SEED)
+    schedule = failure_schedule(rng, sizes)
+    goodput = GoodputRun(cluster, context.log)
+    failures: list[FailureTimes] = []
+    run_ = goodput.run
+    try:
+        run_.start()
+        run_.wait_steady(min_step=5)
+        start = time.time()
+        status_start = run_.status()
+        context.log(f"goodput: {sizes.seconds:.0f} s window, {len(schedule)} failures scheduled")
+        for offset, kind in schedule:
+            time.sleep(max(0.0, start + offset - time.time()))
+            if time.time() > start + sizes.seconds - sizes.quiet_tail:
+                goodput.notes.append(f"a {kind} scheduled at {offset:.0f} s was skipped: recoveries ran late")
+                continue
+            failure, undo = goodput.inject(kind, rng)
+            goodput.follow(failure, undo)
+            failures.append(failure)
+            context.log(
+                f"goodput: {failure.kind} of {failure.victim} at {failure.injected - start:.0f} s "
+                f"({failure.cause}), resumed after "
+                + (f"{failure.resumed - failure.injected:.1f} s" if failure.resumed else "-")
+            )
+        time.sleep(max(0.0, start + sizes.seconds - time.time()))
+        end = time.time()
+        status_end = run_.status()
+        log = run_.step_log()
+        timeline = run_.timeline()
+    finally:
+        run_.close()
+    return result_of(sizes, start, end, failures, log, timeline, status_start, status_end, goodput.notes,
+                     run_.job["spec"], operator.reconcile_interval)  # fmt: skip
+
+
+def result_of(
+    sizes: Sizes,
+    start: float,
+    end: float,
+    failures: list[FailureTimes],
+    log: faults.StepLog,
+    timeline: list[faults.LeaseSeen],
+    status_start: dict[str, Any],
+    status_end: dict[str, Any],
+    extra_notes: list[str],
+    spec: dict[str, Any],
+    reconcile: float,
+) -> BenchResult:
+    by_log = attribute(log_points(log, start, end), failures, CHECKPOINT_INTERVAL)
+    by_lease = attribute(lease_points(timeline, start, end), failures, None, every_step=False)
+    recovery = float(status_end.get("recoverySeconds") or 0.0) - float(
+        status_start.get("recoverySeconds") or 0.0
+    )
+    window = end - start
+    job_window = 1.0 - recovery / window if window > 0 else None
+    target = Target(
+        op=">=", value=97, stat="p50", text="goodput >= 97% with a failure every 5 min, ~1 s steps"
+    )
+    baseline = Baseline(text="DLRover 95%, HyperPod up to 95%, Llama 3 > 90%", value=95)
+    metrics = [
+        Metric(
+            name="goodput (step log)",
+            unit="%",
+            samples=[] if by_log.goodput is None else [round(100 * by_log.goodput, 2)],
+            description="steps gained x median step time / wall time (rank 0's step log)",
+            target=target,
+            baseline=baseline,
+        ),
+        Metric(
+            name="goodput (job status, window)",
+            unit="%",
+            samples=[] if job_window is None else [round(100 * job_window, 2)],
+            description="1 - status.recoverySeconds gained in the window / the window",
+            target=target,
+        ),
+        Metric(
+            name="goodput (job status, since start)",
+            unit="%",
+            samples=[]
+            if status_end.get("goodput") is None
+            else [round(100 * float(status_end["goodput"]), 2)],
+            description="status.goodput at the end (counted by the operator from the job's start)",
+        ),
+        Metric(
+            name="goodput (Lease timeline)",
+            unit="%",
+            samples=[] if by_lease.goodput is None else [round(100 * by_lease.goodput, 2)],
+            description="the same method on the steps the heartbeats reported",
+        ),
+        Metric(
+            name="failure -> first step",
+            unit="s",
+            samples=[round(f.resumed - f.injected, 3) for f in failures if f.resumed is not None],
+            description="each failure's injection -> the first step of the group formed after it",
+        ),
+    ]
+    for category in CATEGORIES:
+        metrics.append(
+            Metric(
+                name=f"lost: {category}",
+                unit="s",
+                samples=[round(by_log.lost[category], 2)],
+                description="seconds of the window lost to this cause (step log)",
+            )
+        )
+    series = loss_series(log, start, end, failures)
+    notes = [
+        f"One TrainingJob of the tiny GPT ({REPLICAS} workers + {SPARES} spare, {STEP_DELAY} s sleep per step, "
+        f"median step {by_log.step_seconds:.2f} s), a durable checkpoint every {CHECKPOINT_INTERVAL} steps on a "
+        f"shared claim; window {window:.0f} s, {len(failures)} failures ("
+        + ", ".join(f"{f.kind} at {f.injected - start:.0f} s" for f in failures)
+        + f"), drawn with mean gap {sizes.mean_gap:.0f} s and injected only once the previous recovery ended.",
+        f"Step log: {by_log.steps} steps gained, productive {by_log.productive:.0f} s of {by_log.wall:.0f} s, "
+        f"lost {by_log.wall - by_log.productive:.1f} s = "
+        + " + ".join(f"{value:.1f} ({name})" for name, value in by_log.lost.items() if abs(value) >= 0.05)
+        + ".",
+        f"Job status: recoverySeconds +{recovery:.1f} s in the window; the operator counts a recovery from the "
+        "failure to the first step after it, not the replayed steps nor checkpoint stalls.",
+        "Clocks: every time here (injections, Lease stamps, the step log) is this machine's clock.",
+        *extra_notes,
+    ]
+    for failure in failures:
+        if failure.note.strip():
+            notes.append(f"{failure.kind} of {failure.victim}: {failure.note.strip()}")
+    return BenchResult(
+        name=NAME,
+        title=TITLE,
+        metrics=metrics,
+        timeouts=faults.timeouts_in_force(spec, reconcile),
+        notes=notes,
+        series=series,
+        details={
+            "failures": [asdict(f) for f in failures],
+            "per_failure_loss": by_log.per_failure,
+            "lost_seconds": by_log.lost,
+            "lease_timeline": {"productive": by_lease.productive, "wall": by_lease.wall},
+            "status_end": {key: status_end.get(key) for key in ("goodput", "recoverySeconds", "restarts")},
+        },
+    )
+
+
+def loss_series(log: faults.StepLog, start: float, end: float, failures: list[FailureTimes]) -> list[Series]:
+    lines = [line for line in log.steps if start <= line.time <= end and math.isfinite(line.loss)]
+    if not lines:
+        return []
+    chart = "training loss (failures marked)"
+    series = [
+        Series(
+            name="loss",
+            x=[round(line.time - start, 2) for line in lines],
+            y=[round(line.loss, 4) for line in lines],
+            x_label="seconds",
+            y_label="loss",
+            chart=chart,
+        )
+    ]
+    low, high = min(line.loss for line in lines), max(line.loss for line in lines)
+    for kind in sorted({f.kind for f in failures}):
+        xs, ys = spikes([f.injected - start for f in failures if f.kind == kind], low, high)
+        series.append(Series(name=kind, x=xs, y=ys, x_label="seconds", y_label="loss", chart=chart))
+    return series

@@ -1,0 +1,382 @@
+"""Hang detection: a frozen pod, a hung trainer, and false alarms while checkpoints are saved often.
+
+One TrainingJob of the tiny GPT (2 workers, 1 spare, a durable checkpoint every `CHECKPOINT_INTERVAL`
+steps on a claim the pods share) goes through three parts, in this order:
+
+1. quiet: it trains undisturbed for `quiet_seconds` while saving every 2 steps; every incident the
+   operator opens in that window is a false alarm (the target is none);
+2. frozen pod: the node agent SIGSTOPs every process of a random active worker (`phalanx.dev/freeze`), so
+   its Lease stops being renewed; latency = freeze request -> the incident's detection, judged against the
+   heartbeat timeout plus one heartbeat interval;
+3. hung trainer: SIGSTOP to that worker's training processes only (found by `POD_NAME` in their
+   environment): the launcher keeps renewing the Lease while the step stands still, which only the
+   progress timeout can catch; latency = stop -> detection, judged against the progress timeout plus one
+   interval. Whether the operator blamed the stopped pod (its healthy peer stalls in the same collective)
+   is recorded too.
+
+After each fault the benchmark waits for the recovery (the spare takes over, a new spare is made) before
+the next one. `detectedAt` is written to the second: detection uses the end of that second, or the moment
+the incident reached this process when earlier (see `faults.detection_moment`).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from phalanx.bench import faults
+from phalanx.bench.cluster import BenchCluster, BenchError, wait_for
+from phalanx.bench.core import Baseline, BenchResult, Metric, Target
+
+NAME = "hang-detection"
+TITLE = "Hang detection: frozen pod, hung trainer, no false alarm during frequent saves"
+
+REPLICAS = 2
+SPARES = 1
+STEP_DELAY = 0.25
+CHECKPOINT_INTERVAL = 2
+WIDTH, LAYERS = 128, 2
+"""A model somewhat larger than the recovery benchmark's, so that each save has some work to do."""
+HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 10}
+SETTLE_STEPS = 5
+DETECT_TIMEOUT = 120.0
+RECOVER_TIMEOUT = 240.0
+SEED = 20240608
+
+
+@dataclass(frozen=True)
+class Sizes:
+    quiet_seconds: float
+    freezes: int
+    hangs: int
+
+
+FULL = Sizes(quiet_seconds=600, freezes=10, hangs=10)
+QUICK = Sizes(quiet_seconds=45, freezes=1, hangs=1)
+
+
+@dataclass
+class Fault:
+    """One injected hang and its detection; seconds after the injection (None: not seen)."""
+
+    kind: str
+    """`frozen pod` or `hung trainer`."""
+    number: int
+    victim: str
+    injected: float
+    """Unix time right before the injection."""
+    victim_phase: str = ""
+    """The victim's heartbeat phase when it was stopped."""
+    detect: float | None = None
+    since_last_heartbeat: float | None = None
+    """Detection after the victim's last Lease renewal before the injection (where the operator's clock
+    starts for a frozen pod)."""
+    cause: str | None = None
+    blamed: str | None = None
+    """The worker the incident names."""
+    recovered: float | None = None
+    """Seconds until a new group completed its first step."""
+    message: str | None = None
+    error: str | None = None
+
+
+def new_incidents(before: set[tuple[str, str, str]], incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Incidents not in `before` (keyed by pod uid, cause and detection time)."""
+    return [incident for incident in incidents if incident_key(incident) not in before]
+
+
+def incident_key(incident: dict[str, Any]) -> tuple[str, str, str]:
+    return (incident.get("podUid") or "", incident.get("cause") or "", incident.get("detectedAt") or "")
+
+
+def incidents_seen_between(records: list[faults.Record], start: float, end: float) -> list[dict[str, Any]]:
+    """Distinct incidents that appeared in the job's status between `start` and `end` (this process's
+    clock), whatever happened to them afterwards."""
+    known: set[tuple[str, str, str]] = set()
+    found: list[dict[str, Any]] = []
+    for seen, _kind, raw in records:
+        for incident in (raw.get("status") or {}).get("incidents") or []:
+            key = incident_key(incident)
+            if key in known:
+                continue
+            known.add(key)
+            if start <= seen <= end:
+                found.append(incident)
+    return found
+
+
+def judge_detection(
+    fault: Fault, incident: dict[str, Any] | None, seen: float | None, last_renewal: float | None
+) -> Fault:
+    """Fill the detection figures of `fault` from its incident (pure)."""
+    if incident is None:
+        fault.error = fault.error or "no incident"
+        return fault
+    moment = faults.detection_moment(incident.get("detectedAt"), seen)
+    fault.detect = None if moment is None else round(moment - fault.injected, 3)
+    if moment is not None and last_renewal is not None:
+        fault.since_last_heartbeat = round(moment - last_renewal, 3)
+    fault.cause = incident.get("cause")
+    fault.blamed = incident.get("worker")
+    fault.message = incident.get("message")
+    return fault
+
+
+@dataclass
+class Quiet:
+    seconds: float = 0.0
+    false_alarms: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+    saves: int = 0
+    """Durable checkpoints the steps imply (`steps / interval`)."""
+    checkpoint_steps_seen: int = 0
+    """Distinct `checkpoint-step` values the heartbeats showed (durable saves reported)."""
+    saving_versions: int = 0
+    """Lease versions that showed the `saving` phase."""
+
+
+class HangRun:
+    def __init__(self, cluster: BenchCluster, log: Any) -> None:
+        job = faults.tinygpt_job(
+            "hang",
+            replicas=REPLICAS,
+            spares=SPARES,
+            min_replicas=REPLICAS,
+            steps=10**7,
+            step_delay=STEP_DELAY,
+            heartbeat=HEARTBEAT,
+            checkpoint={
+                "claimName": faults.CLAIM,
+                "path": faults.CHECKPOINT_PATH,
+                "intervalSteps": CHECKPOINT_INTERVAL,
+            },
+            log_file=f"{faults.CHECKPOINT_PATH}/{faults.STEP_LOG_NAME}",
+            width=WIDTH,
+            layers=LAYERS,
+        )
+        self.run = faults.TrainingRun(cluster, "bench-hang", job)
+        self.log = log
+        self.settled = 0
+
+    def quiet(self, seconds: float) -> Quiet:
+        run = self.run
+        workers = run.wait_steady(SETTLE_STEPS)
+        pods = [w.pod for w in workers]
+        start, first_step = time.time(), run.lowest_step(pods)
+        time.sleep(seconds)
+        end = time.time()
+        timeline = [item for item in run.timeline() if start <= item.seen <= end]
+        result = Quiet(seconds=round(end - start, 1))
+        result.false_alarms = incidents_seen_between(run.jobs.events(), start, end)
+        result.steps = run.lowest_step(pods) - first_step
+        result.saves = result.steps // CHECKPOINT_INTERVAL
+        result.checkpoint_steps_seen = len({item.text("checkpoint-step") for item in timeline} - {""})
+        result.saving_versions = sum(1 for item in timeline if item.phase == "saving")
+        self.settled = run.highest_step()
+        return result
+
+    def _prepare(
+        self, rng: random.Random
+    ) -> tuple[faults.Worker, set[tuple[str, str, str]], faults.LeaseSeen | None]:
+        run = self.run
+        workers = run.wait_steady(self.settled + SETTLE_STEPS)
+        victim = rng.choice(workers)
+        before = {incident_key(i) for i in run.status().get("incidents") or []}
+        return victim, before, faults.latest(run.timeline()).get(victim.pod)
+
+    def _finish(self, fault: Fault) -> Fault:
+        run = self.run
+        try:
+            wait_for(lambda: run.resumed_after(fault.injected), RECOVER_TIMEOUT, message="the recovery")
+            timeline = run.timeline()
+            resumed = faults.resumed_times(timeline, faults.group_starts(timeline, fault.injected))
+            fault.recovered = round(max(resumed.values()) - fault.injected, 3) if resumed else None
+        except BenchError as error:
+            fault.error = fault.error or f"no recovery: {error}"
+        self.settled = run.highest_step()
+        return fault
+
+    def freeze(self, number: int, rng: random.Random) -> Fault:
+        run = self.run
+        victim, _before, beat = self._prepare(rng)
+        injected = faults.freeze_pod(run.cluster, run.namespace, victim.pod)
+        fault = Fault("frozen pod", number, victim.pod, injected, victim_phase=beat.phase if beat else "")
+
+        def mine(incident: dict[str, Any]) -> bool:
+            return incident.get("podUid") == victim.uid
+
+        try:
+            wait_for(lambda: run.incident(mine)[1], DETECT_TIMEOUT, interval=0.2, message="the incident")
+        except BenchError as error:
+            fault.error = str(error)
+        seen, incident = run.incident(mine)
+        last = max(
+            (b.renewed or 0.0 for b in faults.versions_of(run.timeline(), victim.pod) if b.seen <= injected),
+            default=None,
+        )
+        judge_detection(fault, incident, seen, last or None)
+        if incident is None:  # leave nothing stopped behind
+            faults.freeze_pod(run.cluster, run.namespace, victim.pod, frozen=False)
+            return fault
+        return self._finish(fault)
+
+    def hang(self, number: int, rng: random.Random) -> Fault:
+        run = self.run
+        victim, before, beat = self._prepare(rng)
+        injected, pids = faults.hang_trainer(run.namespace, victim.pod)
+        fault = Fault("hung trainer", number, victim.pod, injected, victim_phase=beat.phase if beat else "")
+        if not pids:
+            fault.error = f"no training process of {victim.pod} found"
+            return fault
+        stopped_phase = ""
+
+        def detected() -> dict[str, Any] | None:
+            nonlocal stopped_phase
+            now = faults.latest(run.timeline()).get(victim.pod)
+            stopped_phase = stopped_phase or (now.phase if now and now.seen > injected + 2 else "")
+            return next(iter(new_incidents(before, run.status().get("incidents") or [])), None)
+
+        try:
+            wait_for(detected, DETECT_TIMEOUT, interval=0.2, message="an incident")
+        except BenchError as error:
+            fault.error = str(error)
+        fresh = new_incidents(before, run.status().get("incidents") or [])
+        incident = fresh[0] if fresh else None
+        seen = None
+        if incident is not None:
+            seen, _ = run.incident(lambda i: incident_key(i) == incident_key(incident))
+        judge_detection(fault, incident, seen, None)
+        fault.victim_phase = stopped_phase or fault.victim_phase
+        # The stopped processes are the launcher's to end when the group re-forms; never leave them stopped.
+        faults.signal_all(pids, signal.SIGCONT)
+        return self._finish(fault) if incident is not None else fault
+
+
+def run(context: Any, quick: bool) -> BenchResult:
+    cluster = context.cluster()
+    operator = cluster.ensure_operator()
+    sizes = QUICK if quick else FULL
+    rng = random.Random(SEED)
+    hang = HangRun(cluster, context.log)
+    faults_done: list[Fault] = []
+    quiet = Quiet()
+    try:
+        hang.run.start()
+        context.log(
+            f"hang-detection: {sizes.quiet_seconds:.0f} s of training with a save every {CHECKPOINT_INTERVAL} steps"
+        )
+        quiet = hang.quiet(sizes.quiet_seconds)
+        for number in range(1, sizes.freezes + 1):
+            faults_done.append(hang.freeze(number, rng))
+            context.log(f"hang-detection frozen pod {number}/{sizes.freezes}: {_line(faults_done[-1])}")
+        for number in range(1, sizes.hangs + 1):
+            faults_done.append(hang.hang(number, rng))
+            context.log(f"hang-detection hung trainer {number}/{sizes.hangs}: {_line(faults_done[-1])}")
+    finally:
+        hang.run.close()
+    return result_of(quiet, faults_done, hang.run.job["spec"], operator.reconcile_interval)
+
+
+def _line(fault: Fault) -> str:
+    if fault.error:
+        return f"failed: {fault.error}"
+    return f"{fault.cause} of {fault.blamed} after {fault.detect} s (victim {fault.victim}, phase {fault.victim_phase})"
+
+
+def result_of(quiet: Quiet, done: list[Fault], spec: dict[str, Any], reconcile: float) -> BenchResult:
+    interval = HEARTBEAT["intervalSeconds"]
+    frozen = [f for f in done if f.kind == "frozen pod" and f.detect is not None]
+    hung = [f for f in done if f.kind == "hung trainer" and f.detect is not None]
+    heartbeat_bound = HEARTBEAT["timeoutSeconds"] + interval
+    progress_bound = HEARTBEAT["progressTimeoutSeconds"] + interval
+    metrics = [
+        Metric(
+            name="frozen pod: freeze -> detected",
+            unit="s",
+            samples=[f.detect for f in frozen if f.detect is not None],
+            description="SIGSTOP of every process of a worker -> the operator's incident (HeartbeatTimeout)",
+            target=Target(
+                op="<=",
+                value=heartbeat_bound,
+                stat="max",
+                text=f"<= heartbeat timeout + one interval ({HEARTBEAT['timeoutSeconds']} + {interval} s)",
+            ),
+            baseline=Baseline(text="NCCL 10 min, gloo 30 min, DLRover 600 s, torchft 5 s"),
+        ),
+        Metric(
+            name="frozen pod: last heartbeat -> detected",
+            unit="s",
+            samples=[f.since_last_heartbeat for f in frozen if f.since_last_heartbeat is not None],
+            description="the victim's last Lease renewal before the freeze -> detection (the operator's clock)",
+        ),
+        Metric(
+            name="hung trainer: stop -> detected",
+            unit="s",
+            samples=[f.detect for f in hung if f.detect is not None],
+            description="SIGSTOP of the training processes only (the launcher keeps renewing) -> incident",
+            target=Target(
+                op="<=",
+                value=progress_bound,
+                stat="max",
+                text=f"<= progress timeout + one interval ({HEARTBEAT['progressTimeoutSeconds']} + {interval} s)",
+            ),
+            baseline=Baseline(text="NCCL 10 min, gloo 30 min, DLRover 600 s, torchft 5 s"),
+        ),
+        Metric(
+            name="hung trainer: the stopped pod was blamed",
+            unit="count",
+            samples=[1.0 if f.blamed == f.victim else 0.0 for f in hung],
+            description="1 when the incident names the pod whose trainer was stopped, 0 when it names its peer",
+        ),
+        Metric(
+            name="fault -> training resumed",
+            unit="s",
+            samples=[f.recovered for f in done if f.recovered is not None],
+            description="injection -> first step of the group formed after it (both kinds)",
+        ),
+        Metric(
+            name="false alarms during frequent saves",
+            unit="count",
+            samples=[float(len(quiet.false_alarms))],
+            description=f"incidents opened in {quiet.seconds:.0f} s of undisturbed training with a durable "
+            f"save every {CHECKPOINT_INTERVAL} steps",
+            target=Target(op="<=", value=0, stat="max", text="0 false alarms during saves"),
+        ),
+    ]
+    notes = [
+        f"One TrainingJob of the tiny GPT (width {WIDTH}, {LAYERS} layers, {REPLICAS} workers + {SPARES} spare, "
+        f"{STEP_DELAY} s sleep per step), a durable checkpoint every {CHECKPOINT_INTERVAL} steps on a shared claim.",
+        f"Quiet window: {quiet.seconds:.0f} s, {quiet.steps} steps, {quiet.saves} durable saves implied, "
+        f"{quiet.checkpoint_steps_seen} distinct checkpoint-step values in the heartbeats, {quiet.saving_versions} "
+        f"heartbeats seen in the saving phase; incidents opened: {len(quiet.false_alarms)}"
+        + (f" ({'; '.join(str(i.get('message')) for i in quiet.false_alarms)})" if quiet.false_alarms else "")
+        + ".",
+        f"The operator judges heartbeats when it reconciles: at each job, pod or heartbeat-phase change and "
+        f"every {reconcile:g} s otherwise (chart default), so a silent pod is noticed up to that much after its "
+        "timeout expires.",
+        "Clocks: injection times are taken on this machine right before the request or signal; detectedAt is "
+        "written to the second, so detection uses the end of that second or the moment the incident reached "
+        "this process, whichever is earlier.",
+    ]
+    for fault in done:
+        if fault.error:
+            notes.append(f"{fault.kind} {fault.number} (victim {fault.victim}): {fault.error}")
+        elif fault.kind == "hung trainer" and fault.blamed != fault.victim:
+            notes.append(
+                f"hung trainer {fault.number}: the operator blamed {fault.blamed} ({fault.cause}) while "
+                f"{fault.victim}'s trainer was stopped (its heartbeat phase: {fault.victim_phase or '-'})."
+            )
+    result = BenchResult(
+        name=NAME,
+        title=TITLE,
+        metrics=metrics,
+        timeouts=faults.timeouts_in_force(spec, reconcile),
+        notes=notes,
+        details={"faults": [asdict(fault) for fault in done], "quiet": asdict(quiet)},
+    )
+    if not done and quiet.seconds == 0:
+        result.error = "nothing ran"
+    return result

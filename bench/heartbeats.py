@@ -1,0 +1,181 @@
+"""Heartbeats for worker pods that never run (simulated nodes): the benchmark renews their Leases itself.
+
+Each Lease follows the heartbeat contract (docs/ARCHITECTURE.md): named after the pod, owned by it,
+`holderIdentity` and `renewTime`, the `phalanx.dev/*` annotations, phase `training` with a step that
+moves, so the operator sees what it sees from real launchers, at the same rate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+ANNOTATION_PREFIX = "phalanx.dev/"
+REQUEST_TIMEOUT = 10
+
+
+def micro_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_body(
+    pod: str, uid: str, namespace: str, step: int, rank: int, world_size: int, duration: int, now: datetime
+) -> dict[str, Any]:
+    """The Lease a training launcher would write for `pod` at `step` (pure)."""
+    annotations = {
+        "step": str(step),
+        "loss": "2.5",
+        "step-seconds": "0.5",
+        "samples-per-second": "64",
+        "grad-norm": "1.0",
+        "checkpoint-step": str(step - step % 100),
+        "rank": str(rank),
+        "world-size": str(world_size),
+        "phase": "training",
+    }
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": pod,
+            "namespace": namespace,
+            "annotations": {ANNOTATION_PREFIX + key: value for key, value in annotations.items()},
+            "labels": {"app.kubernetes.io/managed-by": "phalanx"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid, "blockOwnerDeletion": False}
+            ],
+        },
+        "spec": {"holderIdentity": pod, "leaseDurationSeconds": duration, "renewTime": micro_time(now)},
+    }
+
+
+class HeartbeatSimulator:
+    """Renews one Lease per running worker pod of a namespace every `interval` seconds, in a thread.
+
+    Raw REST calls (no model objects): at 200 Leases every 5 s the client's model (de)serialization
+    alone would keep a core busy on a small machine.
+    """
+
+    def __init__(
+        self,
+        new_api: Any,
+        namespace: str,
+        interval: float,
+        duration: int,
+        world_size: int,
+        steps_per_beat: int = 10,
+        threads: int = 4,
+    ) -> None:
+        self.namespace = namespace
+        self.interval = interval
+        self.duration = duration
+        self.world_size = world_size
+        self.steps_per_beat = steps_per_beat
+        self._api = new_api()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="heartbeat")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+        self._beats: dict[str, int] = {}
+        self._created: set[str] = set()
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.writes = 0
+        self.failures = 0
+        self.late_rounds = 0
+        """Rounds that took longer than the interval (this process could not keep up)."""
+        self.max_gap = 0.0
+        """Longest time between two renewals of one Lease (above the heartbeat timeout, the operator
+        rightly declares the pod dead: this process, not the operator, fell behind)."""
+
+    def start(self) -> HeartbeatSimulator:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True)
+        self._api.close()
+
+    def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        method, url, headers, payload, post = self._api.param_serialize(
+            method,
+            path,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(method, url, headers, payload, post, _request_timeout=REQUEST_TIMEOUT)
+        return response.status, response.read()
+
+    def _workers(self) -> list[dict[str, Any]]:
+        status, data = self._call(
+            "GET", f"/api/v1/namespaces/{self.namespace}/pods?labelSelector=phalanx.dev%2Frole%3Dworker"
+        )
+        if status != 200:
+            raise RuntimeError(f"listing worker pods: {status}")
+        return [
+            pod
+            for pod in json.loads(data).get("items") or []
+            if (pod.get("status") or {}).get("phase") == "Running"
+            and not pod["metadata"].get("deletionTimestamp")
+        ]
+
+    def _beat(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid, name = meta["uid"], meta["name"]
+        with self._lock:
+            beats = self._beats.get(uid, 0) + 1
+            self._beats[uid] = beats
+            known = uid in self._created
+        index = int((meta.get("labels") or {}).get("phalanx.dev/index", "0"))
+        body = lease_body(
+            name,
+            uid,
+            self.namespace,
+            beats * self.steps_per_beat,
+            index % self.world_size,
+            self.world_size,
+            self.duration,
+            datetime.now(UTC),
+        )
+        leases = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+        try:
+            status = 0
+            if not known:
+                status, _ = self._call("POST", leases, body)
+            if known or status == 409:  # renewing, or a Lease of an earlier pod of that name: take it over
+                status, _ = self._call("PATCH", f"{leases}/{name}", body, "application/merge-patch+json")
+            if status >= 300:
+                raise RuntimeError(f"lease {name}: {status}")
+        except Exception:  # an error or a timed-out call: the next round tries again
+            with self._lock:
+                self.failures += 1
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._created.add(uid)
+            self.writes += 1
+            if uid in self._last:
+                self.max_gap = max(self.max_gap, now - self._last[uid])
+            self._last[uid] = now
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                pods = self._workers()
+                list(self._pool.map(self._beat, pods))
+            except Exception:
+                with self._lock:
+                    self.failures += 1
+            spent = time.monotonic() - started
+            if spent > self.interval:
+                self.late_rounds += 1
+            self._stop.wait(max(0.0, self.interval - spent))

@@ -1,0 +1,553 @@
+"""The operator at 100 jobs: event -> action latency, its memory and CPU, API writes in steady state.
+
+100 TrainingJobs of 2 workers run on simulated nodes, and this process renews a heartbeat Lease for every
+worker at the jobs' heartbeat interval, as launchers would. Then:
+- steady state: over a quiet window the apiserver's `apiserver_request_total` counters (scraped every few
+  seconds) give the writes per second by resource; the operator's process (a local process on this
+  cluster) gives its resident memory and CPU time; heartbeats must not turn into Events or status churn;
+- event -> action: a worker pod is deleted, and the latency is from the pod's DELETED watch event to the
+  ADDED event of the replacement pod the operator creates, both seen by the same watch in this process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from phalanx.bench import prom
+from phalanx.bench.cluster import (
+    SIMULATED_TOLERATION,
+    BenchCluster,
+    BenchError,
+    Cleanup,
+    process_tree_figures,
+    wait_for,
+    warning_summary,
+)
+from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Timeout
+from phalanx.bench.heartbeats import HeartbeatSimulator
+from phalanx.bench.watch import PodEvent, Watch, churn, custom_watch, first_times, pod_watch, running, thin
+
+NAME = "operator-scale"
+TITLE = "Operator at 100 jobs"
+GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
+TRAINER_SELECTOR = "phalanx.dev/component=trainer"
+JOB_LABEL = "phalanx.dev/job-name"
+OPERATOR_RESOURCES = frozenset(
+    {"trainingjobs", "pods", "services", "serviceaccounts", "roles", "rolebindings", "podgroups"}
+)
+"""What the operator writes besides Events (counted from the Events themselves: controllers post Events
+too). Leases (heartbeats, node agent) and nodes (node agent) are others' writes."""
+OPERATOR_COMPONENT = "phalanx-operator"
+HEARTBEAT_INTERVAL = 5
+HEARTBEAT_TIMEOUT = 30
+PROGRESS_TIMEOUT = 600
+TRIALS_BUDGET = 600
+"""Seconds the event -> action trials may take in all (an overloaded operator would take forever)."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    jobs: int
+    workers: int
+    trials: int
+    window: int
+    """Seconds of the steady-state window."""
+    scrape_every: int
+    """Seconds between apiserver scrapes inside the window."""
+
+
+FULL = Scale(jobs=100, workers=2, trials=60, window=90, scrape_every=10)
+QUICK = Scale(jobs=5, workers=2, trials=5, window=15, scrape_every=5)
+
+
+def job_manifest(name: str, workers: int) -> dict[str, Any]:
+    """A TrainingJob on simulated nodes (its rendezvous pod too: the nodeSelector is copied to it)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": workers,
+            "spares": 0,
+            "heartbeat": {
+                "intervalSeconds": HEARTBEAT_INTERVAL,
+                "timeoutSeconds": HEARTBEAT_TIMEOUT,
+                "progressTimeoutSeconds": PROGRESS_TIMEOUT,
+            },
+            "failurePolicy": {"maxRestarts": 1000},
+            "template": {
+                "spec": {
+                    "nodeSelector": {"phalanx.dev/simulated": "true"},
+                    "tolerations": [SIMULATED_TOLERATION],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "phalanx:bench",
+                            "command": ["sleep", "infinity"],
+                            "resources": {"requests": {"memory": "8Mi"}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+# ------------------------------------------------------------------------------ analysis (pure)
+
+
+def operator_writes(rows: list[prom.RequestCount]) -> float:
+    return prom.writes(rows, lambda row: row.resource in OPERATOR_RESOURCES)
+
+
+def status_writes(rows: list[prom.RequestCount]) -> float:
+    return prom.writes(rows, lambda row: row.resource == "trainingjobs")
+
+
+def replacement_latency(events: list[PodEvent], job: str, victim_uid: str, since: float) -> float | None:
+    """Seconds from the victim's DELETED event (or `since`) to the first new pod of `job` added after it."""
+    known = {event.uid for event in events if event.labels.get(JOB_LABEL) == job and event.t <= since}
+    deleted = next(
+        (e.t for e in events if e.uid == victim_uid and e.type == "DELETED" and e.t >= since), None
+    )
+    start = deleted if deleted is not None else since
+    added = next(
+        (
+            event.t
+            for event in events
+            if event.type == "ADDED"
+            and event.labels.get(JOB_LABEL) == job
+            and event.uid not in known
+            and event.t >= since
+        ),
+        None,
+    )
+    return None if added is None else max(0.0, added - start)
+
+
+def histogram_quantile(buckets: dict[float, float], fraction: float) -> float | None:
+    """Prometheus-style quantile from cumulative bucket counts {upper bound: count} (linear inside a bucket)."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    total = buckets[bounds[-1]]
+    rank = fraction * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            inside = count - lower_count
+            return lower_bound + (bound - lower_bound) * ((rank - lower_count) / inside if inside else 0.0)
+        lower_bound, lower_count = bound, count
+    return bounds[-1]
+
+
+def reconcile_buckets(before: dict[prom.Key, float], after: dict[prom.Key, float]) -> dict[float, float]:
+    found: dict[float, float] = {}
+    for labels, increase in prom.delta(before, after, "phalanx_reconcile_duration_seconds_bucket").items():
+        found[float(dict(labels)["le"])] = increase
+    for labels in prom.select(after, "phalanx_reconcile_duration_seconds_bucket"):
+        found.setdefault(float(dict(labels)["le"]), 0.0)
+    return found
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+class ProcessSampler:
+    """Samples the operator's resident memory every second in a thread."""
+
+    def __init__(self, cluster: BenchCluster) -> None:
+        self.process = cluster.operator_process()
+        self.rss: list[float] = []
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="operator-sampler", daemon=True)
+        self.origin = time.monotonic()
+
+    def __enter__(self) -> ProcessSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss, _ = process_tree_figures(self.process)
+            self.rss.append(rss)
+            self.times.append(time.monotonic() - self.origin)
+            self._stop.wait(1.0)
+
+
+def wait_all_running(pods: Watch[PodEvent], scale: Scale, timeout: float) -> float:
+    expected = scale.jobs * scale.workers
+
+    def ready() -> bool:
+        return len(first_times(pods.events(), running)) >= expected
+
+    started = time.monotonic()
+    try:
+        wait_for(ready, timeout, interval=0.5, message=f"{expected} worker pods Running")
+    except BenchError as error:
+        raise BenchError(f"{error}: {len(first_times(pods.events(), running))} Running") from None
+    return time.monotonic() - started
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One look at the counters during the steady window."""
+
+    t: float
+    requests: dict[prom.Key, float]
+    operator_cpu: float
+    events: dict[tuple[bool, str], float]
+    """Events in the namespace by (posted by the operator?, reason), each counted `count` times."""
+
+
+def event_counts(cluster: BenchCluster, namespace: str) -> dict[tuple[bool, str], float]:
+    """Events in `namespace` by (posted by the operator?, reason), each counted `count` times."""
+    counts: dict[tuple[bool, str], float] = {}
+    for event in cluster.core.list_namespaced_event(namespace).items:
+        source = (event.source.component if event.source else None) or event.reporting_component
+        key = (source == OPERATOR_COMPONENT, event.reason or "")
+        counts[key] = counts.get(key, 0.0) + (event.count or 1)
+    return counts
+
+
+def scrape(cluster: BenchCluster, namespace: str, process: Any) -> Scrape:
+    return Scrape(
+        time.monotonic(),
+        prom.parse(cluster.apiserver_metrics(), prom.REQUESTS),
+        process_tree_figures(process)[1],
+        event_counts(cluster, namespace),
+    )
+
+
+def reasons_posted(
+    before: dict[tuple[bool, str], float], after: dict[tuple[bool, str], float], mine: bool
+) -> dict[str, float]:
+    """Events posted between two looks, by reason (the operator's or the others')."""
+    found = {}
+    for (ours, reason), count in after.items():
+        increase = count - before.get((ours, reason), 0.0)
+        if ours == mine and increase > 0:
+            found[reason] = increase
+    return found
+
+
+def steady_window(cluster: BenchCluster, scale: Scale, namespace: str) -> dict[str, Any]:
+    """Scrape every `scrape_every` seconds over the window: writes, Events, the operator's CPU; and the
+    TrainingJobs' changes (which fields each status write changed)."""
+    process = cluster.operator_process()
+    operator_before = prom.parse(cluster.operator_metrics())
+    with custom_watch(cluster.new_api_client, GROUP, VERSION, namespace, PLURAL) as jobs:
+        scrapes = [scrape(cluster, namespace, process)]
+        deadline = scrapes[0].t + scale.window
+        while time.monotonic() < deadline - 0.5:
+            time.sleep(min(scale.scrape_every, max(0.0, deadline - time.monotonic())))
+            scrapes.append(scrape(cluster, namespace, process))
+        job_events = jobs.events()
+    operator_after = prom.parse(cluster.operator_metrics())
+    per_window: dict[str, list[float]] = {key: [] for key in ("operator", "status", "all", "events", "cpu")}
+    for before, after in itertools.pairwise(scrapes):
+        span = after.t - before.t
+        rows = prom.request_deltas(before.requests, after.requests)
+        posted = sum(reasons_posted(before.events, after.events, mine=True).values())
+        per_window["operator"].append((operator_writes(rows) + posted) / span)
+        per_window["status"].append(status_writes(rows) / span)
+        per_window["all"].append(prom.writes(rows) / span)
+        per_window["events"].append(posted)
+        per_window["cpu"].append((after.operator_cpu - before.operator_cpu) / span * 100)
+    rows = prom.request_deltas(scrapes[0].requests, scrapes[-1].requests)
+    seconds = scrapes[-1].t - scrapes[0].t
+    writes_by_resource = prom.by_resource(rows, lambda row: row.verb.upper() in prom.WRITE_VERBS)
+    buckets = reconcile_buckets(operator_before, operator_after)
+    updates, fields = churn(job_events, scrapes[0].t, scrapes[-1].t)
+    return {
+        "per_window": per_window,
+        "seconds": seconds,
+        "writes_per_second_by_resource": {
+            key: round(value / seconds, 2) for key, value in sorted(writes_by_resource.items())
+        },
+        "operator_event_reasons": reasons_posted(scrapes[0].events, scrapes[-1].events, mine=True),
+        "other_event_reasons": reasons_posted(scrapes[0].events, scrapes[-1].events, mine=False),
+        "job_updates": updates,
+        "changed_fields": dict(sorted(fields.items(), key=lambda item: -item[1])),
+        "reconcile_p50": histogram_quantile(buckets, 0.5),
+        "reconcile_p99": histogram_quantile(buckets, 0.99),
+        "reconciles": max(buckets.values(), default=0.0),
+    }
+
+
+def event_to_action(
+    cluster: BenchCluster, pods: Watch[PodEvent], jobs: list[str], scale: Scale, namespace: str
+) -> tuple[list[float], int]:
+    """Delete one worker pod per trial; the latency until the operator's replacement pod appears."""
+    rng = random.Random(7)
+    latencies, missed = [], 0
+    deadline = time.monotonic() + TRIALS_BUDGET
+    for trial in range(scale.trials):
+        if time.monotonic() > deadline:
+            break
+        job = jobs[trial % len(jobs)] if scale.trials <= len(jobs) else rng.choice(jobs)
+        live = cluster.core.list_namespaced_pod(
+            namespace, label_selector=f"{JOB_LABEL}={job},phalanx.dev/role=worker"
+        ).items
+        live = [
+            pod for pod in live if pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
+        ]
+        if not live:
+            missed += 1
+            continue
+        victim = rng.choice(live)
+        since = time.monotonic()
+        try:
+            cluster.core.delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
+        except ApiException as error:
+            if error.status != 404:  # the operator replaced it meanwhile: no trial
+                raise
+            missed += 1
+            continue
+
+        def replaced(job: str = job, uid: str = victim.metadata.uid, since: float = since) -> float | None:
+            return replacement_latency(pods.events(), job, uid, since)
+
+        try:
+            latencies.append(wait_for(replaced, 30, interval=0.05, message=f"a replacement pod for {job}"))
+        except BenchError:
+            missed += 1
+        time.sleep(0.5)
+    return latencies, missed
+
+
+def run(context: Any, quick: bool) -> BenchResult:
+    scale = QUICK if quick else FULL
+    cluster = context.cluster()
+    namespace = cluster.create_namespace("bench-ops")
+    jobs = [f"job-{index:03d}" for index in range(scale.jobs)]
+    log = context.log
+    try:
+        with (
+            pod_watch(cluster.new_api_client, namespace, TRAINER_SELECTOR) as pods,
+            ProcessSampler(cluster) as sampler,
+        ):
+            started = time.monotonic()
+            for job in jobs:
+                cluster.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, job_manifest(job, scale.workers)
+                )
+            log(
+                f"{scale.jobs} jobs created in {time.monotonic() - started:.1f} s; waiting for their workers to run"
+            )
+            to_running = wait_all_running(pods, scale, 600 if not quick else 180)
+            heartbeats = HeartbeatSimulator(
+                cluster.new_api_client, namespace, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, scale.workers
+            ).start()
+            try:
+                settle = 2 * HEARTBEAT_INTERVAL + 2 * (
+                    cluster.operator.reconcile_interval if cluster.operator else 5
+                )
+                log(
+                    f"heartbeats for {scale.jobs * scale.workers} workers; settling {settle:.0f} s, then a "
+                    f"{scale.window} s steady window"
+                )
+                time.sleep(settle)
+                rss_from = len(sampler.rss)
+                steady = steady_window(cluster, scale, namespace)
+                rss_steady = sampler.rss[rss_from:]
+                log(f"event -> action: {scale.trials} worker pods deleted one at a time")
+                latencies, missed = event_to_action(cluster, pods, jobs, scale, namespace)
+            finally:
+                # Jobs go first: heartbeats that stop while their jobs live would be judged as failures.
+                cluster.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+                heartbeats.stop()
+            log_lines = cluster.operator_log_lines(time.time() - (time.monotonic() - started))
+            torch_loaded = maps_torch(sampler.process)
+    finally:
+        cleanup = cluster.delete_namespace(namespace, timeout=600)
+    return result(
+        scale,
+        cluster,
+        to_running,
+        steady,
+        latencies,
+        missed,
+        sampler,
+        rss_steady,
+        heartbeats,
+        log_lines,
+        torch_loaded,
+        cleanup,
+    )
+
+
+def result(
+    scale: Scale,
+    cluster: BenchCluster,
+    to_running: float,
+    steady: dict[str, Any],
+    latencies: list[float],
+    missed: int,
+    sampler: ProcessSampler,
+    rss_steady: list[float],
+    heartbeats: HeartbeatSimulator,
+    log_lines: list[str],
+    torch_loaded: bool,
+    cleanup: Cleanup,
+) -> BenchResult:
+    windows = steady["per_window"]
+    reconcile_interval = cluster.operator.reconcile_interval if cluster.operator else 5.0
+    by_resource = steady["writes_per_second_by_resource"]
+    notes = [
+        f"{scale.jobs} TrainingJobs x {scale.workers} workers (+ 1 rendezvous pod each) on simulated nodes; "
+        f"this process renewed {scale.jobs * scale.workers} heartbeat Leases every {HEARTBEAT_INTERVAL} s "
+        f"({heartbeats.writes} renewals, {heartbeats.failures} failed, {heartbeats.late_rounds} late rounds, "
+        f"longest gap between two renewals of one Lease {heartbeats.max_gap:.1f} s"
+        + (
+            "; above the heartbeat timeout, so some pods were rightly declared dead because this process "
+            "fell behind)."
+            if heartbeats.max_gap > HEARTBEAT_TIMEOUT
+            else ")."
+        ),
+        f"Steady window {steady['seconds']:.0f} s, apiserver scraped every {scale.scrape_every} s. Writes per "
+        "second by resource (everyone's): "
+        + (", ".join(f"{key} {value}" for key, value in by_resource.items()) or "none")
+        + ". Operator writes: trainingjobs, pods, services, serviceaccounts, roles, rolebindings, plus the "
+        "Events the operator posted; leases and nodes are the heartbeats' and the node agent's, endpoints the "
+        "endpoints controller's.",
+        f"TrainingJob updates in the window: {steady['job_updates']}; fields they changed: "
+        + (", ".join(f"{name} {count}x" for name, count in steady["changed_fields"].items()) or "none")
+        + ". Events the operator posted in the window, by reason: "
+        + (", ".join(f"{k} {v:.0f}" for k, v in steady["operator_event_reasons"].items()) or "none")
+        + "; by other components: "
+        + (", ".join(f"{k} {v:.0f}" for k, v in steady["other_event_reasons"].items()) or "none")
+        + ".",
+        f"The operator process has torch loaded: {'yes' if torch_loaded else 'no'} (libtorch mapped; it "
+        "accounts for most of the resident memory when it is).",
+        f"Operator reconciles in the window: {steady['reconciles']:.0f} (periodic every {reconcile_interval:g} s per "
+        "job, plus events); duration from its histogram p50 "
+        f"{fmt_seconds(steady['reconcile_p50'])}, p99 {fmt_seconds(steady['reconcile_p99'])}.",
+        f"Event -> action: {len(latencies)} worker pods deleted one at a time across the jobs (0.5 s apart), "
+        f"{missed} without a replacement within 30 s; latency from the pod's DELETED watch event to the "
+        "replacement's ADDED event, both seen by this process.",
+        *(f"Operator log: {line}" for line in warning_summary(log_lines)),
+        *([note] if (note := cleanup.note("Cleanup")) else []),
+    ]
+    return BenchResult(
+        name=NAME,
+        title=TITLE,
+        metrics=[
+            Metric(
+                name="event -> action latency",
+                unit="s",
+                samples=latencies,
+                description="worker pod deleted -> the operator's replacement pod created",
+                target=Target(op="<=", value=1.0, stat="p99", text="event -> action p99 <= 1 s"),
+                baseline=Baseline(text="Kubernetes API SLO: p99 <= 1 s per call", value=1.0),
+            ),
+            Metric(
+                name="operator RSS",
+                unit="MB",
+                samples=rss_steady or sampler.rss,
+                description="resident memory of the operator process, sampled every second in steady state",
+                target=Target(op="<=", value=200, stat="max", text="RSS <= 200 MB"),
+                baseline=Baseline(text="kopf operators ~300 MB", value=300),
+            ),
+            Metric(
+                name="operator API writes per second",
+                unit="writes/s",
+                samples=windows["operator"],
+                description=f"writes to the operator's resources in each {scale.scrape_every} s of the steady window",
+                target=Target(op="<=", value=20, stat="mean", text="<= 20 API writes/s steady"),
+            ),
+            Metric(
+                name="TrainingJob writes per second",
+                unit="writes/s",
+                samples=windows["status"],
+                description="writes to TrainingJobs (status, kopf annotations): status churn",
+            ),
+            Metric(
+                name="Events posted in steady state",
+                unit="count",
+                samples=windows["events"],
+                description=f"Events created or updated in each {scale.scrape_every} s of the steady window",
+                target=Target(op="<=", value=0, stat="max", text="heartbeats never turn into Events"),
+            ),
+            Metric(
+                name="all API writes per second",
+                unit="writes/s",
+                samples=windows["all"],
+                description="every write the apiserver served (heartbeats and node agent included)",
+            ),
+            Metric(
+                name="operator CPU",
+                unit="%",
+                samples=windows["cpu"],
+                description="the operator's CPU time over wall time in each sub-window (100% = one core)",
+            ),
+            Metric(
+                name=f"{scale.jobs} jobs created -> workers Running",
+                unit="s",
+                samples=[to_running],
+                description="from the last job created to every worker pod Running",
+            ),
+        ],
+        timeouts=[
+            Timeout(
+                name="operator periodic reconcile",
+                seconds=reconcile_interval,
+                source="chart reconcileIntervalSeconds",
+            ),
+            Timeout(
+                name="heartbeat interval", seconds=HEARTBEAT_INTERVAL, source="spec.heartbeat.intervalSeconds"
+            ),
+            Timeout(
+                name="heartbeat timeout", seconds=HEARTBEAT_TIMEOUT, source="spec.heartbeat.timeoutSeconds"
+            ),
+            Timeout(
+                name="no-progress timeout",
+                seconds=PROGRESS_TIMEOUT,
+                source="spec.heartbeat.progressTimeoutSeconds",
+            ),
+            Timeout(
+                name="gang schedule timeout", seconds=300, source="spec.gang.scheduleTimeoutSeconds (default)"
+            ),
+        ],
+        notes=notes,
+        series=[
+            Series(
+                name="operator RSS",
+                x=thin(sampler.times, sampler.rss)[0],
+                y=thin(sampler.times, sampler.rss)[1],
+                x_label="s since the jobs were created",
+                y_label="MB",
+            )
+        ],
+        details={
+            "steady": {key: value for key, value in steady.items() if key != "per_window"},
+            "missed": missed,
+        },
+    )
+
+
+def maps_torch(process: Any) -> bool:
+    """Whether the process has torch's native library mapped (imported torch)."""
+    try:
+        return any("libtorch" in mapped.path for mapped in process.memory_maps())
+    except Exception:
+        return False
+
+
+def fmt_seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.0f} ms"

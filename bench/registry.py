@@ -1,0 +1,94 @@
+"""The benchmarks `phalanx bench` knows, in the order it runs them.
+
+A benchmark is a module with `NAME` (its entry's name), `TITLE` and `run(context, quick) -> BenchResult`
+(`phalanx.bench.core`); `context` is a `phalanx.bench.harness.Context` (scratch folders, the cluster).
+Adding one is a module plus one entry here; the harness writes its report, JSON and plot.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered benchmark."""
+
+    name: str
+    module: str
+    needs_cluster: bool
+    summary: str
+
+    def load(self) -> ModuleType:
+        module = importlib.import_module(self.module)
+        if getattr(module, "NAME", None) != self.name or not callable(getattr(module, "run", None)):
+            raise RuntimeError(f"{self.module} must define NAME = {self.name!r} and run(context, quick)")
+        return module
+
+
+BENCHMARKS: tuple[Entry, ...] = (
+    Entry(
+        "checkpoint-stall",
+        "phalanx.bench.checkpoint_stall",
+        False,
+        "training stall per save: sync vs async vs the in-memory copy, 10 MB / 100 MB / 1 GB",
+    ),
+    Entry(
+        "kill-during-save",
+        "phalanx.bench.kill_during_save",
+        False,
+        "SIGKILL of the saver at random moments of a save, then a load: 0 corrupt loads in 200 trials",
+    ),
+    Entry(
+        "gang-creation",
+        "phalanx.bench.gang_creation",
+        True,
+        "a 1,000-worker TrainingJob on simulated nodes: pods/s, time to Running, partial gangs",
+    ),
+    Entry(
+        "operator-scale",
+        "phalanx.bench.operator_scale",
+        True,
+        "100 TrainingJobs: event -> action latency, operator RSS/CPU, API writes/s in steady state",
+    ),
+    Entry(
+        "rerendezvous",
+        "phalanx.bench.rerendezvous",
+        True,
+        "re-rendezvous of real training pods after kubectl scale (grow and shrink)",
+    ),
+    Entry(
+        "recovery",
+        "phalanx.bench.recovery",
+        True,
+        "worker killed -> first step after resume, by stage: hot spare vs new pod vs RestartJob from disk",
+    ),
+    Entry(
+        "hang-detection",
+        "phalanx.bench.hang_detection",
+        True,
+        "frozen pod and hung trainer -> detection vs the timeouts; false alarms while saving every 2 steps",
+    ),
+    Entry(
+        "goodput",
+        "phalanx.bench.goodput",
+        True,
+        "30 min with a random failure every ~5 min: goodput three ways, every lost second attributed",
+    ),
+)
+
+
+def names() -> list[str]:
+    return [entry.name for entry in BENCHMARKS]
+
+
+def select(wanted: list[str] | None) -> list[Entry]:
+    """The entries named in `wanted` (all when empty), in registry order; unknown names are refused."""
+    if not wanted:
+        return list(BENCHMARKS)
+    unknown = sorted(set(wanted) - set(names()))
+    if unknown:
+        raise ValueError(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(names())}")
+    return [entry for entry in BENCHMARKS if entry.name in wanted]

@@ -1,0 +1,67 @@
+"""`phalanx bench --quick` for the benchmarks that need the cluster, against the session's local cluster.
+
+Smoke mode keeps them from rotting: each must finish and report every metric with samples. Speed is never
+judged here (that is what the report is for); only what the harness sets up must hold (the one-short gang
+really is one short, every deleted worker is replaced).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import Cluster, Operator
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CLUSTER_BENCHMARKS = ["gang-creation", "operator-scale", "rerendezvous"]
+
+
+def metrics_of(result: dict) -> dict[str, dict]:
+    return {metric["name"]: metric for metric in result["metrics"]}
+
+
+def test_cluster_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    command = [
+        sys.executable, "-m", "phalanx.cli", "bench", "--quick", "--only", *CLUSTER_BENCHMARKS,
+        "--state-dir", str(cluster.state_dir), "--out", str(out),
+    ]  # fmt: skip
+    process = subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False)
+    assert process.returncode == 0, process.stderr[-6000:]
+    run = json.loads((out / "results.json").read_text())
+    results = {result["name"]: result for result in run["results"]}
+    assert list(results) == CLUSTER_BENCHMARKS
+    for result in results.values():
+        assert result["error"] is None, result["error"]
+        assert result["timeouts"], f"{result['name']} reports no timeouts"
+    assert "(reused)" in run["cluster"]["state dir"]
+
+    gang = results["gang-creation"]
+    gang_metrics = metrics_of(gang)
+    assert gang_metrics["pods created per second"]["samples"][0] > 0
+    assert gang_metrics["partially placed gangs left"]["samples"] == [0.0, 0.0]
+    gang_size = gang["details"]["gang_pods"]
+    assert gang["details"]["short"]["most_bound"] == gang_size - 1  # the capacity really was one pod short
+    assert gang["details"]["short"]["left_bound"] == []
+
+    scale = metrics_of(results["operator-scale"])
+    assert len(scale["event -> action latency"]["samples"]) == 5  # every deleted worker was replaced
+    assert min(scale["operator RSS"]["samples"]) > 0
+    assert scale["operator API writes per second"]["samples"]
+    assert results["operator-scale"]["details"]["missed"] == 0
+
+    rendezvous = metrics_of(results["rerendezvous"])
+    assert len(rendezvous["scale to 3 -> training at 3"]["samples"]) == 1
+    assert len(rendezvous["scale to 2 -> training at 2"]["samples"]) == 1
+    assert rendezvous["re-rendezvous"]["samples"]
+
+    text = (out / "report.md").read_text()
+    for name in CLUSTER_BENCHMARKS:
+        assert f"(`{name}`)" in text
+        assert (out / f"{name}.png").stat().st_size > 0
+    assert "## Machine" in text and "## Local cluster" in text and "Timeouts and intervals in force" in text
