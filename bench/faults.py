@@ -763,6 +763,38 @@ class TrainingRun:
         starts = group_starts(timeline, moment)
         return len(starts) >= self.replicas and len(resumed_times(timeline, starts)) >= self.replicas
 
+    def diagnose(self) -> dict[str, Any]:
+        """What the job looks like now (for a wait that timed out): its state, conditions, open incidents,
+        pods and their heartbeats, and the launchers' last lines."""
+        status = self.status()
+        now = latest(self.timeline())
+        pods = self.pods()
+        return {
+            "state": status.get("state"),
+            "conditions": {
+                c.get("type"): f"{c.get('status')} {c.get('reason')}: {c.get('message')}"
+                for c in status.get("conditions") or []
+            },
+            "open incidents": open_incidents(status),
+            "replicas": status.get("replicas"),
+            "pods": {
+                p.metadata.name: {
+                    "role": role_of(p),
+                    "phase": p.status.phase,
+                    "node": p.spec.node_name,
+                    "heartbeat": {
+                        key: now[p.metadata.name].values.get(key) for key in ("phase", "step", "rank")
+                    }
+                    if p.metadata.name in now
+                    else None,
+                }
+                for p in pods
+            },
+            "launcher lines": self.launcher_lines(
+                time.time() - 60, [p.metadata.name for p in pods], limit=60
+            ),
+        }
+
     def launcher_lines(self, since: float, pods: Iterable[str], limit: int = 80) -> list[str]:
         """The launchers' log lines (and the trainers' own) since `since`, from pods that still exist."""
         lines = []

@@ -308,6 +308,8 @@ class GoodputRun:
         self.run = faults.TrainingRun(cluster, "bench-goodput", job)
         self.log = log
         self.notes: list[str] = []
+        self.stuck: dict[str, Any] = {}
+        """What the job looked like when it never got steady again (empty: it always did)."""
 
     def protected_nodes(self) -> set[str]:
         """Nodes whose crash would take down more than a worker: the operator's and the rendezvous pod's."""
@@ -407,7 +409,12 @@ def run(context: Any, quick: bool) -> BenchResult:
             if time.time() > start + sizes.seconds - sizes.quiet_tail:
                 goodput.notes.append(f"a {kind} scheduled at {offset:.0f} s was skipped: recoveries ran late")
                 continue
-            failure, undo = goodput.inject(kind, rng)
+            try:
+                failure, undo = goodput.inject(kind, rng)
+            except BenchError as error:  # the job never got steady again: the window ends here
+                goodput.notes.append(f"Stopped early: a {kind} could not be injected: {error}")
+                goodput.stuck = run_.diagnose()
+                break
             goodput.follow(failure, undo)
             failures.append(failure)
             context.log(
@@ -415,15 +422,19 @@ def run(context: Any, quick: bool) -> BenchResult:
                 f"({failure.cause}), resumed after "
                 + (f"{failure.resumed - failure.injected:.1f} s" if failure.resumed else "-")
             )
-        time.sleep(max(0.0, start + sizes.seconds - time.time()))
+        if not goodput.stuck:
+            time.sleep(max(0.0, start + sizes.seconds - time.time()))
         end = time.time()
         status_end = run_.status()
         log = run_.step_log()
         timeline = run_.timeline()
     finally:
         run_.close()
-    return result_of(sizes, start, end, failures, log, timeline, status_start, status_end, goodput.notes,
-                     run_.job["spec"], operator.reconcile_interval)  # fmt: skip
+    result = result_of(sizes, start, end, failures, log, timeline, status_start, status_end, goodput.notes,
+                       run_.job["spec"], operator.reconcile_interval)  # fmt: skip
+    if goodput.stuck:
+        result.details["stuck"] = goodput.stuck
+    return result
 
 
 def result_of(

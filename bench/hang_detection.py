@@ -263,21 +263,31 @@ def run(context: Any, quick: bool) -> BenchResult:
     hang = HangRun(cluster, context.log)
     faults_done: list[Fault] = []
     quiet = Quiet()
+    stuck: dict[str, Any] = {}
+    plan = [("frozen pod", n, sizes.freezes) for n in range(1, sizes.freezes + 1)]
+    plan += [("hung trainer", n, sizes.hangs) for n in range(1, sizes.hangs + 1)]
     try:
         hang.run.start()
         context.log(
             f"hang-detection: {sizes.quiet_seconds:.0f} s of training with a save every {CHECKPOINT_INTERVAL} steps"
         )
         quiet = hang.quiet(sizes.quiet_seconds)
-        for number in range(1, sizes.freezes + 1):
-            faults_done.append(hang.freeze(number, rng))
-            context.log(f"hang-detection frozen pod {number}/{sizes.freezes}: {_line(faults_done[-1])}")
-        for number in range(1, sizes.hangs + 1):
-            faults_done.append(hang.hang(number, rng))
-            context.log(f"hang-detection hung trainer {number}/{sizes.hangs}: {_line(faults_done[-1])}")
+        for kind, number, count in plan:
+            inject = hang.freeze if kind == "frozen pod" else hang.hang
+            try:
+                faults_done.append(inject(number, rng))
+            except BenchError as error:  # the job never got steady again: keep what was measured
+                stuck = {"error": f"{kind} {number} could not start: {error}", **hang.run.diagnose()}
+                context.log(f"hang-detection: {stuck['error']}")
+                break
+            context.log(f"hang-detection {kind} {number}/{count}: {_line(faults_done[-1])}")
     finally:
         hang.run.close()
-    return result_of(quiet, faults_done, hang.run.job["spec"], operator.reconcile_interval)
+    result = result_of(quiet, faults_done, hang.run.job["spec"], operator.reconcile_interval)
+    if stuck:
+        result.notes.append(f"Stopped early: {stuck['error']} (details: stuck)")
+        result.details["stuck"] = stuck
+    return result
 
 
 def _line(fault: Fault) -> str:

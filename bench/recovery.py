@@ -376,27 +376,35 @@ class RunningJob:
         return trial
 
 
-def run_variant(cluster: BenchCluster, variant: Variant, trials: int, log: Any) -> tuple[list[Trial], dict]:
+def run_variant(
+    cluster: BenchCluster, variant: Variant, trials: int, log: Any
+) -> tuple[list[Trial], dict[str, Any]]:
+    """Run a variant's trials; a trial that cannot start (the job never steady again) ends the variant,
+    keeping the trials done and what the job looked like."""
     job = RunningJob(cluster, variant)
     rng = random.Random(f"{SEED}-{variant.name}")
     done: list[Trial] = []
     started = time.monotonic()
+    info: dict[str, Any] = {"spec": job.run.job["spec"]}
     try:
         job.run.start()
         for number in range(1, trials + 1):
-            trial = job.trial(number, rng)
+            try:
+                trial = job.trial(number, rng)
+            except BenchError as error:
+                info["error"] = f"trial {number} could not start: {error}"
+                info["diagnosis"] = job.run.diagnose()
+                log(f"recovery {variant.name}: {info['error']}")
+                break
             done.append(trial)
-            log(
-                f"recovery {variant.name} trial {number}/{trials}: "
-                + (
-                    f"failed: {trial.error}"
-                    if trial.error
-                    else f"{trial.total} s, lost {trial.steps_lost_log}"
-                )
+            outcome = (
+                f"failed: {trial.error}" if trial.error else f"{trial.total} s, lost {trial.steps_lost_log}"
             )
+            log(f"recovery {variant.name} trial {number}/{trials}: {outcome}")
     finally:
         job.run.close()
-    return done, {"spec": job.run.job["spec"], "seconds": round(time.monotonic() - started, 1)}
+    info["seconds"] = round(time.monotonic() - started, 1)
+    return done, info
 
 
 def run(context: Any, quick: bool) -> BenchResult:
@@ -407,7 +415,8 @@ def run(context: Any, quick: bool) -> BenchResult:
     result = BenchResult(name=NAME, title=TITLE)
     all_trials: dict[str, list[Trial]] = {}
     spec: dict[str, Any] = {}
-    errors = []
+    errors: list[str] = []
+    diagnoses: dict[str, Any] = {}
     for variant in variants:
         try:
             done, info = run_variant(cluster, variant, trials, context.log)
@@ -416,6 +425,9 @@ def run(context: Any, quick: bool) -> BenchResult:
             context.log(f"recovery {variant.name} failed: {error}")
             continue
         spec = spec or info["spec"]
+        if info.get("error"):
+            errors.append(f"{variant.name}: {info['error']}")
+            diagnoses[variant.name] = info.get("diagnosis")
         all_trials[variant.name] = done
         result.metrics += metrics_for(variant, done)
         result.series += milestone_series(variant, done)
@@ -430,6 +442,7 @@ def run(context: Any, quick: bool) -> BenchResult:
         "trials": {name: [summary(trial, keep_lines=_is_slow(trial, slow)) for trial in done]
                    for name, done in all_trials.items()},
         "stalls": slow,
+        "stuck": diagnoses,
         "checkpoint interval steps": CHECKPOINT_INTERVAL,
         "step delay seconds": STEP_DELAY,
     }  # fmt: skip

@@ -255,3 +255,11 @@ def test_events_posted_between_two_looks_by_reason() -> None:
         "HeartbeatTimeout": 1.0,
     }
     assert operator_scale.reasons_posted(before, after, mine=False) == {"FailedToUpdateEndpoint": 4.0}
+
+
+def test_heartbeat_timeouts_with_leases_renewed_in_time_are_called_false_alarms() -> None:
+    assert operator_scale.heartbeat_false_alarms({"HeartbeatTimeout": 4}, max_gap=9.0)[0].startswith(
+        "False alarms: the operator posted 4 HeartbeatTimeout"
+    )
+    assert operator_scale.heartbeat_false_alarms({"HeartbeatTimeout": 4}, max_gap=45.0) == []
+    assert operator_scale.heartbeat_false_alarms({"CreatedPods": 2}, max_gap=5.0) == []
