@@ -403,14 +403,26 @@ def log_time(line: str) -> float | None:
         return None
 
 
+PROBLEM_LEVELS = ("WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(line: str) -> str:
+    """The level of a Python log line (`2024-06-01 12:00:00,123 LEVEL name: message`), else ""."""
+    parts = line.split(" ", 3)
+    return parts[2] if len(parts) > 3 and log_time(line) is not None else ""
+
+
+def problem_lines(lines: list[str]) -> list[str]:
+    """The WARNING, ERROR and CRITICAL lines."""
+    return [line for line in lines if log_level(line) in PROBLEM_LEVELS]
+
+
 def warning_summary(lines: list[str], limit: int = 5) -> list[str]:
     """The most frequent WARNING/ERROR messages (timestamps stripped), with their counts."""
     counts: dict[str, int] = {}
-    for line in lines:
-        for level in (" WARNING ", " ERROR ", " CRITICAL "):
-            if level in line:
-                message = level.strip() + " " + line.split(level, 1)[1].strip()
-                counts[message[:160]] = counts.get(message[:160], 0) + 1
+    for line in problem_lines(lines):
+        message = line.split(" ", 2)[2].strip()[:160]
+        counts[message] = counts.get(message, 0) + 1
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     return [f"{count} x {message}" for message, count in ranked[:limit]]
 

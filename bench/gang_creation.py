@@ -23,6 +23,7 @@ from phalanx.bench.cluster import (
     BenchCluster,
     BenchError,
     memory_bytes,
+    problem_lines,
     request_milli,
     wait_for,
     warning_summary,
@@ -69,7 +70,7 @@ RENDEZVOUS_CPU_MILLI = 50
 """CPU the operator's rendezvous pod requests; blocked nodes keep less than this free."""
 BACKOFF_SECONDS = 3600
 """After a gang timeout no new attempt starts while the benchmark watches."""
-THROTTLE_WORDS = ("429", "too many requests", "throttl", "rate limit")
+THROTTLE_WORDS = ("429 ", "too many requests", "throttl", "rate limit")
 
 
 # ------------------------------------------------------------------------------ capacity planning (pure)
@@ -222,7 +223,9 @@ class Probes:
         rows = prom.request_deltas(self.apiserver, after.apiserver)
         operator_errors = prom.delta(self.operator, after.operator, "phalanx_api_errors_total")
         log_lines = cluster.operator_log_lines(self.since)
-        throttled = [line for line in log_lines if any(word in line.lower() for word in THROTTLE_WORDS)]
+        throttled = [
+            line for line in problem_lines(log_lines) if any(word in line.lower() for word in THROTTLE_WORDS)
+        ]
         return {
             "apiserver_errors": prom.errors(rows),
             "conflicts": prom.by_resource(rows, lambda row: row.code == "409"),

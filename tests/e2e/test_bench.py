@@ -2,7 +2,7 @@
 
 Smoke mode keeps them from rotting: each must finish and report every metric with samples. Speed is never
 judged here (that is what the report is for); only what the harness sets up must hold (the one-short gang
-really is one short, every deleted worker is replaced).
+really is one short, every trial deletes a worker).
 """
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ def test_cluster_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, 
     assert gang["details"]["short"]["left_bound"] == []
 
     scale = metrics_of(results["operator-scale"])
-    assert len(scale["event -> action latency"]["samples"]) == 5  # every deleted worker was replaced
+    # every trial deleted a worker (one not replaced in time counts with the wait's length)
+    assert len(scale["event -> action latency"]["samples"]) == 5
+    assert results["operator-scale"]["details"]["skipped"] == 0
     assert min(scale["operator RSS"]["samples"]) > 0
     assert scale["operator API writes per second"]["samples"]
-    assert results["operator-scale"]["details"]["missed"] == 0
 
     rendezvous = metrics_of(results["rerendezvous"])
     assert len(rendezvous["scale to 3 -> training at 3"]["samples"]) == 1

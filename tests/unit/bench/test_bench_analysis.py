@@ -263,3 +263,20 @@ def test_heartbeat_timeouts_with_leases_renewed_in_time_are_called_false_alarms(
     )
     assert operator_scale.heartbeat_false_alarms({"HeartbeatTimeout": 4}, max_gap=45.0) == []
     assert operator_scale.heartbeat_false_alarms({"CreatedPods": 2}, max_gap=5.0) == []
+
+
+def test_operator_log_problems_are_told_by_their_level() -> None:
+    from phalanx.bench.cluster import problem_lines, warning_summary
+
+    lines = [
+        "2026-01-01 10:00:00,001 WARNING phalanx.operator.handlers: create failed: 403 Forbidden",
+        "2026-01-01 10:00:00,002 WARNING phalanx.operator.handlers: create failed: 403 Forbidden",
+        "2026-01-01 10:00:00,003 INFO kopf.objects: body mentions ERROR and 429 but is fine",
+        "2026-01-01 10:00:00,004 ERROR kopf.objects: handler failed",
+        "a line without a timestamp WARNING",
+    ]
+    assert len(problem_lines(lines)) == 3
+    assert warning_summary(lines) == [
+        "2 x WARNING phalanx.operator.handlers: create failed: 403 Forbidden",
+        "1 x ERROR kopf.objects: handler failed",
+    ]
