@@ -30,6 +30,10 @@ DISRUPTION_TARGET = "DisruptionTarget"
 CONTAINER_RESTART = "ContainerRestart"
 NODE_LOST = "NodeLost"
 HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
+EXITING_PHASE = "exiting"
+EXITING_GRACE_SECONDS = 30
+"""How much longer than the heartbeat timeout a pod whose launcher announced its exit may stay silent: the
+exit shows in the pod's status once the node reports it, normally within seconds."""
 NO_PROGRESS = "NoProgress"
 STRAGGLER = "Straggler"
 RENDEZVOUS_LOST = "RendezvousLost"
@@ -384,8 +388,12 @@ def _heartbeat_failure(
     name = observe.pod_name(pod)
     base = {"pod": name, "uid": pod["metadata"].get("uid"), "node": track.node, "spare": spare, "alive": True}
     silent = _seconds_since(lease.get("renewTime"), now)
-    if silent is not None and silent > heartbeat.timeout_seconds:
-        message = f"{name}: no heartbeat for {silent:.0f}s (timeout {heartbeat.timeout_seconds}s)"
+    allowed = heartbeat.timeout_seconds
+    if lease.get("phase") == EXITING_PHASE:
+        # The launcher ended on its own and said so; its exit code, in the pod's status, decides.
+        allowed += EXITING_GRACE_SECONDS
+    if silent is not None and silent > allowed:
+        message = f"{name}: no heartbeat for {silent:.0f}s (timeout {allowed}s)"
         # Frozen since its last renewal, at the latest.
         last = _at_most(parse_time_end(lease.get("renewTime")), now)
         return Failure(HEARTBEAT_TIMEOUT, message=message, force=True, occurred_at=last, **base)

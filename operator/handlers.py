@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -56,9 +57,15 @@ class HeartbeatSignals:
 class JobReconciler:
     """Carries out plans; one lock per job so periodic and event-driven reconciles never overlap."""
 
-    def __init__(self, kube: Kube, metrics: OperatorMetrics) -> None:
+    def __init__(self, kube: Kube, metrics: OperatorMetrics, api_concurrency: int = 1) -> None:
         self.kube = kube
         self.metrics = metrics
+        # Shared by all jobs: bounds the operator's parallel requests however many jobs reconcile at once.
+        self._requests = (
+            ThreadPoolExecutor(max_workers=api_concurrency, thread_name_prefix="phalanx-api")
+            if api_concurrency > 1
+            else None
+        )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -114,18 +121,19 @@ class JobReconciler:
         namespace = job["metadata"]["namespace"]
         for child in plan.ensure:
             self._guarded("ensure", self.kube.ensure, child)
-        for pod in plan.create_pods:
-            if self._guarded("create", self.kube.create, pod):
+        created = self._each("create", self.kube.create, [(pod,) for pod in plan.create_pods])
+        for pod, was_created in zip(plan.create_pods, created, strict=True):
+            if was_created:
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
-        for pod_name in plan.force_delete_pods:
-            # Grace 0 first: the survivors' connections to a frozen or lost worker close at once.
-            self._guarded("delete", self.kube.delete_pod, namespace, pod_name, 0)
-            self.metrics.pods_deleted.inc()
-        for pod_name in plan.delete_pods:
-            self._guarded("delete", self.kube.delete_pod, namespace, pod_name)
-            self.metrics.pods_deleted.inc()
-        for pod_name, role in plan.relabel_pods.items():
-            self._guarded("label", self.kube.label_pod, namespace, pod_name, {names.LABEL_ROLE: role})
+        # Grace 0 first: the survivors' connections to a frozen or lost worker close at once.
+        self._each("delete", self.kube.delete_pod, [(namespace, pod, 0) for pod in plan.force_delete_pods])
+        self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])
+        self.metrics.pods_deleted.inc(len(plan.force_delete_pods) + len(plan.delete_pods))
+        self._each(
+            "label",
+            self.kube.label_pod,
+            [(namespace, pod, {names.LABEL_ROLE: role}) for pod, role in plan.relabel_pods.items()],
+        )
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
@@ -155,6 +163,13 @@ class JobReconciler:
             self.metrics.api_errors.labels(operation="status").inc()
             logger.info(f"status not written ({error.status}: {error.reason}); will retry")
             return False
+
+    def _each(self, operation: str, call: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """`call(*args)` for every args tuple, up to `api_concurrency` at once; results in order. One phase
+        ends before the next begins (all creations, then deletions), as when they ran one by one."""
+        if self._requests is None or len(calls) < 2:
+            return [self._guarded(operation, call, *args) for args in calls]
+        return list(self._requests.map(lambda args: self._guarded(operation, call, *args), calls))
 
     def _guarded(self, operation: str, call: Any, *args: Any) -> Any:
         try:

@@ -35,13 +35,16 @@ def _collection_path(obj: dict[str, Any]) -> str:
     return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
-def load_client() -> kubernetes.client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+def load_client(connections: int = 10) -> kubernetes.client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG); keeps up to
+    `connections` connections open, so parallel requests do not queue for a connection."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+    configuration = kubernetes.client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = connections
+    return kubernetes.client.ApiClient(configuration)
 
 
 class Kube:

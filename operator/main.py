@@ -32,7 +32,10 @@ def run(settings: OperatorSettings) -> int:
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.bind_host, settings.metrics_port)
-    reconciler = handlers.JobReconciler(Kube(load_client(), settings.recheck_children_seconds), metrics)
+    kube = Kube(
+        load_client(settings.api_concurrency + settings.max_workers), settings.recheck_children_seconds
+    )
+    reconciler = handlers.JobReconciler(kube, metrics, settings.api_concurrency)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings, reconciler)
     asyncio.run(

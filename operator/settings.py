@@ -41,6 +41,9 @@ class OperatorSettings(BaseModel):
     """Port of the Prometheus endpoint `/metrics`; 0 turns it off."""
     max_workers: int = Field(default=8, ge=1)
     """Threads running reconciles at once (each job is reconciled by one thread at a time)."""
+    api_concurrency: int = Field(default=32, ge=1, le=512)
+    """Requests of one reconcile's kind (pod creations, deletions) sent to the API server at once: a gang of
+    a thousand pods is created in parallel instead of one request after another."""
     log_level: str = "INFO"
     """Python log level of the operator."""
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-Phase = Literal["starting", "rendezvous", "standby", "training", "saving", "restoring", "finished"]
+Phase = Literal["starting", "rendezvous", "standby", "training", "saving", "restoring", "finished", "exiting"]
 PHASES: tuple[Phase, ...] = (
     "starting",
     "rendezvous",
@@ -27,9 +27,10 @@ PHASES: tuple[Phase, ...] = (
     "saving",
     "restoring",
     "finished",
+    "exiting",
 )
 # Phases the launcher itself knows better than any training process.
-LAUNCHER_PHASES: frozenset[str] = frozenset({"starting", "rendezvous", "standby"})
+LAUNCHER_PHASES: frozenset[str] = frozenset({"starting", "rendezvous", "standby", "exiting"})
 
 STATUS_DIR_ENV = "PHALANX_STATUS_DIR"
 # Set by the launcher for each start of its worker group (1, 2, ...).
@@ -100,6 +101,8 @@ class PodStatus(RestoreFigures, TrainingFigures):
     """Unix time when the launcher started its current worker group; None while none runs."""
     group_restarts: int | None = None
     """Restarts of the worker group by this launcher."""
+    exit_code: int | None = None
+    """The launcher's exit code once it is ending on its own (phase `exiting` or `finished`)."""
 
 
 def status_file(directory: Path, local_rank: int) -> Path:
@@ -286,6 +289,7 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "restore-source": restore_source_label(status.restore_source),
         "resumed-at": wall_time(status.resumed_at),
         "compute-seconds": status.compute_seconds,
+        "exit-code": status.exit_code,
     }
     annotations = {
         ANNOTATION_PREFIX + key: value if isinstance(value, str) else _format(value)

@@ -404,6 +404,8 @@ class PodReporter:
         """Unix time when the current worker group started; None while none runs."""
         self.group_restarts = 0
         """Restarts of the worker group by this launcher."""
+        self.exit_code: int | None = None
+        """Set once the launcher ends on its own (`finish`)."""
         self._launcher_phase: heartbeat.Phase | None = "starting"
         self._launcher_since = time.time()
         self._clock = heartbeat.PhaseClock()
@@ -436,7 +438,12 @@ class PodReporter:
             attempt=self.attempt,
             launcher_since=self._launcher_since,
         )
-        return replace(status, group_started=self.group_started, group_restarts=self.group_restarts)
+        return replace(
+            status,
+            group_started=self.group_started,
+            group_restarts=self.group_restarts,
+            exit_code=self.exit_code,
+        )
 
     def start(self) -> None:
         from phalanx.worker.lease import LeaseClient
@@ -457,6 +464,14 @@ class PodReporter:
         self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
             self._tick(force=True)
+
+    def finish(self, exit_code: int) -> None:
+        """The last renewal: the pod ends on its own with `exit_code`. Its Lease goes quiet before the pod's
+        status shows the exit, so it says so (`exiting`), and the operator waits for that exit code instead of
+        calling the silence a frozen worker."""
+        self.exit_code = exit_code
+        self.launcher_phase = "finished" if exit_code == 0 else "exiting"
+        self.stop()
 
     def _loop(self) -> None:
         wait = 0.0
@@ -672,6 +687,18 @@ def run(settings: LaunchSettings) -> int:
 
     reporter = PodReporter(settings, status_dir, PodMetrics())
     reporter.start()
+    exit_code = int(LauncherExit.USER_CODE_FAILED)  # an unexpected error ends the launcher as a failure
+    try:
+        exit_code = _supervise(settings, reporter, log_dir)
+        return exit_code
+    finally:
+        reporter.finish(exit_code)
+        shutil.rmtree(status_dir, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) -> int:
+    """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
     close_rendezvous = False
     client: RendezvousClient | None = None
     following = JobFollowing(settings)
@@ -744,9 +771,6 @@ def run(settings: LaunchSettings) -> int:
         if close_rendezvous and client is not None:
             with contextlib.suppress(Exception):
                 client.handler.shutdown()
-        reporter.stop()
-        shutil.rmtree(status_dir, ignore_errors=True)
-        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

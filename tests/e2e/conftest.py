@@ -80,6 +80,20 @@ class Cluster:
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
 
+    def node_healthy(self, node: str) -> bool:
+        """Ready and free of the node controller's not-ready/unreachable taints."""
+        found = self.core.read_node(node)
+        ready = any(c.type == "Ready" and c.status == "True" for c in found.status.conditions or [])
+        tainted = any(t.key in NODE_TROUBLE_TAINTS for t in found.spec.taints or [])
+        return ready and not tainted
+
+    def wait_node_healthy(self, node: str, timeout: float = 90) -> None:
+        """After a crash test: later tests must not get pods onto a node still tainted from it."""
+        wait_for(lambda: self.node_healthy(node), timeout, message=f"{node} to be Ready and untainted again")
+
+
+NODE_TROUBLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
 
 def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.5, message: str = "") -> Any:
     """Polls until `predicate` returns something truthy; fails the test with `message` after `timeout` seconds."""
@@ -148,6 +162,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         commands.append(
             ["logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=phalanx", "--tail=150"]
         )
+    if namespace:
+        # What the pods themselves said is usually the answer; their logs go with their namespace.
+        for pod in cluster.core.list_namespaced_pod(namespace).items:
+            commands.append(["logs", "-n", namespace, pod.metadata.name, "--tail=60"])
     for what in commands:
         result = cluster.kubectl(*what, check=False, timeout=30)
         report.sections.append((f"kubectl {' '.join(what)}", result.stdout + result.stderr))

@@ -272,14 +272,7 @@ def test_crashed_node_goes_not_ready_and_its_processes_die(cluster: Cluster, nam
         wait_for(node_not_ready, 60, message=f"{node} to be marked NotReady by the node-lifecycle controller")
     finally:
         cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", "--overwrite")
-    wait_for(
-        lambda: (
-            next(c for c in cluster.core.read_node(node).status.conditions if c.type == "Ready").status
-            == "True"
-        ),
-        60,
-        message=f"{node} to come back Ready",
-    )
+    cluster.wait_node_healthy(node)
     cluster.kubectl("delete", "pod", "victim", "-n", namespace, "--grace-period=0", "--force", check=False)
 
 

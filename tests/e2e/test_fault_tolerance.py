@@ -133,6 +133,7 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
         job = wait_succeeded(cluster, namespace, "crash", timeout=400)
     finally:
         cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+        cluster.wait_node_healthy(node)
     incident = assert_recovered(job, victim.metadata.name, "NodeLost")
     assert incident["node"] == node
     wait_for(

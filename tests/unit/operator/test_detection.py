@@ -54,6 +54,19 @@ def test_heartbeat_timeout_and_not_before(make_pod: MakePod, now: datetime) -> N
     assert failure.cause == "HeartbeatTimeout" and failure.force and failure.alive
 
 
+def test_a_pod_that_announced_its_exit_waits_for_its_exit_code_not_for_the_heartbeat(
+    make_pod: MakePod, now: datetime
+) -> None:
+    pods = [make_pod("demo-worker-0")]
+    _, tracks = run(pods, {"demo-worker-0": lease(now)}, now)
+    grace = HEARTBEAT.timeout_seconds + detection.EXITING_GRACE_SECONDS
+    exiting = lease(now, phase="exiting", age=grace - 1)
+    assert run(pods, {"demo-worker-0": exiting}, now, tracks)[0] == []
+    # An exit announced but never seen in the pod's status: a frozen pod after all.
+    (failure,), _ = run(pods, {"demo-worker-0": lease(now, phase="exiting", age=grace + 1)}, now, tracks)
+    assert failure.cause == "HeartbeatTimeout"
+
+
 def test_a_lease_left_by_an_earlier_pod_of_the_same_name_is_ignored(make_pod: MakePod, now: datetime) -> None:
     pods = [make_pod("demo-worker-0", created="2026-01-01T11:59:58Z")]
     stale = lease(now, age=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -342,3 +343,28 @@ def test_summaries_keep_when_things_ended() -> None:
         "noExecute": ["a", "b"],
         "noExecuteSince": "t4",
     }
+
+
+class BarrierKube(FakeKube):
+    """Creations wait for each other at a barrier: only requests sent at the same time get through."""
+
+    def __init__(self, job: dict[str, Any], parties: int) -> None:
+        super().__init__(job)
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        self.barrier.wait()  # BrokenBarrierError (test failure) if the creations came one by one
+        return super().create(obj)
+
+
+def test_a_gang_is_created_by_parallel_requests_before_the_status_write(
+    make_job: Callable[..., Any],
+) -> None:
+    kube = BarrierKube(make_job(replicas=6, spares=1), parties=4)
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics(), api_concurrency=4)  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+    created = [name for kind, name in kube.calls if kind == "create"]
+    assert len(created) == len(set(created)) == 8  # the rendezvous, 6 workers and a spare, each once
+    kinds = [kind for kind, _ in kube.calls]
+    assert kinds.index("status") > max(i for i, kind in enumerate(kinds) if kind == "create")

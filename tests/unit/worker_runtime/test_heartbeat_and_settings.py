@@ -83,6 +83,7 @@ def test_lease_annotations_follow_the_contract() -> None:
             "restore-source",
             "resumed-at",
             "compute-seconds",
+            "exit-code",
         )
     }
 
@@ -291,3 +292,19 @@ def test_nnodes() -> None:
     assert parse_nnodes("1:4") == (1, 4)
     with pytest.raises(SettingsError):
         parse_nnodes("x")
+
+
+@pytest.mark.parametrize(("code", "phase"), [(5, "exiting"), (0, "finished")])
+def test_a_launcher_ending_on_its_own_says_so_in_its_last_heartbeat(
+    tmp_path: Path, code: int, phase: str
+) -> None:
+    from phalanx.worker.launch import PodReporter
+
+    env = {"PHALANX_RDZV_ENDPOINT": "rdzv.ns.svc:29400", "PHALANX_JOB_UID": "uid-9", "POD_IP": "127.0.3.4"}
+    settings = settings_from(env, {"command": ("python", "train.py")})
+    reporter = PodReporter(settings, tmp_path, PodMetrics())
+    reporter.start()
+    reporter.finish(code)
+    annotations = lease_annotations(reporter.current())
+    assert annotations["phalanx.dev/phase"] == phase
+    assert annotations["phalanx.dev/exit-code"] == str(code)
