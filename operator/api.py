@@ -172,6 +172,90 @@ class RendezvousSpec(ApiModel):
     """Seconds without keep-alive before a worker leaves the rendezvous (`PHALANX_RDZV_KEEPALIVE_TIMEOUT`)."""
 
 
+# ------------------------------------------------------------------------------------- training health
+HealthAction = Literal["None", "Pause"]
+
+
+class HealthSignalSpec(ApiModel):
+    """What every training-health signal has: a switch and the action taken when it starts."""
+
+    enabled: bool = True
+    """Whether the operator watches for this signal."""
+    action: HealthAction = "None"
+    """What the operator does when the signal starts: `None` only flags it (condition `Healthy`, an Event, a
+    metric); `Pause` suspends the job (`spec.suspend` set to true: the workers get SIGTERM and save a
+    checkpoint), and the job stays suspended until someone sets `spec.suspend` back to false."""
+
+
+class LossDivergenceSpec(HealthSignalSpec):
+    """`LossDiverging`: the mean loss of the recent steps is well above the mean of the steps before them."""
+
+    recent_steps: int = Field(default=50, ge=1)
+    """Steps of the recent window, ending at the newest step seen."""
+    reference_steps: int = Field(default=100, ge=1)
+    """Steps of the reference window just before the recent one."""
+    factor: float = Field(default=1.5, ge=1)
+    """The signal starts when the recent mean exceeds the reference mean by more than `factor - 1` times the
+    reference mean's magnitude (1.5: 50% higher)."""
+
+
+class NonFiniteLossSpec(HealthSignalSpec):
+    """`NonFiniteLoss`: the newest loss a worker reported is NaN or infinite."""
+
+
+class LossStagnationSpec(HealthSignalSpec):
+    """`LossStagnating`: the loss did not improve by a given fraction over a long window."""
+
+    window_steps: int = Field(default=2000, ge=5)
+    """Steps of the window; the mean loss of its newest fifth is compared with that of its oldest fifth."""
+    min_improvement: float = Field(default=0.001, ge=0)
+    """Relative improvement (0.001: 0.1%) the loss must exceed over the window; at or below it, the loss
+    counts as stagnating (0: only a loss that does not fall at all)."""
+
+
+class GradNormSpikeSpec(HealthSignalSpec):
+    """`GradNormSpike`: a gradient norm far above the median of the steps before it."""
+
+    factor: float = Field(default=10.0, ge=1)
+    """A gradient norm above `factor` x the median of the preceding `windowSteps` is a spike."""
+    window_steps: int = Field(default=100, ge=1)
+    """Steps before a gradient norm whose median it is compared with."""
+    recent_steps: int = Field(default=20, ge=1)
+    """The signal stays on while a spike lies within this many steps of the newest step."""
+
+
+class StepTimeDriftSpec(HealthSignalSpec):
+    """`StepTimeDrift`: steps became slower than the run's own baseline."""
+
+    warmup_steps: int = Field(default=20, ge=0)
+    """Steps after the first one the operator saw that are left out of the baseline (compilation, caches)."""
+    baseline_steps: int = Field(default=100, ge=1)
+    """Steps after the warm-up whose median step time is the baseline (kept in `status.health`)."""
+    window_steps: int = Field(default=50, ge=1)
+    """Steps of the recent window whose median step time is compared with the baseline."""
+    slowdown: float = Field(default=0.15, ge=0)
+    """Fraction by which the recent median must exceed the baseline for the signal to start (0.15: 15%
+    slower)."""
+
+
+class HealthSpec(ApiModel):
+    """Training-health signals computed from the loss, gradient norm and step time of the workers'
+    heartbeats, each with its thresholds and its action."""
+
+    min_samples: int = Field(default=5, ge=1)
+    """Heartbeat samples (one per step seen) every window needs before a signal is judged."""
+    loss_divergence: LossDivergenceSpec = Field(default_factory=LossDivergenceSpec)
+    """Loss divergence."""
+    non_finite_loss: NonFiniteLossSpec = Field(default_factory=NonFiniteLossSpec)
+    """NaN or infinite loss."""
+    loss_stagnation: LossStagnationSpec = Field(default_factory=LossStagnationSpec)
+    """Loss stagnation."""
+    grad_norm_spike: GradNormSpikeSpec = Field(default_factory=GradNormSpikeSpec)
+    """Gradient-norm spikes."""
+    step_time_drift: StepTimeDriftSpec = Field(default_factory=StepTimeDriftSpec)
+    """Step-time drift against the run's own baseline."""
+
+
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
 
@@ -206,6 +290,8 @@ class TrainingJobSpec(ApiModel):
     """Seconds a rank may sit in one collective before its watchdog ends it (`PHALANX_COLLECTIVE_TIMEOUT`)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus port of each worker pod (`PHALANX_METRICS_PORT`); 0 turns it off."""
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    """Training-health signals (loss divergence, NaN loss, stagnation, gradient spikes, step-time drift)."""
 
     @property
     def effective_min_replicas(self) -> int:
@@ -389,6 +475,35 @@ class RegroupRequest(ApiModel):
     """Why, e.g. `HeartbeatTimeout of tj-worker-2`."""
 
 
+class HealthSignal(ApiModel):
+    """A training-health signal that is on."""
+
+    reason: str
+    """The signal: `LossDiverging`, `NonFiniteLoss`, `LossStagnating`, `GradNormSpike` or `StepTimeDrift`."""
+    message: str = ""
+    """The numbers that started it."""
+    since: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator saw it start."""
+    since_step: int | None = None
+    """The first step of the window that shows it."""
+    action: str | None = None
+    """The action taken when it started (`Pause`), if any."""
+
+
+class HealthStatus(ApiModel):
+    """Training health as the operator last judged it."""
+
+    signals: list[HealthSignal] = Field(default_factory=list)
+    """The signals on now."""
+    baseline_step_seconds: float | None = None
+    """The run's baseline step time: the median over `baselineSteps` steps after the warm-up. Kept here so an
+    operator restart does not lose it."""
+    baseline_steps: str | None = None
+    """The steps the baseline was measured over, e.g. `21-120`."""
+    paused: str | None = None
+    """Why the operator suspended the job (a signal with action `Pause`); cleared when the job resumes."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob, written once per reconcile by the operator."""
 
@@ -432,6 +547,8 @@ class TrainingJobStatus(ApiModel):
     """Productive training time over wall time since the job started (recovery time is the loss)."""
     recovery_seconds: float = 0.0
     """Seconds spent recovering from incidents over the job's life (not capped like `incidents`)."""
+    health: HealthStatus | None = None
+    """Training-health signals on now and the step-time baseline (`spec.health`)."""
 
 
 class TrainingJob(ApiModel):

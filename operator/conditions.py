@@ -15,6 +15,8 @@ SUSPENDED = "Suspended"
 SPEC_VALID = "SpecValid"
 RECOVERING = "Recovering"
 DEGRADED = "Degraded"
+# Training health (`spec.health`): False with the first active signal as reason (`health.SIGNALS`).
+HEALTHY = "Healthy"
 
 # Reasons (one CamelCase word each), shared by conditions and Events.
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -41,6 +43,9 @@ REASON_SHRUNK = "Shrunk"
 REASON_PROMOTING_SPARE = "PromotingSpare"
 REASON_SPARES_MISSING = "SparesMissing"
 REASON_FULL_STRENGTH = "FullStrength"
+# Healthy.
+REASON_HEALTHY = "TrainingHealthy"
+REASON_HEALTH_PAUSE = "HealthPause"
 
 
 def find(conditions: list[Condition], condition_type: str) -> Condition | None:

@@ -6,7 +6,8 @@ from the status that one stored), create missing children and pods, delete pods,
 not stored.
 
 What wakes a reconcile: the job's own changes, a timer, its pods' changes, and those heartbeat changes that
-call for action (`status.heartbeat_signal`: phase, rank, group, resumption), never a mere renewal.
+call for action (`status.heartbeat_signal`: phase, rank, group, resumption), and a heartbeat that turns a
+training-health signal on or off (`health.HealthMonitor`), never a mere renewal.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import api, names, reconcile
+from phalanx.operator import api, health, names, reconcile
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
@@ -60,6 +61,8 @@ class JobReconciler:
     def __init__(self, kube: Kube, metrics: OperatorMetrics, api_concurrency: int = 1) -> None:
         self.kube = kube
         self.metrics = metrics
+        # Training-health histories per job, fed by every heartbeat event (`lease_changed`).
+        self.health = health.HealthMonitor()
         # Shared by all jobs: bounds the operator's parallel requests however many jobs reconcile at once.
         self._requests = (
             ThreadPoolExecutor(max_workers=api_concurrency, thread_name_prefix="phalanx-api")
@@ -67,6 +70,8 @@ class JobReconciler:
             else None
         )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._queued: set[tuple[str, str]] = set()
+        """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -76,6 +81,8 @@ class JobReconciler:
     def forget(self, namespace: str, name: str, uid: str) -> None:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+        self.health.forget((namespace, name))
+        self.metrics.forget_job_health(namespace, name)
         self.metrics.job_state(uid, None)
 
     def reconcile(
@@ -87,8 +94,18 @@ class JobReconciler:
         nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
     ) -> None:
+        key = (namespace, name)
+        with self._locks_guard:
+            if key in self._queued:
+                # A reconcile of this job waits for the lock and reads everything after it gets it: it covers
+                # this change too. Without this, a gang of 1,000 pods queues 1,000 reconciles of 1,000 pods.
+                self.metrics.reconciles_coalesced.inc()
+                return
+            self._queued.add(key)
         started = time.perf_counter()
         with self._lock(namespace, name):
+            with self._locks_guard:
+                self._queued.discard(key)
             # Always the stored object, read under the lock: a watch event may lag behind our own last status
             # write, and a job read before a reconcile running now would miss that reconcile's status (its
             # deletions would then look like someone else's).
@@ -112,12 +129,26 @@ class JobReconciler:
                 leases=job_leases,
                 node_labels={node: summary["labels"] for node, summary in node_health.items()},
                 nodes=node_health,
+                health=self.health.snapshot((namespace, name)),
             )
             plan = reconcile.plan(job, observed)
+            self._settle_health((namespace, name), plan)
             self._apply(job, plan, logger)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
+    def _settle_health(self, key: tuple[str, str], plan: reconcile.Plan) -> None:
+        """Tell the health monitor what this reconcile judged with, so heartbeats wake the job only when a
+        signal changes state from here."""
+        if plan.health_reset:
+            self.health.reset(key)
+        elif plan.health is not None:
+            self.health.settle(key, *plan.health)
+
     def _apply(self, job: dict[str, Any], plan: reconcile.Plan, logger: Any) -> None:
+        if plan.suspend and not self._suspend(job, logger):
+            # A training-health Pause: without the suspension the status must not say it happened; the next
+            # reconcile plans it again.
+            return
         namespace = job["metadata"]["namespace"]
         for child in plan.ensure:
             self._guarded("ensure", self.kube.ensure, child)
@@ -138,8 +169,19 @@ class JobReconciler:
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
             self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
+            self.metrics.record_health(namespace, job["metadata"]["name"], plan.status, plan.health_started)
             for event in plan.events:
                 self._guarded("event", self.kube.post_event, job, event)
+
+    def _suspend(self, job: dict[str, Any], logger: Any) -> bool:
+        """Set `spec.suspend` (a training-health Pause); False when the API refused it."""
+        try:
+            self.kube.suspend_job(job)
+            return True
+        except ApiException as error:
+            self.metrics.api_errors.labels(operation="suspend").inc()
+            logger.info(f"job not suspended ({error.status}: {error.reason}); will retry")
+            return False
 
     def _write_status(self, job: dict[str, Any], status: dict[str, Any], logger: Any) -> bool:
         """Write the status once; True when the stored status is now `status`."""
@@ -281,8 +323,12 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         if type == "DELETED":
             signals.forget(key)
             return
-        changed = signals.changed(key, observe.summarize_lease(dict(body)))
+        summary = observe.summarize_lease(dict(body))
+        changed = signals.changed(key, summary)
         job_name = _first(kwargs["phalanx_pod_jobs"].get(key))
+        # Every heartbeat feeds the job's training-health history; only a signal changing state wakes it.
+        if job_name is not None and reconciler.health.observe((namespace, job_name), name, summary):
+            changed = True
         # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
         if changed and type is not None and job_name is not None:
             run(job_name, namespace, logger, **kwargs)

@@ -135,6 +135,13 @@ class Kube:
             if error.status != 404:
                 raise
 
+    def suspend_job(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Set the job's `spec.suspend` to true (a training-health `Pause`), guarded by its resourceVersion."""
+        meta = job["metadata"]
+        path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}"
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"suspend": True}}
+        return self._call("PATCH", path, patch, "application/merge-patch+json")
+
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Write the whole status, guarded by the job's resourceVersion (409 if it changed meanwhile)."""
         meta = job["metadata"]

@@ -8,6 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from phalanx.operator.health import SIGNALS as HEALTH_SIGNALS
+
 STATES = (
     "Pending",
     "Scheduling",
@@ -36,6 +38,11 @@ class OperatorMetrics:
         self.pods_created = Counter(
             "phalanx_pods_created", "Pods created by the operator.", ["role"], registry=self.registry
         )
+        self.reconciles_coalesced = Counter(
+            "phalanx_reconciles_coalesced",
+            "Reconcile triggers dropped because a reconcile of the same job was already waiting to run.",
+            registry=self.registry,
+        )
         self.pods_deleted = Counter(
             "phalanx_pods_deleted", "Pods deleted by the operator.", registry=self.registry
         )
@@ -61,6 +68,18 @@ class OperatorMetrics:
             "phalanx_job_goodput_ratio",
             "Productive training time over wall time, per job.",
             ["namespace", "job"],
+            registry=self.registry,
+        )
+        self.health_signal = Gauge(
+            "phalanx_job_health_signal",
+            "Training-health signals on now (1) or off (0), per job and signal (`spec.health`).",
+            ["namespace", "job", "signal"],
+            registry=self.registry,
+        )
+        self.health_signals_started = Counter(
+            "phalanx_health_signals_started",
+            "Training-health signals that started, by signal.",
+            ["signal"],
             registry=self.registry,
         )
         self._states: dict[str, str] = {}
@@ -100,6 +119,22 @@ class OperatorMetrics:
                 self.goodput.remove(namespace, job)
             return
         self.goodput.labels(namespace=namespace, job=job).set(value)
+
+    def record_health(self, namespace: str, job: str, status: dict[str, Any], started: list[str]) -> None:
+        """Set a job's per-signal gauges from its stored status (`status.health.signals`) and count the
+        signals that started."""
+        on = {signal.get("reason") for signal in ((status.get("health") or {}).get("signals") or [])}
+        if status.get("health") is not None:
+            for signal in HEALTH_SIGNALS:
+                self.health_signal.labels(namespace=namespace, job=job, signal=signal).set(int(signal in on))
+        for signal in started:
+            self.health_signals_started.labels(signal=signal).inc()
+
+    def forget_job_health(self, namespace: str, job: str) -> None:
+        """Drop a deleted job's health gauges."""
+        for signal in HEALTH_SIGNALS:
+            with contextlib.suppress(KeyError):
+                self.health_signal.remove(namespace, job, signal)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

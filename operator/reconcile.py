@@ -17,6 +17,7 @@ from phalanx.operator import (
     conditions,
     detection,
     gang,
+    health,
     incidents,
     names,
     policy,
@@ -60,6 +61,9 @@ class Observed:
     nodes: dict[str, dict[str, Any]] | None = None
     """Health of the nodes the job's pods are bound to (`status.summarize_node`), by node name; a bound
     node missing here was deleted. None: nodes are not observed (no node checks)."""
+    health: health.History | None = None
+    """The job's training-health history from its heartbeats (`health.HealthMonitor`). None: not observed
+    (no health judgement; `status.health` and the `Healthy` condition stay as they are)."""
 
 
 @dataclass
@@ -82,6 +86,15 @@ class Plan:
     """Incidents closed by this reconcile."""
     spare_swaps: int = 0
     """Spares promoted into a worker's slot in this reconcile."""
+    health: tuple[api.HealthSpec, health.Assessment] | None = None
+    """The training-health judgement of this reconcile and the spec it used (the Lease handler judges
+    heartbeats with them until the next reconcile)."""
+    health_started: list[str] = field(default_factory=list)
+    """Training-health signals that started in this reconcile (for metrics)."""
+    health_reset: bool = False
+    """Start the job's training-health history afresh (the job is suspended or over)."""
+    suspend: bool = False
+    """Set `spec.suspend` to true before the status write (a training-health signal's `Pause`)."""
 
 
 class _Builder:
@@ -466,6 +479,72 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
         )
 
 
+def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:
+    """Training-health verdicts (`health.evaluate`) into `status.health`, the `Healthy` condition, one
+    Event per signal that starts, and the signal's action.
+
+    A signal's message keeps the numbers it started with, so an active signal causes no status write per
+    reconcile. A signal whose windows lack data (`unknown`) keeps its last state. A resumed job is judged
+    afresh on its own heartbeats (its history restarts while it is suspended)."""
+    if resumed and b.status.health is not None:
+        b.status.health = api.HealthStatus(
+            baseline_step_seconds=b.status.health.baseline_step_seconds,
+            baseline_steps=b.status.health.baseline_steps,
+        )
+        b.status.conditions = [c for c in b.status.conditions if c.type != conditions.HEALTHY]
+    if b.observed.health is None:
+        return
+    previous = b.status.health or api.HealthStatus()
+    assessment = health.evaluate(b.observed.health, spec, health.baseline_from_status(previous))
+    b.plan.health = (spec, assessment)
+    before = {signal.reason: signal for signal in previous.signals}
+    signals: list[api.HealthSignal] = []
+    started: list[api.HealthSignal] = []
+    for verdict in assessment.verdicts:
+        old = before.get(verdict.signal)
+        if verdict.state == "active" and old is None:
+            new = api.HealthSignal(
+                reason=verdict.signal,
+                message=verdict.message,
+                since=format_time(b.now),
+                since_step=verdict.since_step,
+            )
+            started.append(new)
+            signals.append(new)
+        elif old is not None and verdict.state != "clear":
+            signals.append(old)
+    status = previous.model_copy(update={"signals": signals})
+    if assessment.baseline is not None:
+        status.baseline_step_seconds = round(assessment.baseline.seconds, 6)
+        status.baseline_steps = assessment.baseline.steps
+    for signal in started:
+        b.plan.health_started.append(signal.reason)
+        b.event("Warning", signal.reason, signal.message)
+        if health.action_of(spec, signal.reason) == "Pause" and not b.plan.suspend:
+            signal.action = "Pause"
+            status.paused = f"{signal.reason}: {signal.message}"
+            b.plan.suspend = True
+            b.event(
+                "Warning",
+                conditions.REASON_HEALTH_PAUSE,
+                f"suspending the job after {signal.reason} (action Pause): the workers save a checkpoint and "
+                "stop; set spec.suspend to false to resume",
+            )
+    if b.status.health is not None or status != api.HealthStatus():
+        b.status.health = status
+    if signals:
+        message = "; ".join(f"{signal.reason}: {signal.message}" for signal in signals)
+        b.condition(conditions.HEALTHY, False, signals[0].reason, message)
+    elif assessment.judged:
+        was_unhealthy = conditions.find(b.status.conditions, conditions.HEALTHY)
+        event: Literal["Normal"] | None = (
+            "Normal" if was_unhealthy is not None and was_unhealthy.status == "False" else None
+        )
+        b.condition(
+            conditions.HEALTHY, True, conditions.REASON_HEALTHY, "no training-health signal is on", event
+        )
+
+
 def _free_indices(pods: list[dict[str, Any]], job_name: str, count: int) -> list[int]:
     """The `count` lowest indices whose pod name no existing pod (even a terminating one) holds."""
     taken = {observe.pod_name(pod) for pod in pods}
@@ -694,6 +773,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if _terminal(b):
         succeeded = conditions.is_true(b.status.conditions, conditions.SUCCEEDED)
         _clean_up_finished(b, succeeded)
+        b.plan.health_reset = True
         return b.finish()
 
     if spec is None:
@@ -714,11 +794,18 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     b.plan.ensure = builders.build_fixed_children(job, spec)
 
     if spec.suspend:
+        b.plan.health_reset = True
         b.delete([pod for pod in observed.pods if not observe.is_terminating(pod)])
         for track in b.status.tracking:
             track.done = True
         b.status.rendezvous = None
-        b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, "the job is suspended", "Normal")
+        paused = b.status.health.paused if b.status.health is not None else None
+        why = (
+            f"the job is suspended (paused by the operator after {paused})"
+            if paused
+            else "the job is suspended"
+        )
+        b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, why, "Normal")
         b.condition(conditions.RUNNING, False, conditions.REASON_SUSPENDED, "the job is suspended")
         b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SUSPENDED, "the job is suspended")
         # A resumed job schedules a fresh gang, with a fresh timeout.
@@ -729,6 +816,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     reason = conditions.REASON_RESUMED if was_suspended else conditions.REASON_NOT_SUSPENDED
     message = "the job was resumed" if was_suspended else "the job is not suspended"
     b.condition(conditions.SUSPENDED, False, reason, message, "Normal" if was_suspended else None)
+    _follow_health(b, spec.health, was_suspended)
 
     if _handle_failures(b, spec, trainer):
         return b.finish()

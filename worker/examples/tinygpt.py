@@ -165,6 +165,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=float(os.environ.get("PHALANX_EXAMPLE_SLOW_SECONDS") or 0.0),
         help="extra seconds of work per step on --slow-pod (env PHALANX_EXAMPLE_SLOW_SECONDS)",
     )
+    add("--slow-from-step", type=int, default=0, help="--slow-pod is slow only from this step on (tests)")
+    add(
+        "--lr-spike-at-step", type=int, default=0, help="multiply the learning rate from this step on (tests)"
+    )
+    add("--lr-spike-factor", type=float, default=100.0, help="the factor of --lr-spike-at-step (tests)")
+    add(
+        "--no-loss-guard",
+        action="store_true",
+        help="train on through non-finite losses and publish them, as a script without the guard would (tests)",
+    )
     add("--fail-at-step", type=int, default=0, help="crash the last rank once at this step (tests)")
     add("--nan-at-step", type=int, default=0, help="make rank 0's loss NaN at this step (tests)")
     add("--nan-repeat", type=int, default=1, help="attempts at --nan-at-step that get a NaN (tests)")
@@ -196,7 +206,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ddp = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 20
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * _lr_spike(args, step + 1)
+    )
     sampler = ElasticSampler(len(dataset), args.global_batch, seed=args.seed)
     state = TrainState(model=model, optimizer=optimizer, lr_scheduler=scheduler, data_cursor=sampler)
     ckpt = Checkpointer(
@@ -242,7 +254,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     try:
         while step < args.steps:
             clock.start()
-            if slow_seconds:
+            if slow_seconds and step + 1 >= args.slow_from_step:
                 time.sleep(slow_seconds)  # this pod's own work takes longer: a straggler
             batch = rank_share(sampler.next_global_batch(), rank, world_size)
             local_loss = torch.zeros((), device=device)
@@ -266,7 +278,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         scaled.backward()
                     local_loss = local_loss + scaled.detach()
                 mean_loss = global_mean_loss(local_loss)
-            if not math.isfinite(mean_loss):
+            if not math.isfinite(mean_loss) and not args.no_loss_guard:
                 optimizer.zero_grad(set_to_none=True)
                 step = restore("non-finite loss", guard.rollback)
                 continue
@@ -326,6 +338,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "wall_seconds": round(time.time() - started, 3),
         "device": str(device),
     }
+
+
+def _lr_spike(args: argparse.Namespace, step: int) -> float:
+    """The learning-rate factor of training step `step` (1-based): the test knob of a divergence."""
+    spiked = args.lr_spike_at_step and step >= args.lr_spike_at_step
+    return args.lr_spike_factor if spiked else 1.0
 
 
 def _fail_once(args: argparse.Namespace) -> None:

@@ -368,3 +368,30 @@ def test_a_gang_is_created_by_parallel_requests_before_the_status_write(
     assert len(created) == len(set(created)) == 8  # the rendezvous, 6 workers and a spare, each once
     kinds = [kind for kind, _ in kube.calls]
     assert kinds.index("status") > max(i for i, kind in enumerate(kinds) if kind == "create")
+
+
+def test_triggers_arriving_while_a_reconcile_waits_for_the_job_are_covered_by_it(
+    make_job: Callable[..., Any],
+) -> None:
+    kube = FakeKube(make_job())
+    metrics = OperatorMetrics()
+    reconciler = handlers.JobReconciler(kube, metrics)  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def trigger() -> None:
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+
+    running = reconciler._lock("ml", "demo")
+    running.acquire()  # a reconcile of the job is in progress
+    waiting = threading.Thread(target=trigger)
+    waiting.start()
+    while ("ml", "demo") not in reconciler._queued:
+        threading.Event().wait(0.01)
+    for _ in range(5):
+        trigger()  # returns at once: the waiting reconcile will see these changes
+    running.release()
+    waiting.join(timeout=10)
+    assert [call for call in kube.calls if call[0] == "get"] == [("get", "demo")]
+    assert metrics.registry.get_sample_value("phalanx_reconciles_coalesced_total") == 5
+    trigger()  # nothing waits any more: a new trigger runs
+    assert len([call for call in kube.calls if call[0] == "get"]) == 2

@@ -1,0 +1,133 @@
+"""Training health end to end: real training on the local cluster, one anomaly per test.
+
+A learning-rate spike makes the loss diverge, a NaN loss trained through stays NaN, a worker slowed from a
+given step drifts the step time: each raises its signal (condition `Healthy`, one Event, `status.health`) and
+takes its action (`Pause`: the job is suspended and its workers save a checkpoint on the way out).
+Every test turns the other signals off and uses small windows, so the jobs stay short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.worker.checkpoint import durable
+
+from .conftest import Cluster, Operator, wait_for
+from .test_fault_scenarios import _checkpoint_claim, _claim_directory
+from .test_operator import condition, events_for, get_job, job_pods, trainingjob, wait_succeeded
+
+pytestmark = pytest.mark.e2e
+
+SIGNALS = ("lossDivergence", "nonFiniteLoss", "lossStagnation", "gradNormSpike", "stepTimeDrift")
+TRAINER_LABELS = "phalanx.dev/component=trainer"
+
+
+def health(**signals: dict[str, Any]) -> dict[str, Any]:
+    """Every signal off but those given; three samples make a window."""
+    spec: dict[str, Any] = {"minSamples": 3, **{name: {"enabled": False} for name in SIGNALS}}
+    spec.update(signals)
+    return spec
+
+
+def args_of(job: dict[str, Any]) -> list[str]:
+    return job["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def reasons(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    return [event["reason"] for event in events_for(cluster, namespace, name)]
+
+
+def wait_paused(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    cluster.kubectl(
+        "wait", "--for=condition=Suspended", f"trainingjob/{name}", "-n", namespace, "--timeout=300s",
+        timeout=310,
+    )  # fmt: skip
+    wait_for(lambda: not job_pods(cluster, namespace, name, TRAINER_LABELS), 90, message="workers gone")
+    return get_job(cluster, namespace, name)
+
+
+def assert_paused_by(cluster: Cluster, namespace: str, job: dict[str, Any], signal: str) -> dict[str, Any]:
+    """The job was suspended by the operator for `signal`; its record of it."""
+    name, status = job["metadata"]["name"], job["status"]
+    print(f"{name}: {status.get('health')} {condition(job, 'Healthy')}")
+    assert job["spec"]["suspend"] is True
+    healthy = condition(job, "Healthy")
+    assert healthy is not None and healthy["status"] == "False" and healthy["reason"] == signal, healthy
+    (record,) = [s for s in status["health"]["signals"] if s["reason"] == signal]
+    assert record["action"] == "Pause" and record["message"] in healthy["message"]
+    assert status["health"]["paused"].startswith(f"{signal}: ")
+    suspended = condition(job, "Suspended")
+    assert suspended is not None and f"paused by the operator after {signal}" in suspended["message"]
+    seen = reasons(cluster, namespace, name)
+    assert seen.count(signal) == 1 and seen.count("HealthPause") == 1, seen
+    return record
+
+
+def test_loss_divergence_pauses_the_job_with_a_checkpoint(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(_checkpoint_claim(), namespace)
+    divergence = {"recentSteps": 10, "referenceSteps": 30, "factor": 1.5, "action": "Pause"}
+    job = trainingjob(
+        "diverge",
+        replicas=2,
+        steps=400,
+        step_delay=0.25,
+        health=health(lossDivergence=divergence),
+        # No periodic durable save before the end: a checkpoint in the claim is the one taken on pause.
+        checkpoint={"claimName": "checkpoints", "path": "/ckpt", "intervalSteps": 1000},
+    )
+    args_of(job).extend(["--lr-spike-at-step", "60"])
+    cluster.apply(job, namespace)
+    paused = wait_paused(cluster, namespace, "diverge")
+    record = assert_paused_by(cluster, namespace, paused, "LossDiverging")
+    assert record["sinceStep"] >= 55, record
+    assert "mean loss" in record["message"] and "over steps" in record["message"]
+    saved = durable.complete_steps(_claim_directory(cluster, namespace))
+    assert saved and saved[0] >= record["sinceStep"], saved
+
+
+def test_nan_loss_pauses_the_job(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    job = trainingjob(
+        "nanloss", replicas=2, steps=400, step_delay=0.25, health=health(nonFiniteLoss={"action": "Pause"})
+    )
+    args_of(job).extend(["--nan-at-step", "25", "--no-loss-guard"])
+    cluster.apply(job, namespace)
+    paused = wait_paused(cluster, namespace, "nanloss")
+    record = assert_paused_by(cluster, namespace, paused, "NonFiniteLoss")
+    assert record["message"].startswith("loss nan at step"), record
+    assert record["sinceStep"] >= 25, record
+
+
+def test_slowed_worker_raises_step_time_drift_and_the_job_goes_on(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    drift = {"warmupSteps": 5, "baselineSteps": 30, "windowSteps": 20, "slowdown": 0.5}
+    job = trainingjob("drift", replicas=2, steps=130, step_delay=0.2, health=health(stepTimeDrift=drift))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "PHALANX_EXAMPLE_SLOW_POD", "value": "drift-worker-1"},
+        {"name": "PHALANX_EXAMPLE_SLOW_SECONDS", "value": "0.4"},
+    ]
+    args_of(job).extend(["--slow-from-step", "75"])
+    cluster.apply(job, namespace)
+    final = wait_succeeded(cluster, namespace, "drift", timeout=400)
+    status = final["status"]
+    print(f"drift: {status.get('health')} {condition(final, 'Healthy')}")
+    assert status["step"] == 130
+    healthy = condition(final, "Healthy")
+    assert healthy is not None and healthy["status"] == "False" and healthy["reason"] == "StepTimeDrift"
+    (record,) = status["health"]["signals"]
+    assert record["reason"] == "StepTimeDrift" and record.get("action") is None
+    # The window that shows it (its first step is `sinceStep`) is mostly after the slow-down began.
+    assert record["sinceStep"] > 75 - drift["windowSteps"], record
+    assert "slower, threshold 50%" in record["message"]
+    baseline = status["health"]["baselineStepSeconds"]
+    assert baseline > 0 and f"baseline {baseline:.3g} s" in record["message"]
+    first, last = (int(step) for step in status["health"]["baselineSteps"].split("-"))
+    assert first < last < 75
+    seen = reasons(cluster, namespace, "drift")
+    assert seen.count("StepTimeDrift") == 1 and "HealthPause" not in seen, seen
+    assert not final["spec"].get("suspend")
