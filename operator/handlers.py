@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import kopf
@@ -58,9 +59,16 @@ class HeartbeatSignals:
 class JobReconciler:
     """Carries out plans; one lock per job so periodic and event-driven reconciles never overlap."""
 
-    def __init__(self, kube: Kube, metrics: OperatorMetrics, api_concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        metrics: OperatorMetrics,
+        api_concurrency: int = 1,
+        clock_margin: timedelta = reconcile.REGROUP_CLOCK_MARGIN,
+    ) -> None:
         self.kube = kube
         self.metrics = metrics
+        self.clock_margin = clock_margin
         # Training-health histories per job, fed by every heartbeat event (`lease_changed`).
         self.health = health.HealthMonitor()
         # Shared by all jobs: bounds the operator's parallel requests however many jobs reconcile at once.
@@ -130,6 +138,7 @@ class JobReconciler:
                 node_labels={node: summary["labels"] for node, summary in node_health.items()},
                 nodes=node_health,
                 health=self.health.snapshot((namespace, name)),
+                clock_margin=self.clock_margin,
             )
             plan = reconcile.plan(job, observed)
             self._settle_health((namespace, name), plan)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from datetime import timedelta
 
 import kopf
 
@@ -35,7 +36,9 @@ def run(settings: OperatorSettings) -> int:
     kube = Kube(
         load_client(settings.api_concurrency + settings.max_workers), settings.recheck_children_seconds
     )
-    reconciler = handlers.JobReconciler(kube, metrics, settings.api_concurrency)
+    reconciler = handlers.JobReconciler(
+        kube, metrics, settings.api_concurrency, timedelta(seconds=settings.clock_skew_seconds)
+    )
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings, reconciler)
     asyncio.run(

@@ -33,8 +33,7 @@ ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
 # Heartbeat phases of a worker inside a running group: its loss leaves that group broken.
 GROUP_PHASES = ("training", "saving", "restoring")
 MAX_REGROUP_REASON = 256
-# Added to a regroup request's `before`: the failure time and a group's start come from different machines'
-# clocks. A group that re-formed by itself starts seconds after the failure, well beyond this.
+# Added to a regroup request's `before` unless the operator is configured otherwise (`Observed.clock_margin`).
 REGROUP_CLOCK_MARGIN = timedelta(milliseconds=250)
 
 
@@ -64,6 +63,10 @@ class Observed:
     health: health.History | None = None
     """The job's training-health history from its heartbeats (`health.HealthMonitor`). None: not observed
     (no health judgement; `status.health` and the `Healthy` condition stay as they are)."""
+    clock_margin: timedelta = REGROUP_CLOCK_MARGIN
+    """Added to a regroup request's `before`: the failure time and a group's start come from different
+    machines' clocks, so this is the skew tolerated between nodes. A group that re-formed by itself starts
+    seconds after the failure, well beyond it."""
 
 
 @dataclass
@@ -170,7 +173,7 @@ class _Builder:
         if len(reason) > MAX_REGROUP_REASON:
             reason = reason[: MAX_REGROUP_REASON - 3] + "..."
         self.status.regroup = api.RegroupRequest(
-            before=format_micro_time(max(moment for moment, _ in self.regroups) + REGROUP_CLOCK_MARGIN),
+            before=format_micro_time(max(moment for moment, _ in self.regroups) + self.observed.clock_margin),
             epoch=previous + 1,
             reason=reason,
         )

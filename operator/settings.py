@@ -41,6 +41,9 @@ class OperatorSettings(BaseModel):
     """Port of the Prometheus endpoint `/metrics`; 0 turns it off."""
     max_workers: int = Field(default=8, ge=1)
     """Threads running reconciles at once (each job is reconciled by one thread at a time)."""
+    clock_skew_seconds: float = Field(default=0.25, ge=0, le=60)
+    """Clock skew tolerated between nodes and the operator: a worker group that started less than this after a
+    failure is still re-formed on the operator's word (status.regroup), as it may include the failed worker."""
     api_concurrency: int = Field(default=32, ge=1, le=512)
     """Requests of one reconcile's kind (pod creations, deletions) sent to the API server at once: a gang of
     a thousand pods is created in parallel instead of one request after another."""

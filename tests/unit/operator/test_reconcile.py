@@ -470,6 +470,18 @@ def test_a_failed_worker_asks_its_group_to_re_form_from_when_it_failed(
         "reason": "Killed of demo-worker-1",
     }
     assert killed.status["incidents"][0]["occurredAt"] == "2026-01-01T12:00:01.999999Z"
+    # The operator's configured clock skew replaces the default margin.
+    skewed = plan(
+        _with_status(job, steady),
+        Observed(
+            pods=pods,
+            now=later,
+            leases=_gang_leases(later, 12),
+            nodes=HEALTHY_NODES,
+            clock_margin=timedelta(seconds=2),
+        ),
+    )
+    assert skewed.status["regroup"]["before"] == "2026-01-01T12:00:03.999999Z"
     # Unchanged while nothing else fails.
     again = plan(
         _with_status(job, killed),
