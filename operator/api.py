@@ -256,6 +256,14 @@ class HealthSpec(ApiModel):
     """Step-time drift against the run's own baseline."""
 
 
+class DrillsSpec(ApiModel):
+    """Failure drills (`phalanx drill`) against this job."""
+
+    allowed: bool = False
+    """Whether `phalanx drill` may inject failures (kill a worker or the rendezvous, take a node away from
+    the job) into this job; off by default, so no one disrupts a production run by a typo."""
+
+
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
 
@@ -292,6 +300,8 @@ class TrainingJobSpec(ApiModel):
     """Prometheus port of each worker pod (`PHALANX_METRICS_PORT`); 0 turns it off."""
     health: HealthSpec = Field(default_factory=HealthSpec)
     """Training-health signals (loss divergence, NaN loss, stagnation, gradient spikes, step-time drift)."""
+    drills: DrillsSpec = Field(default_factory=DrillsSpec)
+    """Whether failure drills may be run against this job."""
 
     @property
     def effective_min_replicas(self) -> int:

@@ -43,6 +43,7 @@ NODE_NOT_READY = "NotReady"
 NODE_UNREACHABLE = "Unreachable"
 NODE_DELETED = "Deleted"
 NODE_NO_EXECUTE = "NoExecuteTaint"
+NODE_DRILL_CRASH = "DrillCrash"
 
 # Exit codes of processes stopped by a signal from outside (SIGKILL, SIGTERM): not the user's code.
 KILL_EXIT_CODES = (137, 143)
@@ -91,6 +92,8 @@ def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> s
         return NODE_UNREACHABLE
     if health.get("noExecute"):
         return NODE_NO_EXECUTE
+    if health.get("drill"):
+        return NODE_DRILL_CRASH
     return None
 
 
@@ -105,7 +108,7 @@ def node_lost_at(
     """When a lost node failed: the later of the node's last word (its last Ready heartbeat when it went
     silent, when it turned NotReady, when the NoExecute taint came) and the pod's last heartbeat. Both are
     signs of life before the loss, so the later one is the closer; a deleted node: now."""
-    if problem == NODE_DELETED:
+    if problem in (NODE_DELETED, NODE_DRILL_CRASH):
         return now
     health = health or {}
     node_time = {
@@ -310,6 +313,7 @@ def _pod_failure(
             NODE_NOT_READY: "is NotReady",
             NODE_UNREACHABLE: "is unreachable (Ready Unknown)",
             NODE_NO_EXECUTE: "has a NoExecute taint",
+            NODE_DRILL_CRASH: "is lost to this job in a drill (phalanx.dev/drill-crash)",
         }[problem]
         message = f"{name}: its node {node} {what}"
         return Failure(

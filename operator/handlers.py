@@ -127,7 +127,7 @@ class JobReconciler:
             }
             # Every node is indexed: a bound node missing from the index was deleted.
             node_health = {
-                node: summary
+                node: observe.node_for_job(summary, namespace, name)
                 for node in {(pod.get("spec") or {}).get("nodeName") for pod in job_pods} - {None}
                 if (summary := _first(nodes.get(node))) is not None
             }

@@ -90,7 +90,17 @@ def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
         "readySince": ready.get("lastTransitionTime"),
         "noExecute": [taint.get("key") for taint in no_execute],
         "noExecuteSince": added[0] if added else None,
+        "drillCrash": (meta.get("annotations") or {}).get(DRILL_CRASH_ANNOTATION),
     }
+
+
+DRILL_CRASH_ANNOTATION = "phalanx.dev/drill-crash"
+"""On a node, `<namespace>/<job>`: `phalanx drill --crash-node` takes the node away from that job only."""
+
+
+def node_for_job(summary: dict[str, Any], namespace: str, job: str) -> dict[str, Any]:
+    """A node's summary as one job sees it: `drill` is set when a drill took the node away from this job."""
+    return {**summary, "drill": summary.get("drillCrash") == f"{namespace}/{job}"}
 
 
 # Heartbeat fields whose change the operator acts on at once (roles, group changes, resumption). The step,

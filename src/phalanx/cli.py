@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "phalanx.operator.cli",
     "phalanx.worker.cli",
     "phalanx.demo",
+    "phalanx.drill",
     "phalanx.bench.cli",
 )
 

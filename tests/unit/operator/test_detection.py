@@ -411,3 +411,16 @@ def test_only_a_running_rendezvous_on_a_healthy_node_is_remembered(make_pod: Mak
     assert detection.rendezvous_memory([_rdzv(make_pod, phase="Pending")], HEALTHY, "rendezvous") is None
     assert detection.rendezvous_memory([_rdzv(make_pod, terminating=True)], HEALTHY, "rendezvous") is None
     assert detection.rendezvous_memory([make_pod("demo-worker-0")], HEALTHY, "rendezvous") is None
+
+
+def test_a_drill_takes_a_node_away_from_its_job_only(make_pod: MakePod, now: datetime) -> None:
+    from phalanx.operator import status as observe
+
+    node = {**HEALTHY["node-a"], "drillCrash": "ml/demo"}
+    pods = [make_pod("demo-worker-0")]
+    for_demo = {"node-a": observe.node_for_job(node, "ml", "demo")}
+    (failure,), _ = run(pods, {"demo-worker-0": lease(now)}, now, nodes=for_demo)
+    assert failure.cause == "NodeLost" and failure.force
+    assert failure.node_conditions == frozenset({"DrillCrash"}) and "drill" in failure.message
+    for_other = {"node-a": observe.node_for_job(node, "ml", "other")}
+    assert run(pods, {"demo-worker-0": lease(now)}, now, nodes=for_other)[0] == []

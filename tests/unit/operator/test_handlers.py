@@ -342,6 +342,7 @@ def test_summaries_keep_when_things_ended() -> None:
         "readySince": "t6",
         "noExecute": ["a", "b"],
         "noExecuteSince": "t4",
+        "drillCrash": None,
     }
 
 
