@@ -137,11 +137,11 @@ class JobReconciler:
                 leases=job_leases,
                 node_labels={node: summary["labels"] for node, summary in node_health.items()},
                 nodes=node_health,
-                health=self.health.snapshot((namespace, name)),
+                health=self.health.snapshot(key),
                 clock_margin=self.clock_margin,
             )
             plan = reconcile.plan(job, observed)
-            self._settle_health((namespace, name), plan)
+            self._settle_health(key, plan)
             self._apply(job, plan, logger)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 

@@ -27,7 +27,7 @@ from phalanx.devcluster.agent.envresolve import (
 from phalanx.devcluster.agent.kube import ApiError, with_retry
 from phalanx.devcluster.agent.nodes import HOST_IP, capacity
 from phalanx.devcluster.agent.podstatus import ContainerRecord, PodRecord, Terminated
-from phalanx.devcluster.agent.runtime import ContainerProcess
+from phalanx.devcluster.agent.runtime import CONTAINER_MARKER, ContainerProcess
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +391,8 @@ class PodWorker:
         restart = record.restart_count + (
             1 if record.last_terminated is not None and record.container_id else 0
         )
+        container_id = f"phalanx://{self.uid}/{record.name}/{restart}"
+        env[CONTAINER_MARKER] = container_id
         spec = {
             "container": record.name,
             "argv": argv,
@@ -417,7 +419,7 @@ class PodWorker:
         del history[:-MAX_LOG_FILES]
         self.processes[record.name] = process
         record.restart_count = restart
-        record.container_id = f"phalanx://{self.uid}/{record.name}/{restart}"
+        record.container_id = container_id
         record.running_since = podstatus.now()
         record.terminated = None
         record.waiting_reason, record.waiting_message = "ContainerCreating", ""

@@ -1,4 +1,10 @@
-"""Container processes: start (in their own session, logs pumped with timestamps), signal, pid files."""
+"""Container processes: start (in their own session, logs pumped with timestamps), signal, pid files.
+
+A container is its process group plus every process carrying its `CONTAINER_MARKER` in the environment: a
+real runtime puts a container in a cgroup, which no child can leave; here a child that starts its own
+session (torchrun's trainers do) leaves the group but keeps the marker, so signals, freezes and the final
+kill still reach it.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+CONTAINER_MARKER = "PHALANX_CONTAINER_ID"
+"""Environment variable naming the container a process belongs to (its container ID)."""
 UNSHARE = ["unshare", "-m", "-u", "--propagation", "private", "--"]
 
 
@@ -51,6 +59,37 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+def marked_processes(container_id: str, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the processes whose environment names `container_id` under `CONTAINER_MARKER`."""
+    wanted = f"{CONTAINER_MARKER}={container_id}".encode()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or not ours to read
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+WHOLE_CONTAINER_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT})
+"""What a runtime applies to a container's whole cgroup (kill, freeze, thaw); a SIGTERM stays with the group."""
+
+
+def signal_container(pid: int, container_id: str | None, sig: int) -> None:
+    """Signal the container's process group; a kill, freeze or thaw also every process that left the group
+    but still carries the container's marker."""
+    signal_group(pid, sig)
+    if not container_id or sig not in WHOLE_CONTAINER_SIGNALS:
+        return
+    for member in marked_processes(container_id):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(member, sig)
+
+
 class ContainerProcess:
     """One run of one container: the sandboxed process and the thread copying its output into the log."""
 
@@ -65,6 +104,7 @@ class ContainerProcess:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         name = spec["container"]
+        self.container_id: str | None = spec["env"].get(CONTAINER_MARKER)
         spec_path = run_dir / f"{name}.json"
         spec_path.write_text(json.dumps(spec))
         self.log_path = log_path
@@ -82,7 +122,9 @@ class ContainerProcess:
         )
         self.pid = self.popen.pid
         self.pid_file = run_dir / f"{name}.pid"
-        self.pid_file.write_text(f"{self.pid} {process_start_time(self.pid) or ''}\n")
+        self.pid_file.write_text(
+            f"{self.pid} {process_start_time(self.pid) or ''} {self.container_id or ''}\n"
+        )
         self._pump = threading.Thread(target=self._copy_output, name=f"log-{name}", daemon=True)
         self._pump.start()
 
@@ -106,13 +148,14 @@ class ContainerProcess:
         code = self.popen.poll()
         if code is None:
             return None
-        signal_group(self.pid, signal.SIGKILL)  # like a container: when its main process ends, all of it ends
+        # Like a container: when its main process ends, all of it ends.
+        signal_container(self.pid, self.container_id, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return exit_code_of(code)
 
     def signal(self, sig: int) -> None:
         if self.popen.poll() is None:
-            signal_group(self.pid, sig)
+            signal_container(self.pid, self.container_id, sig)
 
     def wait(self, timeout: float) -> bool:
         try:
@@ -127,7 +170,8 @@ def kill_orphans(state_dir: Path) -> int:
     killed = 0
     for pid_file in state_dir.glob("pods/*/run/*.pid"):
         try:
-            pid_text, _, started = pid_file.read_text().strip().partition(" ")
+            pid_text, _, rest = pid_file.read_text().strip().partition(" ")
+            started, _, container_id = rest.partition(" ")
             pid = int(pid_text)
         except (OSError, ValueError):
             pid_file.unlink(missing_ok=True)
@@ -135,5 +179,8 @@ def kill_orphans(state_dir: Path) -> int:
         if started and process_start_time(pid) == started:
             signal_group(pid, signal.SIGKILL)
             killed += 1
+        if container_id:  # its processes that left the group outlive the group's leader
+            killed += len(marked_processes(container_id))
+            signal_container(pid, container_id, signal.SIGKILL)
         pid_file.unlink(missing_ok=True)
     return killed

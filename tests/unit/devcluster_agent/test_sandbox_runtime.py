@@ -11,7 +11,14 @@ import threading
 import time
 from pathlib import Path
 
-from phalanx.devcluster.agent.runtime import ContainerProcess, exit_code_of, kill_orphans, probe_namespaces
+from phalanx.devcluster.agent.runtime import (
+    CONTAINER_MARKER,
+    ContainerProcess,
+    exit_code_of,
+    kill_orphans,
+    marked_processes,
+    probe_namespaces,
+)
 
 NAMESPACED = probe_namespaces()
 
@@ -104,6 +111,71 @@ def test_signals_reach_the_whole_process_group(tmp_path: Path) -> None:
     assert process.wait(10)
     assert process.poll() == 137
     assert live_members(process.pid) == []
+
+
+def process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def wait_until(condition: object, patience: float = 10.0) -> bool:
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def left_the_group(marker: str, leader: int) -> list[int]:
+    """The container's processes in a session of their own (once `setsid` ran)."""
+    found = []
+    for pid in marked_processes(marker):
+        try:
+            if pid != leader and os.getsid(pid) == pid:
+                found.append(pid)
+        except ProcessLookupError:
+            continue
+    return found
+
+
+def test_a_child_in_its_own_session_is_frozen_and_killed_with_its_container(tmp_path: Path) -> None:
+    """torchrun starts trainers in their own sessions: a process-group signal misses them, the container's
+    marker does not (a stopped trainer outliving its pod was the leak)."""
+    marker = f"phalanx://test-{os.getpid()}/main/0"
+    container_spec = spec(tmp_path, ["sh", "-c", "setsid sleep 300 & wait"])
+    container_spec["env"][CONTAINER_MARKER] = marker
+    process = ContainerProcess(
+        container_spec, tmp_path / "run", tmp_path / "logs" / "0.log", False, lambda: None
+    )
+    assert wait_until(lambda: left_the_group(marker, process.pid))
+    (child,) = left_the_group(marker, process.pid)
+
+    process.signal(signal.SIGSTOP)
+    assert wait_until(lambda: process_state(child) == "T")
+    process.signal(signal.SIGCONT)
+    assert wait_until(lambda: process_state(child) == "S")
+
+    process.signal(signal.SIGSTOP)
+    process.signal(signal.SIGKILL)
+    assert process.wait(10)
+    assert process.poll() == 137
+    assert wait_until(lambda: process_state(child) in (None, "Z"))
+
+
+def test_orphans_that_left_the_group_are_killed_by_marker(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run_dir = state / "pods" / "uid" / "run"
+    marker = f"phalanx://orphan-{os.getpid()}/main/0"
+    container_spec = spec(tmp_path, ["sh", "-c", "setsid sleep 300 & wait"])
+    container_spec["env"][CONTAINER_MARKER] = marker
+    process = ContainerProcess(container_spec, run_dir, tmp_path / "logs" / "0.log", False, lambda: None)
+    assert wait_until(lambda: left_the_group(marker, process.pid))
+    assert kill_orphans(state) == 2
+    assert process.wait(10)
+    assert wait_until(lambda: all(process_state(pid) in (None, "Z") for pid in marked_processes(marker)))
 
 
 def live_members(group: int, patience: float = 5.0) -> list[int]:
