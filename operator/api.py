@@ -483,6 +483,9 @@ class RegroupRequest(ApiModel):
     """Number of the request, one more than the previous one: a launcher acts on each epoch once."""
     reason: str = ""
     """Why, e.g. `HeartbeatTimeout of tj-worker-2`."""
+    departed: list[str] = Field(default_factory=list)
+    """The failed or removed pods: launchers drop their nodes from the rendezvous at once instead of
+    waiting for their keep-alives to expire."""
 
 
 class HealthSignal(ApiModel):

@@ -111,7 +111,7 @@ class _Builder:
         self.status = api.TrainingJobStatus.model_validate(job.get("status") or {})
         self.previous_workers = {worker.name: worker for worker in self.status.workers}
         self.plan = Plan()
-        self.regroups: list[tuple[datetime, str]] = []
+        self.regroups: list[tuple[datetime, str, str]] = []
 
     def condition(
         self,
@@ -161,21 +161,25 @@ class _Builder:
                 track.done = True
                 track.kept = track.kept or kept
 
-    def regroup(self, before: datetime, reason: str) -> None:
-        """Ask the launchers to re-form groups started before `before` (one request per reconcile)."""
-        self.regroups.append((before, reason))
+    def regroup(self, before: datetime, reason: str, departed: str) -> None:
+        """Ask the launchers to re-form groups started before `before` without the pod `departed` (one
+        request per reconcile)."""
+        self.regroups.append((before, reason, departed))
 
     def _write_regroup(self) -> None:
         if not self.regroups:
             return
         previous = self.status.regroup.epoch if self.status.regroup is not None else 0
-        reason = "; ".join(dict.fromkeys(reason for _, reason in self.regroups))
+        reason = "; ".join(dict.fromkeys(reason for _, reason, _ in self.regroups))
         if len(reason) > MAX_REGROUP_REASON:
             reason = reason[: MAX_REGROUP_REASON - 3] + "..."
         self.status.regroup = api.RegroupRequest(
-            before=format_micro_time(max(moment for moment, _ in self.regroups) + self.observed.clock_margin),
+            before=format_micro_time(
+                max(moment for moment, _, _ in self.regroups) + self.observed.clock_margin
+            ),
             epoch=previous + 1,
             reason=reason,
+            departed=sorted({pod for _, _, pod in self.regroups}),
         )
 
     def finish(self) -> Plan:
@@ -371,7 +375,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
             return True
         disrupted = disrupted or not failure.spare
         if _in_group(pod, failure.spare, b):
-            b.regroup(failure.occurred_at or b.now, f"{failure.cause} of {failure.pod}")
+            b.regroup(failure.occurred_at or b.now, f"{failure.cause} of {failure.pod}", failure.pod)
         b.mark_done(failure.pod, failure.uid)
         if decision.action == "RestartJob":
             b.delete(trainers, force=failure.force)
@@ -569,7 +573,7 @@ def _scale_down(b: _Builder, live: list[dict[str, Any]], wanted: int, workers: b
     surplus = order[: len(live) - wanted]
     for pod in surplus:
         if workers and observe.is_running(pod) and _in_group(pod, False, b):
-            b.regroup(b.now, f"scale-down removed {observe.pod_name(pod)}")
+            b.regroup(b.now, f"scale-down removed {observe.pod_name(pod)}", observe.pod_name(pod))
     b.delete(surplus)
 
 

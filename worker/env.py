@@ -33,6 +33,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_METRICS_PORT": "metrics_port",
     "PHALANX_COLLECTIVE_TIMEOUT": "collective_timeout",
     "POD_NAME": "pod_name",
+    "POD_UID": "pod_uid",
     "POD_NAMESPACE": "pod_namespace",
     "POD_IP": "local_addr",
 }
@@ -102,6 +103,8 @@ class LaunchSettings(BaseModel):
     """Address this launcher advertises and binds to (the pod IP)."""
     pod_name: str = ""
     """Pod name: names the heartbeat Lease."""
+    pod_uid: str = ""
+    """Pod UID: tells this pod apart from an earlier one of the same name (a hang drill names its target so)."""
     pod_namespace: str = ""
     """Pod namespace: holds the heartbeat Lease."""
     heartbeat_interval: float = Field(default=5.0, gt=0)

@@ -51,7 +51,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from phalanx.worker import heartbeat, jobwatch, regroup, rendezvous, scaling
+from phalanx.worker import drillhook, heartbeat, jobwatch, regroup, rendezvous, scaling
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
 from phalanx.worker.metrics import PodMetrics
@@ -83,6 +83,11 @@ class RendezvousClient:
         """Called with each new store connection after a reconnect, before anyone uses it."""
         self.store = self._connect_until(time.monotonic() + settings.join_timeout)
         self.max_nodes = scaling.StoreMaxNodes(lambda: self.store, settings.max_nodes)
+        poll = rendezvous.sync_poll_interval(settings.max_nodes)
+        if not rendezvous.install_sync_poll(poll):
+            logger.warning(
+                "this torch's rendezvous cannot be told to poll faster: regroups wait 1 s per read"
+            )
         self.handler = DynamicRendezvousHandler.from_backend(
             run_id=settings.run_id,
             store=self.store,
@@ -101,6 +106,18 @@ class RendezvousClient:
         )
         # Every decision of the rendezvous about "full" reads the store's count, not the start-up one.
         scaling.install_live_settings(self.handler, self.max_nodes.current)
+        self.publish_node(self.store)
+        self.new_store_hooks.append(self.publish_node)
+
+    def publish_node(self, store: dist.TCPStore) -> None:
+        """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
+        with contextlib.suppress(*STORE_ERRORS, RuntimeError):
+            rendezvous.publish_node(store, self.settings.pod_name, self.handler._this_node)
+
+    def forget_departed(self, pods: tuple[str, ...], before: datetime) -> list[str]:
+        """Expire the departed pods' nodes in the rendezvous state (see `rendezvous.forget_departed`)."""
+        backend = self.handler._state_holder._backend  # type: ignore[attr-defined]
+        return rendezvous.forget_departed(self.store, backend, pods, before)
 
     def _connect_once(self) -> dist.TCPStore:
         return rendezvous.connect(
@@ -226,6 +243,11 @@ class PhalanxAgent(LocalElasticAgent):
     def group_started(self) -> float | None:
         """Unix time when the running worker group started; None while none runs."""
         return self._reporter.group_started
+
+    def training_pids(self) -> list[int]:
+        """Pids of the training processes of the group that runs now (empty while none runs)."""
+        context = self._pcontext
+        return list(context.pids().values()) if context is not None else []
 
     def _stop_workers(self, worker_group: Any) -> None:
         # State lives in in-memory snapshots that survive the processes, so a restart kills at once:
@@ -659,11 +681,21 @@ class JobFollowing:
                 agent.group_started,
                 self.writer,
                 settings.heartbeat_interval,
+                forget=client.forget_departed,
             )
             with contextlib.suppress(*STORE_ERRORS, RuntimeError):
                 regrouper.seed()
             client.new_store_hooks.append(regrouper.seed)
             self.tickers.append(regrouper)
+            self.tickers.append(
+                drillhook.HangDrill(
+                    view.current,
+                    agent.training_pids,
+                    settings.pod_name,
+                    settings.pod_uid,
+                    settings.heartbeat_interval,
+                )
+            )
         for ticker in self.tickers:
             if self.view is not None:
                 self.view.subscribe(ticker.wake)

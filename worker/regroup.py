@@ -52,6 +52,8 @@ class RegroupRequest:
     """Grows with each request; a request is acted on once, by one launcher."""
     reason: str = ""
     """Why, for logs (e.g. the failed pod and what was seen)."""
+    departed: tuple[str, ...] = ()
+    """The failed or removed pods: their nodes are dropped from the rendezvous at once."""
 
 
 def parse_time(text: str) -> datetime | None:
@@ -75,7 +77,11 @@ def regroup_of(job: Mapping[str, Any] | None) -> RegroupRequest | None:
     if before is None or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch <= 0:
         return None
     reason = raw.get("reason")
-    return RegroupRequest(before=before, epoch=epoch, reason=reason if isinstance(reason, str) else "")
+    departed = raw.get("departed")
+    pods = tuple(pod for pod in departed if isinstance(pod, str)) if isinstance(departed, list) else ()
+    return RegroupRequest(
+        before=before, epoch=epoch, reason=reason if isinstance(reason, str) else "", departed=pods
+    )
 
 
 def regroup_due(request: RegroupRequest, group_started: float | None) -> bool:
@@ -137,8 +143,12 @@ class Regrouper(Ticker):
         group_started: Callable[[], float | None],
         writer: str,
         interval: float,
+        forget: Callable[[tuple[str, ...], datetime], list[str]] | None = None,
     ) -> None:
         super().__init__(interval)
+        self._forget = forget
+        self.forgotten = 0
+        """The newest request epoch whose departed pods this launcher dropped from the rendezvous."""
         self._job = job
         self._store = store
         self._group_started = group_started
@@ -161,6 +171,7 @@ class Regrouper(Ticker):
         if request is None:
             return None
         self.known = max(self.known, request.epoch)
+        self._forget_departed(request)
         if request.epoch <= self.settled:
             return None
         started = self._group_started()
@@ -197,6 +208,21 @@ class Regrouper(Ticker):
             restart_epoch,
         )
         return claim
+
+    def _forget_departed(self, request: RegroupRequest) -> None:
+        # Whether or not this launcher's group must restart (survivors of a deleted pod often restart on
+        # their own first), the round they form next waits for the departed nodes until they are dropped.
+        if self._forget is None or not request.departed or request.epoch <= self.forgotten:
+            return
+        dropped = self._forget(request.departed, request.before)
+        self.forgotten = request.epoch
+        if dropped:
+            logger.warning(
+                "regroup %d (%s): dropped the departed %s from the rendezvous",
+                request.epoch,
+                request.reason,
+                ", ".join(dropped),
+            )
 
     def start(self) -> Regrouper:
         super().start()

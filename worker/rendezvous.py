@@ -10,13 +10,15 @@ the death of any worker never takes the rendezvous down.
 from __future__ import annotations
 
 import argparse
+import pickle
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -137,3 +139,106 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------- state polling
+
+STORE_READS_PER_SECOND = 1000.0
+"""The rate of rendezvous-state reads the store is asked to bear from nodes waiting in a round."""
+SYNC_POLL_BOUNDS = (0.05, 1.0)
+"""The shortest and longest pause between two reads of the rendezvous state by a waiting node."""
+TORCH_SYNC_DELAY = 1
+"""The pause torch's rendezvous executor asks for between two reads of the state (`_delay(seconds=1)`)."""
+
+
+def sync_poll_interval(max_nodes: int) -> float:
+    """Seconds between two reads of the shared rendezvous state by a node waiting in a round.
+
+    torch waits a fixed second between reads (to spare the store at thousands of nodes). Every step of a
+    re-rendezvous (join, the last call, the round's completion seen by each node) waits for one such read,
+    so at tens of nodes that second is most of a regroup. Scaled with the group so that all nodes together
+    read about `STORE_READS_PER_SECOND` times a second: 50 ms up to 50 nodes, torch's second at 1,000."""
+    low, high = SYNC_POLL_BOUNDS
+    return min(high, max(low, max(1, max_nodes) / STORE_READS_PER_SECOND))
+
+
+def install_sync_poll(interval: float) -> bool:
+    """Make torch's rendezvous executor pause `interval` seconds instead of one between state reads.
+
+    The pause is a module-level call in torch (`dynamic_rendezvous._delay(seconds=1)` in the executor's
+    loop); other delays there (join jitter) keep their values. Returns False, changing nothing, when this
+    torch has no such call (tests/unit/worker_runtime pins the call so an upgrade is noticed)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = getattr(dynamic_rendezvous, "_delay", None)
+    if original is None:
+        return False
+    torch_delay = getattr(original, "phalanx_original", original)
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        torch_delay(interval if seconds == TORCH_SYNC_DELAY else seconds)
+
+    delay.phalanx_original = torch_delay  # type: ignore[attr-defined]
+    dynamic_rendezvous._delay = delay
+    return True
+
+
+# ------------------------------------------------------------------------------- departed workers
+
+NODE_KEY_PREFIX = "phalanx/rendezvous-node/"
+"""`<prefix><pod name>` in the store: that pod's node in torch's rendezvous (`addr pid local_id`)."""
+EXPIRED = datetime(1970, 1, 1, tzinfo=UTC)
+"""A keep-alive older than any timeout: torch's next read of the state removes the node."""
+
+
+def publish_node(store: dist.Store, pod_name: str, node: Any) -> None:
+    """Record which rendezvous node (torch's `_NodeDesc`) this pod's launcher is, for `forget_departed`."""
+    if pod_name:
+        store.set(NODE_KEY_PREFIX + pod_name, f"{node.addr} {node.pid} {node.local_id}")
+
+
+def departed_nodes(store: dist.Store, pods: Sequence[str]) -> set[tuple[str, int, int]]:
+    """The rendezvous nodes the named pods' launchers published (pods that never published are skipped)."""
+    found = set()
+    for pod in pods:
+        key = NODE_KEY_PREFIX + pod
+        if not store.check([key]):
+            continue
+        addr, pid, local_id = store.get(key).decode().split()
+        found.add((addr, int(pid), int(local_id)))
+    return found
+
+
+def forget_departed(
+    store: dist.Store, backend: Any, pods: Sequence[str], before: datetime, attempts: int = 5
+) -> list[str]:
+    """Expire, in torch's rendezvous state, the keep-alives of the departed pods' nodes.
+
+    A node that died without leaving stays a participant of the finished round until its keep-alive
+    expires (keep-alive interval x attempts: seconds), and no new round can form before: that wait was
+    most of a recovery. The operator names the failed pods in its regroup request, so their nodes are
+    expired at once (compare-and-set of the state, `attempts` tries) and torch's next read of the state
+    removes them. Only a keep-alive from before `before` (when the failure happened) is expired: a node
+    that spoke since is alive. Returns the addresses of the nodes expired."""
+    wanted = departed_nodes(store, pods)
+    if not wanted:
+        return []
+    for _ in range(attempts):
+        current = backend.get_state()
+        if current is None:
+            return []
+        bits, token = current
+        state = pickle.loads(bits)
+        stale = [
+            node
+            for node, beat in state.last_heartbeats.items()
+            if (node.addr, node.pid, node.local_id) in wanted and EXPIRED < beat <= before
+        ]
+        if not stale:
+            return []
+        for node in stale:
+            state.last_heartbeats[node] = EXPIRED
+        written = backend.set_state(pickle.dumps(state), token)
+        if written is not None and written[2]:
+            return [f"{node.addr}/{node.pid}" for node in stale]
+    return []

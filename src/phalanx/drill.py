@@ -4,6 +4,10 @@ Works on any cluster the kubeconfig points at: the failure is injected through t
 only into a job that opted in (`spec.drills.allowed: true`):
 
 - `--kill-worker [POD]`: delete an active worker pod (the named one, else the first) with grace period 0;
+- `--hang-worker [POD]`: freeze the training processes of an active worker (the named one, else the first)
+  while its launcher keeps renewing the heartbeat: the drill writes `phalanx.dev/drill-hang=<pod>/<uid>` on
+  the TrainingJob, the pod's launcher stops its trainers (SIGSTOP), and only the operator's progress
+  tracking can tell. The annotation is removed afterwards, also on timeout or Ctrl-C;
 - `--kill-rendezvous`: delete the job's rendezvous pod with grace period 0;
 - `--crash-node [NODE]`: cordon the node of a worker (or the named node) and mark it
   `phalanx.dev/drill-crash=<namespace>/<job>`: the operator treats it as lost for this job only (its workers
@@ -24,12 +28,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from phalanx.errors import UserFacingError
+from phalanx.operator import api, names
+from phalanx.operator.status import DRILL_CRASH_ANNOTATION
+from phalanx.operator.timeutil import parse_time
+from phalanx.worker.drillhook import DRILL_HANG_ANNOTATION, hang_target
 
-GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
-JOB_LABEL = "phalanx.dev/job-name"
-ROLE_LABEL = "phalanx.dev/role"
-DRILL_CRASH_ANNOTATION = "phalanx.dev/drill-crash"
-KILL_WORKER, KILL_RENDEZVOUS, CRASH_NODE = "kill-worker", "kill-rendezvous", "crash-node"
+KILL_WORKER, HANG_WORKER, KILL_RENDEZVOUS, CRASH_NODE = (
+    "kill-worker",
+    "hang-worker",
+    "kill-rendezvous",
+    "crash-node",
+)
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
@@ -51,7 +60,7 @@ def running_workers(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     workers = [
         pod
         for pod in pods
-        if (pod["metadata"].get("labels") or {}).get(ROLE_LABEL) == "worker"
+        if (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_WORKER
         and not pod["metadata"].get("deletionTimestamp")
         and (pod.get("status") or {}).get("phase") == "Running"
     ]
@@ -87,18 +96,13 @@ def choose_node(pods: list[dict[str, Any]], wanted: str | None) -> str:
     return nodes[0]
 
 
-def _time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 @dataclass(frozen=True)
 class Target:
     """What the drill struck, to find the incident the operator records for it."""
 
     drill: str
     pod: str | None = None
+    uid: str | None = None
     node: str | None = None
 
 
@@ -108,7 +112,7 @@ def find_incident(
     """The incident recorded for the drill: about the struck pod (or a pod on the struck node), detected at
     or after the injection (the operator stamps detection to the second, hence the one-second slack)."""
     for incident in incidents:
-        detected = _time(incident.get("detectedAt"))
+        detected = parse_time(incident.get("detectedAt"))
         if detected is None or (injected - detected).total_seconds() > 1.0:
             continue
         if target.node is not None:
@@ -138,7 +142,7 @@ class Figures:
 
 def figures(target: Target, incident: dict[str, Any], injected: datetime) -> Figures:
     def since_injection(field: str) -> float | None:
-        moment = _time(incident.get(field))
+        moment = parse_time(incident.get(field))
         return None if moment is None else round(max((moment - injected).total_seconds(), 0.0), 2)
 
     return Figures(
@@ -188,18 +192,26 @@ class Cluster:
         from kubernetes.client.rest import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name
+            )
         except ApiException as error:
             if error.status == 404:
                 raise UserFacingError(f"TrainingJob {namespace}/{name} not found") from None
             raise
 
     def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        listed = self.core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={job}")
+        listed = self.core.list_namespaced_pod(namespace, label_selector=f"{names.LABEL_JOB_NAME}={job}")
         return [self.core.api_client.sanitize_for_serialization(pod) for pod in listed.items]
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+    def annotate_job(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of the TrainingJob."""
+        self.custom.patch_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"metadata": {"annotations": {key: value}}}
+        )
 
     def mark_node(self, node: str, job_key: str) -> bool:
         """Cordon the node and mark it for the job; returns whether it was cordoned already."""
@@ -222,7 +234,7 @@ class Cluster:
 
 def rendezvous_pod(pods: list[dict[str, Any]]) -> str:
     for pod in pods:
-        if (pod["metadata"].get("labels") or {}).get(ROLE_LABEL) == "rendezvous":
+        if (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_RENDEZVOUS:
             return pod["metadata"]["name"]
     raise UserFacingError("the job has no rendezvous pod")
 
@@ -239,6 +251,9 @@ def run_drill(args: argparse.Namespace) -> int:
         target = Target(KILL_RENDEZVOUS, pod=rendezvous_pod(pods))
     elif args.crash_node is not None:
         target = Target(CRASH_NODE, node=choose_node(pods, args.crash_node or None))
+    elif args.hang_worker is not None:
+        victim = choose_worker(pods, args.hang_worker or None)["metadata"]
+        target = Target(HANG_WORKER, pod=victim["name"], uid=victim.get("uid"))
     else:
         target = Target(KILL_WORKER, pod=choose_worker(pods, args.kill_worker or None)["metadata"]["name"])
     injected = datetime.now(UTC)
@@ -246,10 +261,16 @@ def run_drill(args: argparse.Namespace) -> int:
     try:
         if target.node is not None:
             was_cordoned = cluster.mark_node(target.node, f"{namespace}/{name}")
+        elif target.drill == HANG_WORKER:
+            cluster.annotate_job(
+                namespace, name, DRILL_HANG_ANNOTATION, hang_target(target.pod or "", target.uid or "")
+            )
         else:
             cluster.delete_pod(namespace, target.pod or "")
         result = _wait_for_recovery(cluster, namespace, name, target, injected, args.timeout)
     finally:
+        if target.drill == HANG_WORKER:
+            cluster.annotate_job(namespace, name, DRILL_HANG_ANNOTATION, None)
         if was_cordoned is not None and target.node is not None:
             cluster.unmark_node(target.node, keep_cordoned=was_cordoned)
             if not args.json:
@@ -290,6 +311,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-n", "--namespace", default="default")
     strike = parser.add_mutually_exclusive_group(required=True)
     strike.add_argument("--kill-worker", nargs="?", const="", metavar="POD", help="delete a worker pod")
+    strike.add_argument(
+        "--hang-worker", nargs="?", const="", metavar="POD", help="freeze a worker's training processes"
+    )
     strike.add_argument("--kill-rendezvous", action="store_true", help="delete the rendezvous pod")
     strike.add_argument(
         "--crash-node", nargs="?", const="", metavar="NODE", help="take a worker's node away from the job"

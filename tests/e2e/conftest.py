@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -169,6 +170,39 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     for what in commands:
         result = cluster.kubectl(*what, check=False, timeout=30)
         report.sections.append((f"kubectl {' '.join(what)}", result.stdout + result.stderr))
+    # The dumps above are long and a CI log keeps the tail: say once more, last, what failed.
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        report.sections.append(("the failure (repeated)", f"{crash.path}:{crash.lineno}: {crash.message}"))
+
+
+BENCH_SMOKE_TIMEOUT = 1700
+"""Seconds a `phalanx bench --quick` run may take in a test (CI machines run them several times slower)."""
+
+
+def run_bench_smoke(
+    cluster: Cluster, benchmarks: list[str], out: Path
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """`phalanx bench --quick --only <benchmarks>` on the session's cluster: the run (results.json) and its
+    results by name. A run that
+    fails or runs out of time fails the test with the end of what the bench printed (its progress log)."""
+    command = [
+        sys.executable, "-m", "phalanx.cli", "bench", "--quick", "--only", *benchmarks,
+        "--state-dir", str(cluster.state_dir), "--out", str(out),
+    ]  # fmt: skip
+    try:
+        process = subprocess.run(
+            command, capture_output=True, text=True, timeout=BENCH_SMOKE_TIMEOUT, check=False
+        )
+    except subprocess.TimeoutExpired as expired:
+        printed = expired.stderr or b""
+        text = printed.decode(errors="replace") if isinstance(printed, bytes) else printed
+        pytest.fail(f"phalanx bench ran past {BENCH_SMOKE_TIMEOUT} s; it last printed:\n{text[-6000:]}")
+    assert process.returncode == 0, process.stderr[-6000:]
+    run = json.loads((out / "results.json").read_text())
+    results = {result["name"]: result for result in run["results"]}
+    assert list(results) == benchmarks
+    return run, results
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

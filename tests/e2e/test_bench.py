@@ -7,16 +7,13 @@ really is one short, every trial deletes a worker).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster, Operator
+from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100)]
 
 CLUSTER_BENCHMARKS = ["gang-creation", "operator-scale", "rerendezvous"]
 
@@ -27,15 +24,7 @@ def metrics_of(result: dict) -> dict[str, dict]:
 
 def test_cluster_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, tmp_path: Path) -> None:
     out = tmp_path / "results"
-    command = [
-        sys.executable, "-m", "phalanx.cli", "bench", "--quick", "--only", *CLUSTER_BENCHMARKS,
-        "--state-dir", str(cluster.state_dir), "--out", str(out),
-    ]  # fmt: skip
-    process = subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False)
-    assert process.returncode == 0, process.stderr[-6000:]
-    run = json.loads((out / "results.json").read_text())
-    results = {result["name"]: result for result in run["results"]}
-    assert list(results) == CLUSTER_BENCHMARKS
+    run, results = run_bench_smoke(cluster, CLUSTER_BENCHMARKS, out)
     for result in results.values():
         assert result["error"] is None, result["error"]
         assert result["timeouts"], f"{result['name']} reports no timeouts"

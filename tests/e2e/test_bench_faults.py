@@ -7,16 +7,13 @@ samples. Timings are never judged here (that is what the report is for).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster, Operator
+from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100)]
 
 FAULT_BENCHMARKS = ["recovery", "hang-detection", "goodput"]
 
@@ -27,15 +24,7 @@ def metrics_of(result: dict) -> dict[str, dict]:
 
 def test_fault_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, tmp_path: Path) -> None:
     out = tmp_path / "results"
-    command = [
-        sys.executable, "-m", "phalanx.cli", "bench", "--quick", "--only", *FAULT_BENCHMARKS,
-        "--state-dir", str(cluster.state_dir), "--out", str(out),
-    ]  # fmt: skip
-    process = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
-    assert process.returncode == 0, process.stderr[-6000:]
-    run = json.loads((out / "results.json").read_text())
-    results = {result["name"]: result for result in run["results"]}
-    assert list(results) == FAULT_BENCHMARKS
+    _, results = run_bench_smoke(cluster, FAULT_BENCHMARKS, out)
     for result in results.values():
         assert result["error"] is None, result["error"]
         names = {timeout["name"] for timeout in result["timeouts"]}

@@ -106,3 +106,21 @@ def test_kill_rendezvous_drill_reports_the_recovery(
         400,
         message="the job to succeed after the drill",
     )
+
+
+def test_hang_worker_drill_freezes_the_trainers_and_progress_tracking_replaces_the_pod(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(drill_job("hung"), namespace)
+    victim = training_worker(cluster, namespace, "hung")
+    figures = figures_of(drill(cluster, namespace, "hung", "--hang-worker", victim.metadata.name, "--json"))
+    # The launcher kept renewing its Lease: only the missing progress can have told.
+    assert figures["cause"] == "NoProgress" and figures["action"] == "ReplaceWorker", figures
+    assert figures["target"] == victim.metadata.name
+    # Detected no sooner than the progress timeout (10 s) allows, and well within timeout + a few intervals.
+    assert 9.0 <= figures["seconds_to_detect"] <= 30.0, figures
+    assert figures["seconds_to_resume"] is not None
+    annotations = get_job(cluster, namespace, "hung")["metadata"].get("annotations") or {}
+    assert "phalanx.dev/drill-hang" not in annotations
+    job = wait_succeeded(cluster, namespace, "hung", timeout=400)
+    assert [i["cause"] for i in incidents_of(job, victim.metadata.name)] == ["NoProgress"]

@@ -91,3 +91,26 @@ def test_a_node_drill_reports_the_node_loss_of_a_worker_on_that_node() -> None:
     target = drill.Target(drill.CRASH_NODE, node="node-b")
     assert drill.find_incident([elsewhere, lost], target, INJECTED) is lost
     assert drill.figures(target, lost, INJECTED).seconds_to_resume is None
+
+
+def test_the_command_line_takes_exactly_one_strike() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    drill.register(parser.add_subparsers())
+    args = parser.parse_args(["drill", "demo", "--hang-worker"])
+    assert (args.hang_worker, args.kill_worker, args.crash_node) == ("", None, None)
+    assert (
+        parser.parse_args(["drill", "demo", "--hang-worker", "demo-worker-1"]).hang_worker == "demo-worker-1"
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["drill", "demo", "--hang-worker", "--kill-rendezvous"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["drill", "demo"])
+
+
+def test_a_hang_drill_reports_the_no_progress_incident_of_its_pod() -> None:
+    hung = incident("demo-worker-1", "2026-01-01T12:00:11Z", cause="NoProgress")
+    target = drill.Target(drill.HANG_WORKER, pod="demo-worker-1", uid="uid-1")
+    assert drill.find_incident([hung], target, INJECTED) is hung
+    assert drill.figures(target, hung, INJECTED).seconds_to_detect == 10.6

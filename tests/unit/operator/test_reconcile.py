@@ -468,6 +468,7 @@ def test_a_failed_worker_asks_its_group_to_re_form_from_when_it_failed(
         "before": "2026-01-01T12:00:02.249999Z",
         "epoch": 1,
         "reason": "Killed of demo-worker-1",
+        "departed": ["demo-worker-1"],
     }
     assert killed.status["incidents"][0]["occurredAt"] == "2026-01-01T12:00:01.999999Z"
     # The operator's configured clock skew replaces the default margin.
@@ -499,6 +500,7 @@ def test_a_failed_worker_asks_its_group_to_re_form_from_when_it_failed(
         "before": format_micro_time(frozen_at - timedelta(seconds=6) + REGROUP_CLOCK_MARGIN),
         "epoch": 2,
         "reason": "HeartbeatTimeout of demo-worker-0",
+        "departed": ["demo-worker-0"],
     }
 
 
@@ -517,6 +519,7 @@ def test_several_failures_make_one_request_from_the_latest(
         "before": "2026-01-01T12:00:00.249999Z",
         "epoch": 1,
         "reason": "Killed of demo-worker-0; ExitCode of demo-worker-1",
+        "departed": ["demo-worker-0", "demo-worker-1"],
     }
 
 
@@ -572,6 +575,7 @@ def test_removing_a_training_worker_on_scale_down_asks_for_a_regroup(
         "before": "2026-01-01T12:00:00.250000Z",
         "epoch": 1,
         "reason": "scale-down removed demo-worker-2",
+        "departed": ["demo-worker-2"],
     }
 
 
@@ -595,6 +599,7 @@ def test_a_straggler_is_removed_with_its_grace_period_and_its_group_re_forms(
     assert result.delete_pods == ["demo-worker-2"] and result.force_delete_pods == []
     assert result.status["restarts"]["byCause"] == {"Straggler": 1}
     assert result.status["regroup"]["reason"] == "Straggler of demo-worker-2"
+    assert result.status["regroup"]["departed"] == ["demo-worker-2"]  # dropped from the rendezvous at once
     assert result.status["regroup"]["before"] == "2026-01-01T12:00:00.250000Z"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import threading
 from collections.abc import Iterator
@@ -270,3 +271,62 @@ def test_a_frozen_peer_no_longer_holds_the_survivor_in_a_collective(job: LocalJo
     # The survivor restarted for the request, not after its collective watchdog fired.
     assert restarts(job.node_output("a"))[0] == "restart-epoch 0->1", job.node_output("a")
     assert job.any_summary()["final_step"] == 80
+
+
+# ------------------------------------------------------------------------------- departed workers
+
+
+def rendezvous_state(store: dist.Store, beats: dict[Any, datetime]) -> Any:
+    """A finished round of torch's rendezvous whose participants kept alive at `beats`, in the store."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    backend = C10dRendezvousBackend(store, "job")
+    state = _RendezvousState()
+    state.complete = True
+    state.participants = {node: rank for rank, node in enumerate(beats)}
+    state.last_heartbeats = dict(beats)
+    backend.set_state(pickle.dumps(state))
+    return backend
+
+
+def test_the_departed_pods_nodes_are_expired_and_only_theirs(store: dist.Store) -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    dead, alive, respoken = (
+        _NodeDesc("10.0.0.1", 11, 0),
+        _NodeDesc("10.0.0.2", 12, 0),
+        _NodeDesc("10.0.0.3", 13, 0),
+    )
+    rendezvous.publish_node(store, "w-0", dead)
+    rendezvous.publish_node(store, "w-1", alive)
+    rendezvous.publish_node(store, "w-2", respoken)
+    failure = NOW
+    beats = {dead: failure - timedelta(seconds=1), alive: failure, respoken: failure + timedelta(seconds=2)}
+    backend = rendezvous_state(store, beats)
+
+    # w-1 was not named; w-2 spoke after the failure (alive after all); w-9 never published its node.
+    dropped = rendezvous.forget_departed(store, backend, ("w-0", "w-2", "w-9"), before=failure)
+    assert dropped == ["10.0.0.1/11"]
+    state = pickle.loads(backend.get_state()[0])
+    assert state.last_heartbeats == {**beats, dead: rendezvous.EXPIRED}
+    # Done already: a second launcher acting on the same request writes nothing.
+    assert rendezvous.forget_departed(store, backend, ("w-0",), before=failure) == []
+
+
+def test_every_launcher_drops_the_departed_even_without_a_running_group(store: dist.Store) -> None:
+    asked: list[tuple[tuple[str, ...], datetime]] = []
+
+    def forget(pods: tuple[str, ...], before: datetime) -> list[str]:
+        asked.append((pods, before))
+        return list(pods)
+
+    job = job_with(
+        {"before": micro_time(NOW), "epoch": 2, "reason": "PodDeleted of w-0", "departed": ["w-0"]}
+    )
+    regrouper = Regrouper(lambda: job, lambda: store, lambda: None, "w1", interval=60, forget=forget)
+    assert regrouper.tick() is None  # no group runs: nothing to claim, but the departed are dropped
+    assert asked == [(("w-0",), NOW)]
+    regrouper.tick()
+    assert len(asked) == 1  # once per request
+    assert regroup_of(job) == RegroupRequest(NOW, 2, "PodDeleted of w-0", ("w-0",))
