@@ -9,9 +9,9 @@ the operator and come back as an `InvalidSpec` condition naming the field, not a
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "phalanx.dev"
@@ -30,6 +30,10 @@ DATE_TIME = {"format": "date-time"}
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]
 PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
+AUTO_INTERVAL = "auto"
+IntervalSteps = Annotated[int, Field(ge=1)] | Literal["auto"]
+"""A positive number of steps or `auto` (the CRD: an int-or-string with `minimum` and `pattern`)."""
+CheckpointMode = Literal["auto", "fixed"]
 
 
 class ApiModel(BaseModel):
@@ -50,6 +54,21 @@ class ApiModel(BaseModel):
 # ---------------------------------------------------------------------------------------------- spec
 
 
+class AutoIntervalSpec(ApiModel):
+    """The automatic checkpoint interval (`intervalSteps: auto`): Young/Daly, interval = sqrt(2 x save cost x
+    MTBF), with the MTBF from the job's own failures and a prior, so one early failure does not swing it."""
+
+    prior_mtbf_seconds: float = Field(default=86400.0, gt=0)
+    """Mean time between failures assumed before the job has shown its own (seconds of running time)."""
+    prior_failures: float = Field(default=1.0, gt=0)
+    """Weight of that prior, in failures: the MTBF is (priorFailures x priorMtbfSeconds + running seconds) /
+    (priorFailures + failures seen)."""
+    min_interval_seconds: float = Field(default=30.0, ge=0)
+    """Durable saves no more often than this (seconds of training), however cheap they are."""
+    max_interval_seconds: float = Field(default=14400.0, gt=0)
+    """Durable saves at least this often (seconds of training), however rare failures are."""
+
+
 class CheckpointSpec(ApiModel):
     """Where and how often durable checkpoints are written."""
 
@@ -60,10 +79,24 @@ class CheckpointSpec(ApiModel):
     `claimName`, not both. With neither, `path` is used as it is in the container's filesystem."""
     path: str = "/checkpoints"
     """Directory inside the trainer container where checkpoints are written (`PHALANX_CHECKPOINT_DIR`)."""
-    interval_steps: int = Field(default=100, ge=1)
-    """Training steps between durable checkpoints (`PHALANX_CHECKPOINT_INTERVAL`)."""
+    interval_steps: IntervalSteps = 100
+    """Training steps between durable checkpoints (`PHALANX_CHECKPOINT_INTERVAL`), or `auto`: the operator
+    chooses the interval from the measured save cost, step time and the job's failure rate (Young/Daly,
+    `autoInterval`) and the workers follow it (`status.checkpoint`)."""
     keep: int = Field(default=3, ge=1)
     """Most recent durable checkpoints kept; older ones are deleted (`PHALANX_CHECKPOINT_KEEP`)."""
+    auto_interval: AutoIntervalSpec = Field(default_factory=AutoIntervalSpec)
+    """How `intervalSteps: auto` chooses the interval (ignored with a fixed interval)."""
+
+    @field_validator("interval_steps", mode="before")
+    @classmethod
+    def _positive_or_auto(cls, value: Any) -> Any:
+        # One clear message naming the field, instead of one error per member of the union.
+        if value == AUTO_INTERVAL or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+            return int(value)
+        raise ValueError(f"must be a positive integer or {AUTO_INTERVAL!r}, got {value!r}")
 
 
 class HeartbeatSpec(ApiModel):
@@ -517,6 +550,30 @@ class HealthStatus(ApiModel):
     """Why the operator suspended the job (a signal with action `Pause`); cleared when the job resumes."""
 
 
+class CheckpointStatus(ApiModel):
+    """The durable-checkpoint interval in force and what it was chosen from (`spec.checkpoint.intervalSteps`).
+    Written only when the interval changes (by more than a fifth, `auto`), so the figures are those of the
+    last change, not live readings."""
+
+    mode: CheckpointMode
+    """`fixed` (the spec's number) or `auto` (chosen by the operator; the launchers pass it to the trainers)."""
+    interval_steps: int = Field(ge=1)
+    """Training steps between durable checkpoints."""
+    save_seconds: float | None = None
+    """What a durable save blocks training for, as the workers measured it (`phalanx.dev/checkpoint-save-seconds`:
+    the slowest worker's median of its recent saves)."""
+    step_seconds: float | None = None
+    """Seconds per training step (median of the recent steps the heartbeats reported)."""
+    mtbf_seconds: float | None = None
+    """Mean time between failures: the prior (`autoInterval`) combined with the failures seen over the job's
+    running time."""
+    failures_seen: int | None = None
+    """Failures the job had when the interval was chosen (`restarts.total`)."""
+    reason: str = ""
+    """How the interval was reached, e.g. the Young/Daly figures, a bound, or the bootstrap before the first
+    save cost was measured."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob, written once per reconcile by the operator."""
 
@@ -562,6 +619,8 @@ class TrainingJobStatus(ApiModel):
     """Seconds spent recovering from incidents over the job's life (not capped like `incidents`)."""
     health: HealthStatus | None = None
     """Training-health signals on now and the step-time baseline (`spec.health`)."""
+    checkpoint: CheckpointStatus | None = None
+    """The durable-checkpoint interval in force and its inputs."""
 
 
 class TrainingJob(ApiModel):

@@ -27,9 +27,31 @@ CRD_PATHS = (Path("crds") / CRD_FILE, Path("charts/phalanx/crds") / CRD_FILE)
 _SCALARS: dict[type, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
+def _int_or_string(annotation: Any) -> dict[str, Any] | None:
+    """The schema of `int | Literal["word", ...]` (optionally with None, and the int with its range): an
+    `x-kubernetes-int-or-string` whose `minimum` holds for numbers and `pattern` for strings, so the API
+    server refuses anything else at apply time (1.20 has no CEL, and int-or-string nodes carry no type)."""
+    if typing.get_origin(annotation) not in (Union, types.UnionType):
+        return None
+    members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    numbers = [arg for arg in members if arg is int or typing.get_args(arg)[:1] == (int,)]
+    words = [arg for arg in members if typing.get_origin(arg) is Literal]
+    if len(members) != 2 or len(numbers) != 1 or len(words) != 1:
+        return None
+    values = typing.get_args(words[0])
+    if not all(isinstance(value, str) for value in values):
+        return None
+    schema: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+    for extra in typing.get_args(numbers[0])[1:]:
+        if isinstance(extra, FieldInfo):
+            _apply_constraints(schema, extra)
+    schema["pattern"] = "^(" + "|".join(values) + ")$"
+    return schema
+
+
 def _strip_optional(annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
+    if origin in (Union, types.UnionType) and _int_or_string(annotation) is None:
         members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         if len(members) != 1:
             raise TypeError(f"unions other than Optional are not structural: {annotation}")
@@ -39,6 +61,9 @@ def _strip_optional(annotation: Any) -> Any:
 
 def schema_for_annotation(annotation: Any, *, with_defaults: bool) -> dict[str, Any]:
     """The structural schema of one Python type."""
+    int_or_string = _int_or_string(annotation)
+    if int_or_string is not None:
+        return int_or_string
     annotation = _strip_optional(annotation)
     origin = typing.get_origin(annotation)
     if origin is Literal:
@@ -80,6 +105,9 @@ def _apply_constraints(schema: dict[str, Any], field: FieldInfo) -> None:
     for constraint in field.metadata:
         if isinstance(constraint, annotated_types.Ge):
             schema["minimum"] = constraint.ge
+        elif isinstance(constraint, annotated_types.Gt):
+            schema["minimum"] = constraint.gt
+            schema["exclusiveMinimum"] = True
         elif isinstance(constraint, annotated_types.Le):
             schema["maximum"] = constraint.le
         elif isinstance(constraint, annotated_types.MinLen):

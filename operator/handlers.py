@@ -91,6 +91,7 @@ class JobReconciler:
             self._locks.pop((namespace, name), None)
         self.health.forget((namespace, name))
         self.metrics.forget_job_health(namespace, name)
+        self.metrics.job_checkpoint_interval(namespace, name, None)
         self.metrics.job_state(uid, None)
 
     def reconcile(
@@ -179,6 +180,9 @@ class JobReconciler:
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
             self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
             self.metrics.record_health(namespace, job["metadata"]["name"], plan.status, plan.health_started)
+            self.metrics.job_checkpoint_interval(
+                namespace, job["metadata"]["name"], plan.status.get("checkpoint")
+            )
             for event in plan.events:
                 self._guarded("event", self.kube.post_event, job, event)
 

@@ -70,6 +70,13 @@ class OperatorMetrics:
             ["namespace", "job"],
             registry=self.registry,
         )
+        self.checkpoint_interval = Gauge(
+            "phalanx_job_checkpoint_interval_steps",
+            "Training steps between durable checkpoints in force, per job (`status.checkpoint.intervalSteps`: "
+            "the spec's number, or the one chosen by `intervalSteps: auto`).",
+            ["namespace", "job", "mode"],
+            registry=self.registry,
+        )
         self.health_signal = Gauge(
             "phalanx_job_health_signal",
             "Training-health signals on now (1) or off (0), per job and signal (`spec.health`).",
@@ -119,6 +126,16 @@ class OperatorMetrics:
                 self.goodput.remove(namespace, job)
             return
         self.goodput.labels(namespace=namespace, job=job).set(value)
+
+    def job_checkpoint_interval(self, namespace: str, job: str, checkpoint: dict[str, Any] | None) -> None:
+        """Set a job's interval from its stored `status.checkpoint` (None: drop it, the job is gone)."""
+        for mode in ("auto", "fixed"):
+            if checkpoint is None or checkpoint.get("mode") != mode:
+                with contextlib.suppress(KeyError):
+                    self.checkpoint_interval.remove(namespace, job, mode)
+        if checkpoint is not None and checkpoint.get("intervalSteps") is not None:
+            gauge = self.checkpoint_interval.labels(namespace=namespace, job=job, mode=checkpoint.get("mode"))
+            gauge.set(checkpoint["intervalSteps"])
 
     def record_health(self, namespace: str, job: str, status: dict[str, Any], started: list[str]) -> None:
         """Set a job's per-signal gauges from its stored status (`status.health.signals`) and count the

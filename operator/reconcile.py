@@ -14,6 +14,7 @@ from typing import Any, Literal
 from phalanx.operator import (
     api,
     builders,
+    checkpointing,
     conditions,
     detection,
     gang,
@@ -486,6 +487,36 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
         )
 
 
+def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
+    """The durable-checkpoint interval in force (`checkpointing.choose`) into `status.checkpoint`, with an
+    Event when it changes. The launchers pass an `auto` interval on to their trainers."""
+    leases = [
+        lease
+        for pod in b.observed.pods
+        if observe.is_trainer(pod)
+        and observe.is_live(pod)
+        and (lease := _heartbeat(pod, b)) is not None
+        and lease.get("phase") in GROUP_PHASES
+    ]
+    recent = b.observed.health.samples[-checkpointing.RECENT_STEPS :] if b.observed.health is not None else []
+    started = parse_time(b.status.start_time)
+    measured = checkpointing.Measurements(
+        save_seconds=checkpointing.save_seconds_from(
+            [detection.lease_number(lease, "checkpoint-save-seconds") for lease in leases]
+        ),
+        step_seconds=checkpointing.step_seconds_from(
+            [sample.step_seconds for sample in recent],
+            [detection.lease_number(lease, "step-seconds") for lease in leases],
+        ),
+        failures=b.status.restarts.total,
+        running_seconds=(b.now - started).total_seconds() if started is not None else 0.0,
+    )
+    decision = checkpointing.choose(spec.checkpoint, b.status.checkpoint, measured)
+    b.status.checkpoint = decision.status
+    if decision.event is not None:
+        b.event("Normal", checkpointing.REASON_CHECKPOINT_INTERVAL, decision.event)
+
+
 def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:
     """Training-health verdicts (`health.evaluate`) into `status.health`, the `Healthy` condition, one
     Event per signal that starts, and the signal's action.
@@ -828,6 +859,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if _handle_failures(b, spec, trainer):
         return b.finish()
     _follow_progress(b, spec)
+    _follow_checkpoint_interval(b, spec)
 
     some_done, all_done = _completed(b, trainer)
     if all_done:

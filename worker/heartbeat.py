@@ -54,6 +54,11 @@ class TrainingFigures:
     compute_seconds: float | None = None
     """This rank's own busy time in its last step: the step time less the time spent waiting for peers
     (worker/steptime.py)."""
+    checkpoint_save_seconds: float | None = None
+    """What a durable save blocks training for: the median of this rank's recent durable saves
+    (`Checkpointer.save_seconds`); the operator's automatic interval needs it."""
+    checkpoint_interval: int | None = None
+    """Steps between durable saves in force on this rank (`Checkpointer.interval_steps`)."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,8 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "restore-source": restore_source_label(status.restore_source),
         "resumed-at": wall_time(status.resumed_at),
         "compute-seconds": status.compute_seconds,
+        "checkpoint-save-seconds": status.checkpoint_save_seconds,
+        "checkpoint-interval": status.checkpoint_interval,
         "exit-code": status.exit_code,
     }
     annotations = {

@@ -51,7 +51,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from phalanx.worker import drillhook, heartbeat, jobwatch, regroup, rendezvous, scaling
+from phalanx.worker import autointerval, drillhook, heartbeat, jobwatch, regroup, rendezvous, scaling
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
 from phalanx.worker.metrics import PodMetrics
@@ -619,6 +619,8 @@ def _raise_signal(signum: int, _frame: Any) -> None:
 def _prepare_worker_environment(settings: LaunchSettings, status_dir: Path) -> None:
     """Variables every training process inherits (set before any worker starts)."""
     os.environ[heartbeat.STATUS_DIR_ENV] = str(status_dir)
+    # The operator's automatic checkpoint interval reaches the trainers through this file (IntervalFollower).
+    os.environ[autointerval.INTERVAL_FILE_ENV] = str(autointerval.interval_file(status_dir))
     os.environ["PHALANX_COLLECTIVE_TIMEOUT"] = f"{settings.collective_timeout:g}"
     os.environ.setdefault("PHALANX_JOB_UID", settings.run_id)
     # Training processes get a fresh store per attempt, hosted by the new rank 0, instead of one hosted
@@ -639,8 +641,10 @@ def _status_dir(settings: LaunchSettings) -> Path:
 class JobFollowing:
     """What follows the TrainingJob (or the files that stand in for it): the feed and its followers."""
 
-    def __init__(self, settings: LaunchSettings) -> None:
+    def __init__(self, settings: LaunchSettings, interval_file: Path | None = None) -> None:
         self.settings = settings
+        self.interval_file = interval_file
+        """Where the trainers find the operator's automatic checkpoint interval (None: not passed on)."""
         self.view: jobwatch.JobView | None = None
         self.feed: jobwatch.JobFeed | jobwatch.FileJobFeed | None = None
         self.tickers: list[jobwatch.Ticker] = []
@@ -687,6 +691,12 @@ class JobFollowing:
                 regrouper.seed()
             client.new_store_hooks.append(regrouper.seed)
             self.tickers.append(regrouper)
+            if self.interval_file is not None:
+                self.tickers.append(
+                    autointerval.IntervalFollower(
+                        view.current, self.interval_file, settings.heartbeat_interval
+                    )
+                )
             self.tickers.append(
                 drillhook.HangDrill(
                     view.current,
@@ -733,7 +743,7 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
     close_rendezvous = False
     client: RendezvousClient | None = None
-    following = JobFollowing(settings)
+    following = JobFollowing(settings, autointerval.interval_file(reporter.status_dir))
     logger.info(
         "launching %s: rendezvous %s id=%s nodes=%d:%d nproc=%d role=%s timeouts join=%gs last-call=%gs "
         "keepalive=%gs/%gs",

@@ -27,6 +27,13 @@ class PodMetrics:
             "phalanx_worker_checkpoint_stall_seconds",
             "Time training was blocked by the last checkpoint save.",
         )
+        self.checkpoint_save_seconds = gauge(
+            "phalanx_worker_checkpoint_save_seconds",
+            "Median time training was blocked by the recent durable checkpoint saves.",
+        )
+        self.checkpoint_interval = gauge(
+            "phalanx_worker_checkpoint_interval_steps", "Steps between durable checkpoint saves in force."
+        )
         self.world_size = gauge("phalanx_worker_world_size", "Training processes in the current group.")
         self.rendezvous_seconds = gauge(
             "phalanx_worker_rendezvous_seconds", "Duration of the last rendezvous of this launcher."
@@ -51,6 +58,8 @@ class PodMetrics:
             (self.grad_norm, status.grad_norm),
             (self.checkpoint_step, status.checkpoint_step),
             (self.checkpoint_stall_seconds, status.checkpoint_stall_seconds),
+            (self.checkpoint_save_seconds, status.checkpoint_save_seconds),
+            (self.checkpoint_interval, status.checkpoint_interval),
             (self.world_size, status.world_size),
         )
         for gauge, value in pairs:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.worker import autointerval
 from phalanx.worker.checkpoint import durable, layout, payload, persister, shm_store
 from phalanx.worker.checkpoint.collectives import Group
 from phalanx.worker.state import TrainState, capture_rng, restore_rng
@@ -24,6 +28,9 @@ from phalanx.worker.state import TrainState, capture_rng, restore_rng
 log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = 1
+# Durable saves whose median blocking time is the save cost published to the operator: one slow save on a
+# busy machine must not move the automatic interval.
+SAVE_COST_WINDOW = 5
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,11 @@ def _nonnegative(name: str, value: int) -> int:
 class Checkpointer:
     """Saves and restores a :class:`TrainState` (see the module docstring for the restore order).
 
-    ``interval_steps``: a durable save every that many steps (0: only forced ones). ``keep``: durable
+    ``interval_steps``: a durable save every that many steps (0: only forced ones), at every step that is
+    a multiple of it; or ``"auto"``: the interval the operator chooses (worker/autointerval.py), read by
+    rank 0 from ``interval_source`` (default: the launcher's file, ``PHALANX_CHECKPOINT_INTERVAL_FILE``) at
+    each durable save and restore and broadcast, the next durable save being that step plus the interval
+    (``autointerval.BOOTSTRAP_STEPS`` until the operator has chosen). ``keep``: durable
     checkpoints kept (0: all). ``snapshot_every``: an in-memory snapshot every that many steps (0:
     only with durable saves). ``sharded``: model and optimizer hold per-rank shards (DTensors or
     per-rank tensors), saved with torch.distributed.checkpoint and resharded on load.
@@ -55,17 +66,26 @@ class Checkpointer:
         self,
         state: TrainState,
         directory: str | os.PathLike[str],
-        interval_steps: int = 50,
+        interval_steps: int | str = 50,
         keep: int = 3,
         snapshot_every: int = 1,
         sharded: bool = False,
         process_group: dist.ProcessGroup | None = None,
         namespace: str | None = None,
         local_rank: int | None = None,
+        interval_source: Callable[[], int | None] | None = None,
     ) -> None:
         self.state = state
         self.directory = Path(directory)
-        self.interval_steps = _nonnegative("interval_steps", interval_steps)
+        interval = autointerval.parse_interval(interval_steps)
+        self.auto = interval == autointerval.AUTO
+        """The interval follows the operator's choice (`interval_steps="auto"`)."""
+        self.interval_steps = autointerval.BOOTSTRAP_STEPS if interval == autointerval.AUTO else interval
+        """Steps between durable saves in force (under `auto`: the one agreed at the last durable save)."""
+        self.next_durable_step = self.interval_steps
+        """Under `auto`: the step of the next durable save, the same on every rank."""
+        self._interval_source = interval_source or autointerval.file_source()
+        self._save_costs: deque[float] = deque(maxlen=SAVE_COST_WINDOW)
         self.keep = _nonnegative("keep", keep)
         self.snapshot_every = _nonnegative("snapshot_every", snapshot_every)
         self.sharded = sharded
@@ -87,7 +107,16 @@ class Checkpointer:
             "saver_restarts_total": 0,
             "last_restore_seconds": 0.0,
             "last_restore_step": -1,
+            "durable_saves_total": 0,
+            "last_durable_save_step": -1,
+            "last_save_seconds": 0.0,
+            "save_seconds": 0.0,
         }
+        """Counters and last figures. `durable_saves_total` / `last_durable_save_step`: durable saves this
+        rank took part in (every rank; rank 0 writes replicated ones). `last_save_seconds`: what the last
+        durable save blocked training for (snapshot, RNG gather, hand-over to the saver); `save_seconds`: the
+        median of the last `SAVE_COST_WINDOW` of them (0 before the first), the cost published to the
+        operator."""
         self._persister = persister.PersisterClient()
         self._pinned: set[Path] = set()
         self._durable_pending = False
@@ -114,6 +143,11 @@ class Checkpointer:
         return self.group.rank == 0
 
     @property
+    def save_seconds(self) -> float | None:
+        """Median blocking time of the recent durable saves; None before the first."""
+        return self.stats["save_seconds"] if self._save_costs else None
+
+    @property
     def saver_pid(self) -> int | None:
         """PID of the saver process (None until the first durable save)."""
         return self._persister.pid
@@ -121,10 +155,17 @@ class Checkpointer:
     # ------------------------------------------------------------------ saving
     def save(self, step: int, force_durable: bool = False) -> None:
         """Call after finishing ``step`` on every rank (with the same ``force_durable`` everywhere)."""
+        started = time.perf_counter()
         self._collect_persist_result(timeout=0.0)
         if self._sharded is not None:
             self._sharded.poll()
-        durable_due = force_durable or (self.interval_steps > 0 and step % self.interval_steps == 0)
+        durable_due = force_durable or self._durable_due(step)
+        if durable_due:
+            self.stats["durable_saves_total"] += 1
+            self.stats["last_durable_save_step"] = step
+            if self.auto:
+                # Ranks meet here anyway: the one place all of them can take a new interval at the same step.
+                self._agree_interval(step)
         snapshot_due = durable_due or (self.snapshot_every > 0 and step % self.snapshot_every == 0)
         self.state.step = step
         if snapshot_due:
@@ -138,10 +179,33 @@ class Checkpointer:
         if durable_due:
             if self._sharded is not None:
                 self._sharded.save(step)
+                self._record_save_cost(time.perf_counter() - started)
                 return
             self._durable_pending = True
         if self._durable_pending and self.is_writer:
             self._submit_newest(info if snapshot_due else None)
+        if durable_due:
+            self._record_save_cost(time.perf_counter() - started)
+
+    def _durable_due(self, step: int) -> bool:
+        if self.auto:
+            return step >= self.next_durable_step
+        return self.interval_steps > 0 and step % self.interval_steps == 0
+
+    def _agree_interval(self, step: int) -> None:
+        """Rank 0's interval (the operator's, else the one in force) for every rank; the next durable save
+        is `step` plus it. A collective: every rank calls it at the same step."""
+        offered = (self._interval_source() or 0) if self.rank == 0 else 0
+        (agreed,) = self.group.broadcast_ints([offered], src=0)
+        if agreed >= 1 and agreed != self.interval_steps:
+            log.info("checkpoint interval %d -> %d steps from step %d", self.interval_steps, agreed, step)
+            self.interval_steps = agreed
+        self.next_durable_step = step + self.interval_steps
+
+    def _record_save_cost(self, seconds: float) -> None:
+        self._save_costs.append(seconds)
+        self.stats["last_save_seconds"] = seconds
+        self.stats["save_seconds"] = float(statistics.median(self._save_costs))
 
     def _gather_rank_rngs(self) -> dict[int, Any] | None:
         if not self.group.distributed or self.sharded:
@@ -255,6 +319,9 @@ class Checkpointer:
             step, source = self._sharded.load()
         else:
             step, source = self._load_replicated()
+        if self.auto:
+            # Every rank resumes from the same step: the next durable save is that step plus the interval.
+            self._agree_interval(step)
         seconds = time.perf_counter() - started
         self.last_restore = RestoreInfo(step, source, seconds)
         self.stats["last_restore_seconds"] = seconds

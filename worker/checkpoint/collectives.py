@@ -28,11 +28,17 @@ class Group:
             True,
         )
 
+    def _device(self) -> torch.device:
+        # NCCL moves only CUDA tensors; gloo (and a CPU-only run) takes them from host memory.
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def all_gather_ints(self, values: list[int]) -> list[list[int]]:
         """Each rank's ``values`` (same length everywhere), indexed by rank."""
         if not self.distributed:
             return [list(values)]
-        local = torch.tensor(values, dtype=torch.int64)
+        local = torch.tensor(values, dtype=torch.int64, device=self._device())
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local, group=self.group)
         return [tensor.tolist() for tensor in gathered]
@@ -40,7 +46,7 @@ class Group:
     def broadcast_ints(self, values: list[int], src: int) -> list[int]:
         if not self.distributed:
             return list(values)
-        tensor = torch.tensor(values, dtype=torch.int64)
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
         dist.broadcast(tensor, group=self.group, group_src=src)
         return tensor.tolist()
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from phalanx.worker.autointerval import parse_interval
 from phalanx.worker.data import ElasticSampler, micro_batches, rank_share
 from phalanx.worker.examples.corpus import generate
 from phalanx.worker.exitcodes import LauncherExit, TrainerExit
@@ -149,7 +150,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--seed", type=int, default=0, help="model init and data order")
     add("--corpus-chars", type=int, default=60_000, help="size of the synthetic corpus")
     add("--checkpoint-dir", default=os.environ.get("PHALANX_CHECKPOINT_DIR") or "phalanx-checkpoints")
-    add("--checkpoint-interval", type=int, default=int(os.environ.get("PHALANX_CHECKPOINT_INTERVAL") or 50))
+    add(
+        "--checkpoint-interval",
+        type=parse_interval,
+        default=os.environ.get("PHALANX_CHECKPOINT_INTERVAL") or 50,
+        help="steps between durable saves, or auto: the operator's choice (env PHALANX_CHECKPOINT_INTERVAL)",
+    )
     add("--checkpoint-keep", type=int, default=int(os.environ.get("PHALANX_CHECKPOINT_KEEP") or 3))
     add("--max-rollbacks", type=int, default=3, help="non-finite losses tolerated before giving up")
     add("--threads", type=int, default=1, help="torch CPU threads per process")
@@ -303,6 +309,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 grad_norm=grad_norm,
                 checkpoint_step=int(ckpt.stats["last_durable_step"]),
                 checkpoint_stall_seconds=float(ckpt.stats["last_stall_seconds"]),
+                checkpoint_save_seconds=ckpt.save_seconds,
+                checkpoint_interval=ckpt.interval_steps,
             )
             if rank == 0:
                 append_json(

@@ -72,7 +72,8 @@ def _walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, A
 def test_schema_is_structural_for_kubernetes_1_20() -> None:
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        untyped = node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+        assert "type" in node or untyped, f"{path} has no type"
         for forbidden in ("$ref", "anyOf", "oneOf", "allOf", "x-kubernetes-validations", "nullable", "title"):
             assert forbidden not in node, f"{path} uses {forbidden}"
 
@@ -95,9 +96,25 @@ def test_spec_defaults_are_the_models_defaults() -> None:
     assert "minimum" not in properties["spares"]
     assert "default" not in properties["template"]
     for path, node in _walk(spec_schema):
-        if "default" in node and node["type"] == "object":
+        if "default" in node and node.get("type") == "object":
             # A structural default must itself be accepted by the model.
             assert isinstance(node["default"], dict), path
+
+
+def test_interval_steps_is_a_positive_integer_or_auto() -> None:
+    spec_schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    interval = spec_schema["properties"]["checkpoint"]["properties"]["intervalSteps"]
+    # Kubernetes 1.20 applies `minimum` to numbers and `pattern` to strings: 0, -5, "5" and "fast" are refused.
+    assert interval == {
+        "x-kubernetes-int-or-string": True,
+        "minimum": 1,
+        "pattern": "^(auto)$",
+        "description": interval["description"],
+        "default": 100,
+    }
+    assert "type" not in interval
+    assert api.CheckpointSpec().interval_steps == 100
+    assert api.CheckpointSpec.model_validate({"intervalSteps": "auto"}).interval_steps == "auto"
 
 
 def test_status_has_no_defaults_and_conditions_are_a_map_keyed_by_type() -> None:

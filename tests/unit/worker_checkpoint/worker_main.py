@@ -158,6 +158,51 @@ def elastic_sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str
     return train(rank, workdir, int(extra["stop_at"]), str(extra["final_save"]))
 
 
+def auto_interval(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """`interval_steps="auto"`: every rank reads its own interval file (as each pod's launcher writes its own),
+    and the files disagree; rank 0's changes at ``change_at``. The durable steps every rank took, then the
+    next durable step after a restore."""
+    from phalanx.worker.autointerval import read_interval, write_interval
+
+    mine = workdir / f"interval-{rank}"
+    state = build_state()
+    ckpt = Checkpointer(
+        state,
+        workdir / "ckpt",
+        interval_steps="auto",
+        snapshot_every=1,
+        interval_source=lambda: read_interval(mine),
+    )
+    start = ckpt.load()
+    durable: list[int] = []
+    intervals: list[int] = []
+    for step in range(start + 1, int(extra["steps"]) + 1):
+        advance_to(state, step)
+        before = ckpt.stats["durable_saves_total"]
+        ckpt.save(step)
+        if ckpt.stats["durable_saves_total"] > before:
+            durable.append(step)
+            intervals.append(ckpt.interval_steps)
+        if rank == 0 and step == int(extra["change_at"]):
+            write_interval(mine, int(extra["new_interval"]))
+    ckpt.wait()
+    ckpt.close()
+    # A new group of the same ranks: restored from the snapshots, next durable save at restored step + interval.
+    again = Checkpointer(
+        build_state(), workdir / "ckpt", interval_steps="auto", interval_source=lambda: read_interval(mine)
+    )
+    restored = again.load()
+    result = {
+        "durable": durable,
+        "intervals": intervals,
+        "restored": restored,
+        "next_after_restore": again.next_durable_step,
+        "save_seconds": ckpt.save_seconds,
+    }
+    again.close()
+    return result
+
+
 SCENARIOS = {
     "peer_phase1": peer_phase1,
     "peer_phase2": peer_phase2,
@@ -167,6 +212,7 @@ SCENARIOS = {
     "snapshot_reader": snapshot_reader,
     "sharded": sharded,
     "elastic_sharded": elastic_sharded,
+    "auto_interval": auto_interval,
 }
 
 

@@ -83,9 +83,19 @@ def test_lease_annotations_follow_the_contract() -> None:
             "restore-source",
             "resumed-at",
             "compute-seconds",
+            "checkpoint-save-seconds",
+            "checkpoint-interval",
             "exit-code",
         )
     }
+
+
+def test_lease_annotations_carry_the_checkpoint_figures_of_the_automatic_interval() -> None:
+    status = PodStatus(phase="training", checkpoint_save_seconds=0.0125, checkpoint_interval=40)
+    annotations = lease_annotations(status)
+    assert annotations["phalanx.dev/checkpoint-save-seconds"] == "0.0125"
+    assert annotations["phalanx.dev/checkpoint-interval"] == "40"
+    assert lease_annotations(PodStatus(phase="training"))["phalanx.dev/checkpoint-save-seconds"] == ""
 
 
 def test_lease_annotations_carry_times_restores_and_compute() -> None:

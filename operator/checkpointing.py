@@ -1,0 +1,203 @@
+"""The durable-checkpoint interval: the spec's number, or chosen by Young/Daly (`intervalSteps: auto`). Pure.
+
+Young/Daly: the interval that loses the least time to saves plus the work redone after a failure is
+`sqrt(2 x save cost x MTBF)` (seconds), turned into steps with the step time. The inputs:
+
+- save cost: what a durable save blocks training for, measured by each worker's Checkpointer (the median of
+  its recent durable saves) and published in its heartbeat (`phalanx.dev/checkpoint-save-seconds`); the
+  job is as slow as its slowest worker, so the highest one counts;
+- step time: the median of the recent steps' times (the training-health history of the heartbeats, else the
+  heartbeats' `step-seconds`);
+- MTBF: the job's own failures (`status.restarts.total`) over its running time (since `status.startTime`),
+  combined with a prior of `priorFailures` failures in `priorFailures x priorMtbfSeconds` seconds:
+  `(priorFailures x priorMtbfSeconds + running) / (priorFailures + failures)`. The prior keeps one early
+  failure from swinging the interval wildly; the job's own history takes over as it grows.
+
+The interval in seconds is kept within `[minIntervalSeconds, maxIntervalSeconds]`, then rounded to steps
+(at least 1). Until a save cost has been measured the workers save every `BOOTSTRAP_STEPS` steps (the first
+durable save measures it). The status changes only when the chosen interval moves by more than
+`CHANGE_THRESHOLD` of the one in force (a fifth), so noisy figures cause no status writes and no Events.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phalanx.operator import api
+
+BOOTSTRAP_STEPS = 10
+"""Steps between durable saves under `auto` before the operator has chosen (the workers' own default too:
+worker/autointerval.py): the first durable save measures the save cost."""
+CHANGE_THRESHOLD = 0.2
+"""A newly computed interval replaces the one in force only when it differs by more than this fraction."""
+RECENT_STEPS = 20
+"""Steps of the health history whose median step time is the step time."""
+REASON_CHECKPOINT_INTERVAL = "CheckpointInterval"
+"""The Event reason of a changed interval."""
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What the operator observed for one decision (None: not known now)."""
+
+    save_seconds: float | None
+    """The slowest active worker's blocking cost of a durable save."""
+    step_seconds: float | None
+    """Seconds per step (median of the recent steps)."""
+    failures: int
+    """Failures over the job's life (`restarts.total`)."""
+    running_seconds: float
+    """Seconds since the job's pods were first created."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The interval in force after one reconcile, and the Event text when it changed."""
+
+    status: api.CheckpointStatus
+    event: str | None = None
+
+
+def mtbf_seconds(
+    failures: int, running_seconds: float, prior_mtbf_seconds: float, prior_failures: float
+) -> float:
+    """Mean time between failures: the prior's pseudo-failures and pseudo-time added to the job's own."""
+    return (prior_failures * prior_mtbf_seconds + max(running_seconds, 0.0)) / (
+        prior_failures + max(failures, 0)
+    )
+
+
+def young_daly_seconds(save_seconds: float, mtbf: float) -> float:
+    """The optimal time between checkpoints, sqrt(2 x save cost x MTBF) (Young 1974, Daly 2006)."""
+    return math.sqrt(2.0 * max(save_seconds, 0.0) * max(mtbf, 0.0))
+
+
+def steps_for(interval_seconds: float, step_seconds: float) -> int:
+    """Seconds of training as whole steps, at least one."""
+    if step_seconds <= 0:
+        return 1
+    return max(1, round(interval_seconds / step_seconds))
+
+
+def clamp_seconds(seconds: float, spec: api.AutoIntervalSpec) -> tuple[float, str]:
+    """The interval within the spec's bounds, and what a bound did to it (empty when none did)."""
+    low, high = spec.min_interval_seconds, max(spec.max_interval_seconds, spec.min_interval_seconds)
+    if seconds < low:
+        return low, f"raised to minIntervalSeconds {_figure(low)} s"
+    if seconds > high:
+        return high, f"lowered to maxIntervalSeconds {_figure(high)} s"
+    return seconds, ""
+
+
+def is_meaningful_change(current: int, candidate: int, threshold: float = CHANGE_THRESHOLD) -> bool:
+    """Whether `candidate` differs from the interval in force by more than `threshold` of it."""
+    return abs(candidate - current) > threshold * current
+
+
+def step_seconds_from(recent: Sequence[float | None], heartbeats: Sequence[float | None]) -> float | None:
+    """The step time: the median of the recent steps' times, else of the heartbeats' last step times."""
+    for source in (recent, heartbeats):
+        known = [value for value in source if value is not None and math.isfinite(value) and value > 0]
+        if known:
+            return float(statistics.median(known))
+    return None
+
+
+def save_seconds_from(reports: Sequence[float | None]) -> float | None:
+    """The save cost of the job: the slowest worker's (every rank waits for it at a durable save)."""
+    known = [value for value in reports if value is not None and math.isfinite(value) and value >= 0]
+    return max(known) if known else None
+
+
+def _either(value: float | None, fallback: float | None) -> float | None:
+    return value if value is not None else fallback
+
+
+def _figure(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _rounded(value: float) -> float:
+    """Four significant digits: enough to read, few enough to stay stable in the status."""
+    return float(f"{value:.4g}")
+
+
+def bootstrap(reason: str = "") -> api.CheckpointStatus:
+    """The interval before any save cost was measured."""
+    return api.CheckpointStatus(
+        mode="auto",
+        interval_steps=BOOTSTRAP_STEPS,
+        reason=reason
+        or f"bootstrap: a durable save every {BOOTSTRAP_STEPS} steps until the first one's cost is measured",
+    )
+
+
+def _inputs_changed(previous: api.CheckpointStatus, new: api.CheckpointStatus) -> str:
+    """Which inputs moved since the interval in force was chosen, as `name old -> new` phrases."""
+    parts = []
+    for label, unit, old, value in (
+        ("MTBF", " s", previous.mtbf_seconds, new.mtbf_seconds),
+        ("save", " s", previous.save_seconds, new.save_seconds),
+        ("step", " s", previous.step_seconds, new.step_seconds),
+    ):
+        if value is None:
+            continue
+        if old is None or old == value:
+            parts.append(f"{label} {_figure(value)}{unit}")
+        else:
+            parts.append(f"{label} {_figure(old)}{unit} -> {_figure(value)}{unit}")
+    if previous.failures_seen is not None and new.failures_seen != previous.failures_seen:
+        parts.append(f"failures {previous.failures_seen} -> {new.failures_seen}")
+    return ", ".join(parts)
+
+
+def choose(
+    spec: api.CheckpointSpec, previous: api.CheckpointStatus | None, measured: Measurements
+) -> Decision:
+    """The interval in force after this reconcile (see the module docstring)."""
+    if spec.interval_steps != api.AUTO_INTERVAL:
+        fixed = api.CheckpointStatus(
+            mode="fixed", interval_steps=int(spec.interval_steps), reason="spec.checkpoint.intervalSteps"
+        )
+        if previous is None or previous == fixed:
+            return Decision(fixed)
+        return Decision(fixed, f"checkpoint interval {fixed.interval_steps} steps (fixed by the spec)")
+    auto = previous if previous is not None and previous.mode == "auto" else None
+    # A figure not observed now (no worker reports it at this moment: a group re-forming) keeps the last one.
+    save = _either(measured.save_seconds, auto.save_seconds if auto is not None else None)
+    step = _either(measured.step_seconds, auto.step_seconds if auto is not None else None)
+    if save is None or step is None:
+        return Decision(auto or bootstrap())
+    settings = spec.auto_interval
+    mtbf = mtbf_seconds(
+        measured.failures, measured.running_seconds, settings.prior_mtbf_seconds, settings.prior_failures
+    )
+    ideal = young_daly_seconds(save, mtbf)
+    seconds, bound = clamp_seconds(ideal, settings)
+    steps = steps_for(seconds, step)
+    reason = (
+        f"Young/Daly: sqrt(2 x {_figure(save)} s save x {_figure(mtbf)} s MTBF) = {_figure(ideal)} s"
+        + (f", {bound}" if bound else "")
+        + f", / {_figure(step)} s per step = {steps} steps"
+    )
+    candidate = api.CheckpointStatus(
+        mode="auto",
+        interval_steps=steps,
+        save_seconds=_rounded(save),
+        step_seconds=_rounded(step),
+        mtbf_seconds=_rounded(mtbf),
+        failures_seen=measured.failures,
+        reason=reason,
+    )
+    if auto is None or auto.save_seconds is None:
+        was = f"{auto.interval_steps} (bootstrap)" if auto is not None else "unset"
+        return Decision(candidate, f"checkpoint interval {was} -> {steps} steps: {reason}")
+    if not is_meaningful_change(auto.interval_steps, steps):
+        return Decision(auto)
+    why = _inputs_changed(auto, candidate)
+    return Decision(
+        candidate, f"checkpoint interval {auto.interval_steps} -> {steps} steps ({why}): {reason}"
+    )

@@ -1,0 +1,142 @@
+"""The automatic checkpoint interval end to end: `intervalSteps: auto` on real training in the local cluster.
+
+The operator starts from the bootstrap interval, chooses one once the workers report what a durable save
+costs, shows it with its inputs in `status.checkpoint`, and the workers' heartbeats say they save at it. Two
+workers killed one after the other raise the failure rate: the MTBF input falls and so does the interval, with
+an Event. The prior is small (600 s with a quarter of a failure's weight), so two failures cut the MTBF several
+times over: more than the measured save cost's noise on a busy machine (it can double) can make up for. The
+test checks directions, never values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import Cluster, Operator, wait_for
+from .test_fault_tolerance import HEARTBEAT
+from .test_operator import events_for, get_job, job_pods, trainingjob, wait_succeeded
+
+pytestmark = pytest.mark.e2e
+
+NAME = "autockpt"
+STEPS = 320
+AUTO = {
+    "volume": {"emptyDir": {}},
+    "path": "/checkpoints",
+    "intervalSteps": "auto",
+    "autoInterval": {"priorMtbfSeconds": 600, "priorFailures": 0.25, "minIntervalSeconds": 0},
+}
+
+
+def checkpoint_status(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return get_job(cluster, namespace, NAME).get("status", {}).get("checkpoint") or {}
+
+
+def restarts(cluster: Cluster, namespace: str) -> int:
+    return get_job(cluster, namespace, NAME).get("status", {}).get("restarts", {}).get("total", 0)
+
+
+def training_intervals(cluster: Cluster, namespace: str) -> set[str]:
+    """The interval in force each training worker's heartbeat reports."""
+    found = set()
+    for pod in job_pods(cluster, namespace, NAME, "phalanx.dev/role=worker"):
+        annotations = cluster.get_json("lease", pod.metadata.name, "-n", namespace)["metadata"]["annotations"]
+        if annotations.get("phalanx.dev/phase") == "training":
+            found.add(annotations.get("phalanx.dev/checkpoint-interval", ""))
+    return found
+
+
+def training_victim(cluster: Cluster, namespace: str, spared: list[str]) -> str | None:
+    """A worker that trains now, once the job recovered from the failures before (none being recovered)."""
+    job = get_job(cluster, namespace, NAME)
+    recovering = [c for c in job["status"].get("conditions", []) if c["type"] == "Recovering"]
+    if recovering and recovering[0]["status"] == "True":
+        return None
+    for pod in job_pods(cluster, namespace, NAME, "phalanx.dev/role=worker"):
+        if pod.metadata.name in spared or pod.metadata.deletion_timestamp is not None:
+            continue
+        lease = cluster.get_json("lease", pod.metadata.name, "-n", namespace)
+        if lease["metadata"].get("annotations", {}).get("phalanx.dev/phase") == "training":
+            return str(pod.metadata.name)
+    return None
+
+
+def test_bad_intervals_are_refused_at_apply_time(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    for value in ("fast", 0):
+        job = trainingjob("badinterval", checkpoint={"intervalSteps": value})
+        result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=_yaml(job), check=False)
+        assert result.returncode != 0 and "intervalSteps" in result.stderr, result.stderr
+
+
+def _yaml(body: dict[str, Any]) -> str:
+    return yaml.safe_dump(body)
+
+
+def test_auto_interval_is_chosen_followed_and_falls_with_failures(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    job = trainingjob(NAME, replicas=2, spares=1, steps=STEPS, step_delay=0.15, checkpoint=AUTO)
+    job["spec"]["heartbeat"] = HEARTBEAT
+    cluster.apply(job, namespace)
+
+    # Bootstrap, then the first choice once a durable save was measured.
+    first = wait_for(
+        lambda: (status := checkpoint_status(cluster, namespace)).get("saveSeconds") is not None and status,
+        240,
+        message="an interval chosen from a measured save cost",
+    )
+    print(f"first choice: {first}")
+    assert first["mode"] == "auto" and first["intervalSteps"] >= 1
+    assert first["saveSeconds"] >= 0 and first["stepSeconds"] > 0 and first["failuresSeen"] == 0
+    assert first["mtbfSeconds"] >= 600 and "Young/Daly" in first["reason"]
+    # The workers took it at their next durable save.
+    wait_for(
+        lambda: (
+            training_intervals(cluster, namespace)
+            == {str(checkpoint_status(cluster, namespace)["intervalSteps"])}
+        ),
+        60,
+        message="the training workers' heartbeats to report the chosen interval",
+    )
+
+    # Two failures, one after the other: the failure rate goes up.
+    before = checkpoint_status(cluster, namespace)
+    victims: list[str] = []
+    for count in (1, 2):
+        victim = wait_for(
+            lambda: training_victim(cluster, namespace, victims), 120, message="a training worker"
+        )
+        victims.append(victim)
+        cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+        wait_for(lambda n=count: restarts(cluster, namespace) >= n, 60, message=f"failure {count} handled")
+    after = wait_for(
+        lambda: (status := checkpoint_status(cluster, namespace)).get("failuresSeen", 0) >= 2 and status,
+        60,
+        message="the interval chosen again after the failures",
+    )
+    print(f"before the failures: {before}; after: {after}")
+    assert after["mtbfSeconds"] < before["mtbfSeconds"]
+    assert after["intervalSteps"] < before["intervalSteps"]
+    changes = [
+        e["message"] for e in events_for(cluster, namespace, NAME) if e["reason"] == "CheckpointInterval"
+    ]
+    assert any(
+        f"-> {after['intervalSteps']} steps" in message and "failures" in message for message in changes
+    ), changes
+    wait_for(
+        lambda: (
+            training_intervals(cluster, namespace)
+            == {str(checkpoint_status(cluster, namespace)["intervalSteps"])}
+        ),
+        90,
+        message="the training workers' heartbeats to report the new interval",
+    )
+
+    final = wait_succeeded(cluster, namespace, NAME, timeout=400)
+    assert final["status"]["step"] == STEPS
+    assert final["status"]["checkpoint"]["mode"] == "auto"
