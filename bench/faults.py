@@ -456,7 +456,9 @@ def command_line(pid: int) -> list[str]:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    parts = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    # A process that set its title (a warm training process names its command so) shows one string.
+    return parts[0].split(" ") if len(parts) == 1 else parts
 
 
 def is_trainer(argv: list[str]) -> bool:

@@ -32,6 +32,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_HEARTBEAT_TIMEOUT": "heartbeat_timeout",
     "PHALANX_METRICS_PORT": "metrics_port",
     "PHALANX_COLLECTIVE_TIMEOUT": "collective_timeout",
+    "PHALANX_WARM_START": "warm_start",
     "POD_NAME": "pod_name",
     "POD_UID": "pod_uid",
     "POD_NAMESPACE": "pod_namespace",
@@ -115,6 +116,9 @@ class LaunchSettings(BaseModel):
     """Prometheus port of this pod; 0 turns the endpoint off."""
     collective_timeout: float = Field(default=300.0, gt=0)
     """Seconds a training process may sit in one collective before its watchdog ends it."""
+    warm_start: bool = True
+    """Keep one interpreter per local rank with torch imported, waiting to become the next training process
+    (worker/warmstart.py): a restart then skips the import. Off: every training process starts cold."""
     command: tuple[str, ...] = Field(min_length=1)
     """The user's training command."""
 

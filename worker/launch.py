@@ -51,7 +51,16 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from phalanx.worker import autointerval, drillhook, heartbeat, jobwatch, regroup, rendezvous, scaling
+from phalanx.worker import (
+    autointerval,
+    drillhook,
+    heartbeat,
+    jobwatch,
+    regroup,
+    rendezvous,
+    scaling,
+    warmstart,
+)
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
 from phalanx.worker.metrics import PodMetrics
@@ -558,6 +567,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--metrics-port", type=int, help="Prometheus port, 0 off (env PHALANX_METRICS_PORT)")
     add("--heartbeat-interval", type=float, help="seconds between Lease renewals")
     add("--collective-timeout", type=float, help="seconds a rank may sit in one collective")
+    add(
+        "--no-warm-start",
+        dest="warm_start",
+        action="store_const",
+        const=False,
+        help="start every training process cold (env PHALANX_WARM_START=false)",
+    )
     add("--verbose", action="store_true", help="show torchrun's own logs")
     add("command", nargs=argparse.REMAINDER, help="-- then the training command")
 
@@ -582,6 +598,7 @@ FLAG_FIELDS = (
     "metrics_port",
     "heartbeat_interval",
     "collective_timeout",
+    "warm_start",
 )
 
 
@@ -743,6 +760,7 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
     close_rendezvous = False
     client: RendezvousClient | None = None
+    warm_pool: warmstart.WarmPool | None = None
     following = JobFollowing(settings, autointerval.interval_file(reporter.status_dir))
     logger.info(
         "launching %s: rendezvous %s id=%s nodes=%d:%d nproc=%d role=%s timeouts join=%gs last-call=%gs "
@@ -774,6 +792,10 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
             local_addr=settings.local_addr,
         )
         agent = PhalanxAgent(spec, settings, client, reporter, log_dir)
+        if settings.warm_start:
+            warm_pool = warmstart.WarmPool(
+                settings.nproc_per_node, title_room=len(" ".join(settings.command))
+            ).start()
         following.start_followers(client, agent)
         try:
             result = agent.run()
@@ -810,6 +832,8 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
     finally:
         following.stop()
+        if warm_pool is not None:
+            warm_pool.close()
         if close_rendezvous and client is not None:
             with contextlib.suppress(Exception):
                 client.handler.shutdown()

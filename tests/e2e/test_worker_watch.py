@@ -32,7 +32,7 @@ from phalanx.worker.lease import (
 )
 from phalanx.worker.regroup import regroup_of
 
-from .conftest import REPO_ROOT, Cluster, wait_for
+from .conftest import OPERATOR_NAMESPACE, REPO_ROOT, Cluster, operator_ready, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "worker_runtime"))
 
@@ -64,9 +64,39 @@ def trainingjob(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def crd(cluster: Cluster) -> None:
+def crd(cluster: Cluster, no_operator: None) -> None:
     cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "trainingjobs.phalanx.dev.yaml"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s")
+
+
+@pytest.fixture(scope="module")
+def no_operator(cluster: Cluster) -> Iterator[None]:
+    """These tests write the jobs' status as the operator would: an operator an earlier module installed
+    (the session's) would overwrite it, so it is scaled to zero here and back afterwards."""
+    found = cluster.kubectl(
+        "get",
+        "deployments",
+        "-n",
+        OPERATOR_NAMESPACE,
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+        check=False,
+    )
+    deployments = found.stdout.split() if found.returncode == 0 else []
+    for name in deployments:
+        cluster.kubectl("scale", "deployment", name, "-n", OPERATOR_NAMESPACE, "--replicas=0")
+    wait_for(
+        lambda: not cluster.core.list_namespaced_pod(OPERATOR_NAMESPACE).items,
+        120,
+        message="the operator's pods to go",
+    )
+    try:
+        yield
+    finally:
+        for name in deployments:
+            cluster.kubectl("scale", "deployment", name, "-n", OPERATOR_NAMESPACE, "--replicas=1")
+        if deployments:
+            wait_for(lambda: operator_ready(cluster), 120, message="the operator pod to be Ready again")
 
 
 def create_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""Warm training processes: which commands a waiting interpreter can take over, and that it runs them as
+`python` would (arguments, environment, log files, exit code), also when torch's agent starts them."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phalanx.worker.warmstart import Target, WarmPool, warm_target
+
+PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+PYTHON = os.path.basename(sys.executable)
+
+
+def test_only_commands_of_this_interpreter_are_taken_over() -> None:
+    assert warm_target([PYTHON, "-m", "pkg.train", "--lr", "1"], PATH) == Target(
+        "pkg.train", None, ("--lr", "1")
+    )
+    assert warm_target([sys.executable, "-u", "train.py", "-x"], None) == Target(
+        None, "train.py", ("-x",), unbuffered=True
+    )
+    assert warm_target([PYTHON, "-O", "train.py"], PATH) is None  # an option a running interpreter lacks
+    assert warm_target([PYTHON, "-c", "print(1)"], PATH) is None
+    assert warm_target([PYTHON], PATH) is None
+    assert warm_target(["/bin/sh", "train.sh"], PATH) is None
+    assert warm_target(["no-such-python", "-m", "x"], PATH) is None
+
+
+def wait_exit(process: object, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while (code := process.poll()) is None and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.05)
+    assert code is not None, "the warm interpreter did not finish"
+    return code
+
+
+def test_a_waiting_interpreter_becomes_the_script_with_its_environment_and_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WARM_MARKER", "1")  # in the environment it started with: /proc keeps showing it
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        "import torch\n"  # already imported: the point of waiting
+        "print('rank', os.environ['RANK'], sys.argv[1:], __name__, os.path.dirname(sys.path[0]) != '')\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode(), file=sys.stderr)\n"
+        "print(b'WARM_MARKER=1' in open('/proc/self/environ', 'rb').read().split(b'\\0'), file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    pool = WarmPool(ranks=1, refill_delay=0.5, title_room=len(f"{PYTHON} {script} --steps 5"))
+    pool.fill()
+    try:
+        order = {
+            "argv": [PYTHON, str(script), "--steps", "5"],
+            "module": None,
+            "script": str(script),
+            "args": ["--steps", "5"],
+            "env": {**os.environ, "RANK": "7"},
+            "stdout": str(tmp_path / "out.log"),
+            "stderr": str(tmp_path / "err.log"),
+        }
+        process = pool.take(0, order)
+        assert process is not None
+        assert pool.take(0, order) is None  # taken once: the next start would be cold until the refill
+        assert wait_exit(process) == 3
+        assert (tmp_path / "out.log").read_text() == "rank 7 ['--steps', '5'] __main__ True\n"
+        # What `ps` shows is the training command, as for a process started cold.
+        # What `ps` shows is the training command, as for a process started cold, and the environment it
+        # started with stays readable (the node's runtime tells containers apart by it).
+        assert (tmp_path / "err.log").read_text() == f"to stderr\n{PYTHON} {script} --steps 5\nTrue\n"
+        # A replacement waits shortly after.
+        deadline = time.monotonic() + 10
+        while not pool._waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0 in pool._waiting
+    finally:
+        pool.close()
+    assert not pool._waiting
+
+
+def test_a_module_runs_as_with_python_dash_m(tmp_path: Path) -> None:
+    pool = WarmPool(ranks=1)
+    pool.fill()
+    try:
+        order = {
+            "module": "platform",
+            "script": None,
+            "args": [],
+            "env": dict(os.environ),
+            "stdout": str(tmp_path / "out"),
+        }
+        process = pool.take(0, order)
+        assert process is not None and wait_exit(process) == 0
+        assert "Linux" in (tmp_path / "out").read_text()
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, warm: bool) -> None:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, sys\nprint('local rank', os.environ['LOCAL_RANK'])\nsys.exit(int(os.environ['LOCAL_RANK']))\n"
+    )
+    pool = WarmPool(ranks=2).start() if warm else None
+    try:
+        context = start_processes(
+            name="trainer",
+            entrypoint=sys.executable,
+            args={0: (str(script),), 1: (str(script),)},
+            envs={0: {"LOCAL_RANK": "0"}, 1: {"LOCAL_RANK": "1"}},
+            logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "logs"), redirects=Std.ALL),
+        )
+        taken = [] if pool is None else [rank for rank in (0, 1) if rank not in pool._waiting]
+        deadline = time.monotonic() + 60
+        while (result := context.wait(timeout=1)) is None and time.monotonic() < deadline:
+            pass
+        assert result is not None and result.is_failed()
+        assert set(result.failures) == {1}  # rank 1 exited 1, rank 0 succeeded
+        assert result.failures[1].exitcode == 1
+        stdouts = sorted((tmp_path / "logs").rglob("stdout.log"))
+        assert [path.read_text() for path in stdouts] == ["local rank 0\n", "local rank 1\n"]
+        assert taken == ([0, 1] if warm else [])
+        context.close()
+    finally:
+        if pool is not None:
+            pool.close()
