@@ -86,6 +86,16 @@ def test_deployment_runs_the_operator_non_root_with_a_liveness_probe() -> None:
     assert "PHALANX_OPERATOR_NAMESPACES" not in env and "PHALANX_OPERATOR_PEERING" not in env
 
 
+def test_a_lost_node_holds_the_operator_seconds_not_minutes() -> None:
+    extra = {"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}
+    pod = _one(_render({"tolerations": [extra]}), "Deployment")["spec"]["template"]["spec"]
+    node_loss = {
+        t["key"]: t["tolerationSeconds"] for t in pod["tolerations"] if t.get("effect") == "NoExecute"
+    }
+    assert node_loss == {"node.kubernetes.io/not-ready": 10, "node.kubernetes.io/unreachable": 10}
+    assert extra in pod["tolerations"]
+
+
 def test_metrics_service_selects_the_operator() -> None:
     objects = _render()
     service = _one(objects, "Service", "phx-phalanx-metrics")
