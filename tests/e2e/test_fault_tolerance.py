@@ -42,12 +42,16 @@ def step_of(cluster: Cluster, namespace: str, name: str) -> int:
     return get_job(cluster, namespace, name).get("status", {}).get("step") or 0
 
 
-def training_worker(cluster: Cluster, namespace: str, name: str, min_step: int = 15) -> Any:
-    """A worker pod whose heartbeat says it trains, once the job passed `min_step`."""
+def training_worker(
+    cluster: Cluster, namespace: str, name: str, min_step: int = 15, avoid_nodes: frozenset[str] = frozenset()
+) -> Any:
+    """A worker pod whose heartbeat says it trains (on none of `avoid_nodes`), once the job passed `min_step`."""
     wait_for(lambda: step_of(cluster, namespace, name) >= min_step, 240, message=f"step {min_step}")
 
     def pick() -> Any:
         for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker"):
+            if pod.spec.node_name in avoid_nodes:
+                continue
             lease = cluster.get_json("lease", pod.metadata.name, "-n", namespace)
             if lease["metadata"].get("annotations", {}).get("phalanx.dev/phase") == "training":
                 return pod
@@ -125,25 +129,22 @@ def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
 def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
     # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
     slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
-    # The job stays off the operator's node: a crash there takes the operator down with the worker, and the
-    # recovery finishes before a new operator looks (the operator-restart case is tested on its own).
-    operator_nodes = sorted({pod.spec.node_name for pod in operator.pods(cluster) if pod.spec.node_name})
-    for held in operator_nodes:
-        cluster.kubectl("cordon", held)
+    cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
+    wait_for(lambda: step_of(cluster, namespace, "crash") >= 15, 240, message="step 15")
+    # Only the worker's node: a crash of the operator's node is the operator-restart case, and of the
+    # rendezvous pod's node the rendezvous-loss case, each tested on its own.
+    protected = {pod.spec.node_name for pod in operator.pods(cluster)}
+    protected |= {
+        pod.spec.node_name for pod in job_pods(cluster, namespace, "crash", "phalanx.dev/role=rendezvous")
+    }
+    victim = training_worker(cluster, namespace, "crash", avoid_nodes=frozenset(protected))
+    node = victim.spec.node_name
     try:
-        cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
-        victim = training_worker(cluster, namespace, "crash")
-        node = victim.spec.node_name
-        assert node not in operator_nodes
-        try:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
-            job = wait_succeeded(cluster, namespace, "crash", timeout=400)
-        finally:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
-            cluster.wait_node_healthy(node)
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+        job = wait_succeeded(cluster, namespace, "crash", timeout=400)
     finally:
-        for held in operator_nodes:
-            cluster.kubectl("uncordon", held, check=False)
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+        cluster.wait_node_healthy(node)
     incident = assert_recovered(job, victim.metadata.name, "NodeLost")
     assert incident["node"] == node
     wait_for(
