@@ -437,18 +437,9 @@ def timeouts_in_force(spec: dict[str, Any], reconcile_interval: float | None) ->
 
 def pod_processes(pod: str, namespace: str) -> list[int]:
     """Processes of a pod of the local cluster (pods are local processes carrying POD_NAME)."""
-    wanted = {f"POD_NAME={pod}".encode(), f"POD_NAMESPACE={namespace}".encode()}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= environ:
-            found.append(int(entry.name))
-    return found
+    from phalanx.devcluster.agent.runtime import processes_with_environment
+
+    return processes_with_environment({"POD_NAME": pod, "POD_NAMESPACE": namespace})
 
 
 def command_line(pid: int) -> list[str]:

@@ -59,20 +59,25 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def marked_processes(container_id: str, proc: Path = Path("/proc")) -> list[int]:
-    """Pids of the processes whose environment names `container_id` under `CONTAINER_MARKER`."""
-    wanted = f"{CONTAINER_MARKER}={container_id}".encode()
+def processes_with_environment(wanted: dict[str, str], proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the processes whose environment (as they were started) holds every `wanted` variable."""
+    entries = {f"{name}={value}".encode() for name, value in wanted.items()}
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
         except OSError:
             continue  # gone, or not ours to read
-        if wanted in environ.split(b"\0"):
+        if entries <= environ:
             found.append(int(entry.name))
     return found
+
+
+def marked_processes(container_id: str, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the processes whose environment names `container_id` under `CONTAINER_MARKER`."""
+    return processes_with_environment({CONTAINER_MARKER: container_id}, proc)
 
 
 WHOLE_CONTAINER_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT})
