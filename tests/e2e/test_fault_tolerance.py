@@ -129,22 +129,29 @@ def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
 def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
     # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
     slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
-    cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
-    wait_for(lambda: step_of(cluster, namespace, "crash") >= 15, 240, message="step 15")
     # Only the worker's node: a crash of the operator's node is the operator-restart case, and of the
-    # rendezvous pod's node the rendezvous-loss case, each tested on its own.
-    protected = {pod.spec.node_name for pod in operator.pods(cluster)}
-    protected |= {
-        pod.spec.node_name for pod in job_pods(cluster, namespace, "crash", "phalanx.dev/role=rendezvous")
-    }
-    victim = training_worker(cluster, namespace, "crash", avoid_nodes=frozenset(protected))
-    node = victim.spec.node_name
+    # rendezvous pod's node the rendezvous-loss case, each tested on its own. The job is kept off the
+    # operator's node; the struck worker is one away from the rendezvous pod.
+    operator_nodes = sorted({pod.spec.node_name for pod in operator.pods(cluster) if pod.spec.node_name})
+    for held in operator_nodes:
+        cluster.kubectl("cordon", held)
     try:
-        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
-        job = wait_succeeded(cluster, namespace, "crash", timeout=400)
+        cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
+        wait_for(lambda: step_of(cluster, namespace, "crash") >= 15, 240, message="step 15")
+        rendezvous = job_pods(cluster, namespace, "crash", "phalanx.dev/role=rendezvous")
+        victim = training_worker(
+            cluster, namespace, "crash", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
+        )
+        node = victim.spec.node_name
+        try:
+            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+            job = wait_succeeded(cluster, namespace, "crash", timeout=400)
+        finally:
+            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+            cluster.wait_node_healthy(node)
     finally:
-        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
-        cluster.wait_node_healthy(node)
+        for held in operator_nodes:
+            cluster.kubectl("uncordon", held, check=False)
     incident = assert_recovered(job, victim.metadata.name, "NodeLost")
     assert incident["node"] == node
     wait_for(
