@@ -31,6 +31,8 @@ from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSetting
 from phalanx.operator.timeutil import now
 
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
+STATUS_WRITE_ATTEMPTS = 4
+"""Status writes per reconcile while only the job's metadata or spec moves under it (409 Conflict)."""
 
 
 def _first(store: Iterable[Any] | None) -> Any:
@@ -200,24 +202,26 @@ class JobReconciler:
         """Write the status once; True when the stored status is now `status`."""
         if status == (job.get("status") or {}):
             return True
-        try:
-            self.kube.replace_status(job, status)
-            return True
-        except ApiException as error:
-            if error.status == 409:
-                # Often only metadata moved (kopf's finalizer or annotations): the status we planned from is
-                # still the stored one, so the plan holds; retry once on the new version.
-                fresh = self.kube.get_job(job["metadata"]["namespace"], job["metadata"]["name"])
-                if fresh is not None and fresh.get("status") == job.get("status"):
-                    try:
-                        self.kube.replace_status(fresh, status)
-                        return True
-                    except ApiException as retry_error:
-                        error = retry_error
-            # Otherwise the next reconcile plans again from the newer job.
-            self.metrics.api_errors.labels(operation="status").inc()
-            logger.info(f"status not written ({error.status}: {error.reason}); will retry")
-            return False
+        target = job
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            try:
+                self.kube.replace_status(target, status)
+                return True
+            except ApiException as error:
+                failure = error
+                if error.status != 409:
+                    break
+            # Often only metadata or spec moved (kopf's annotations, our own suspension, which kopf answers with
+            # an annotation of its own): the status we planned from is still the stored one, so the plan holds;
+            # retry on the new version. A status someone else wrote means planning again.
+            fresh = self.kube.get_job(job["metadata"]["namespace"], job["metadata"]["name"])
+            if fresh is None or fresh.get("status") != job.get("status"):
+                break
+            target = fresh
+        # The next reconcile plans again from the newer job.
+        self.metrics.api_errors.labels(operation="status").inc()
+        logger.info(f"status not written ({failure.status}: {failure.reason}); will retry")
+        return False
 
     def _each(self, operation: str, call: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
         """`call(*args)` for every args tuple, up to `api_concurrency` at once; results in order. One phase
