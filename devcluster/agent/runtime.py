@@ -170,6 +170,13 @@ class ContainerProcess:
             return False
 
 
+def _process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 def kill_orphans(state_dir: Path) -> int:
     """Kill the process groups of a previous agent (pid files whose process still has the recorded start time)."""
     killed = 0
@@ -185,7 +192,8 @@ def kill_orphans(state_dir: Path) -> int:
             signal_group(pid, signal.SIGKILL)
             killed += 1
         if container_id:  # its processes that left the group outlive the group's leader
-            killed += len(marked_processes(container_id))
+            # Counted apart from the group just killed (whose members may not have died yet).
+            killed += sum(1 for member in marked_processes(container_id) if _process_group(member) != pid)
             signal_container(pid, container_id, signal.SIGKILL)
         pid_file.unlink(missing_ok=True)
     return killed
