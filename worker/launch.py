@@ -183,11 +183,34 @@ class RendezvousClient:
         return rendezvous.read_restart_epoch(self.store)
 
     def in_standby(self) -> bool:
-        """Whether this node waits in torch's redundancy list (read from the local copy of the state)."""
+        """Whether this node stands by: in torch's redundancy list, or queued for a group that is full
+        (read from the local copy of the state)."""
         with contextlib.suppress(Exception):
             state = self.handler._state_holder.state  # type: ignore[attr-defined]
-            return self.handler._this_node in state.redundancy_list
+            node = self.handler._this_node
+            if node in state.redundancy_list:
+                return True
+            return node in state.wait_list and not rendezvous.has_room(
+                state.complete, len(state.participants), self.max_nodes.current()
+            )
         return False
+
+    def waiting_with_room(self) -> int:
+        """Nodes queued for the next round that the group has room for (0 when it is full).
+
+        torch leaves a node in the wait list when the round it waited for filled up without it (three
+        launchers racing for two slots after a store loss); re-forming for it would only reshuffle who is
+        in, again and again. It gets in when a slot frees: a member lost, or the group grown.
+        """
+        waiting = self.handler.num_nodes_waiting()
+        if waiting == 0:
+            return 0
+        state = self.handler._state_holder.state  # type: ignore[attr-defined]
+        return (
+            waiting
+            if rendezvous.has_room(state.complete, len(state.participants), self.max_nodes.current())
+            else 0
+        )
 
     def wait_for_formed_group(self) -> None:
         """Keep a spare out of the rendezvous until joining cannot take a worker's slot.
@@ -307,6 +330,9 @@ class PhalanxAgent(LocalElasticAgent):
         while True:
             try:
                 self._initialize_workers(self._worker_group)
+                # The group formed on the store in use now: an outage noticed earlier is over, and reacting
+                # to it later would tear down this group for nothing.
+                self._store_lost_at = None
                 return
             except STORE_ERRORS as error:
                 now = time.monotonic()
@@ -405,7 +431,7 @@ class PhalanxAgent(LocalElasticAgent):
             epoch = self._client.restart_epoch()
             if epoch != self._epoch_seen:
                 return f"restart-epoch {self._epoch_seen}->{epoch}"
-            waiting = self._client.handler.num_nodes_waiting()
+            waiting = self._client.waiting_with_room()
             if waiting > 0:
                 return f"{waiting} node(s) waiting to join"
         except STORE_ERRORS as error:

@@ -98,6 +98,12 @@ class RoundView:
     """Nodes queued for the next round (a late worker, or a node that wants back in)."""
 
 
+def has_room(complete: bool, participants: int, max_nodes: int) -> bool:
+    """Whether re-forming the group could admit a queued node: the round is still open, or it is complete
+    with fewer participants than the active nodes wanted."""
+    return not complete or participants < max_nodes
+
+
 def spare_may_join(view: RoundView, max_nodes: int, waited_out: bool) -> str | None:
     """Why a spare that has not joined yet may join now, or None while it must keep out of the way.
 

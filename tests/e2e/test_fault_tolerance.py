@@ -222,3 +222,79 @@ def test_no_false_alarm_with_frequent_checkpoints(
     assert final["status"]["restarts"]["total"] == 0
     assert has_condition(final, "Recovering", "False")
     assert final["status"]["goodput"] == 1.0
+
+
+POOL_LABEL = "phalanx.dev/e2e-pool"
+
+
+def _place_worker_beside_rendezvous(cluster: Cluster, namespace: str, job: dict[str, Any]) -> Any:
+    """Apply `job` until the scheduler puts a worker (not the spare) on the rendezvous pod's node; that
+    worker. The job's nodeSelector holds it to two nodes, so one or two tries usually do."""
+    name = job["metadata"]["name"]
+    selector = f"phalanx.dev/job-name={name}"
+    for _ in range(8):
+        cluster.apply(job, namespace)
+        pods = wait_for(
+            lambda: (
+                (found := job_pods(cluster, namespace, name))
+                and len(found) == 4
+                and all(pod.spec.node_name for pod in found)
+                and found
+            ),
+            120,
+            message="the gang bound",
+        )
+        (rendezvous,) = [pod for pod in pods if pod.metadata.labels.get("phalanx.dev/role") == "rendezvous"]
+        beside = [
+            pod
+            for pod in pods
+            if pod.metadata.labels.get("phalanx.dev/role") == "worker"
+            and pod.spec.node_name == rendezvous.spec.node_name
+        ]
+        if beside:
+            return beside[0]
+        cluster.kubectl("delete", "trainingjob", name, "-n", namespace, "--wait=true", timeout=120)
+        wait_for(
+            lambda: not cluster.core.list_namespaced_pod(namespace, label_selector=selector).items,
+            120,
+            message="the job's pods gone",
+        )
+    raise AssertionError("the scheduler never put a worker beside the rendezvous pod")
+
+
+def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # The worst single-node loss: the store and a worker go together. The store is recreated on another node,
+    # the spare takes the worker's place, and the group resumes from the survivor's in-memory snapshot.
+    slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
+    operator_nodes = {pod.spec.node_name for pod in operator.pods(cluster) if pod.spec.node_name}
+    real_nodes = cluster.kubectl(
+        "get", "nodes", "-l", "!phalanx.dev/simulated", "-o", "jsonpath={.items[*].metadata.name}"
+    ).stdout.split()
+    pool = [node for node in sorted(real_nodes) if node not in operator_nodes][:2]
+    assert len(pool) == 2, real_nodes
+    for pooled in pool:
+        cluster.kubectl("label", "node", pooled, f"{POOL_LABEL}={namespace}", "--overwrite")
+    job = fault_job("both", heartbeat=slow_heartbeat)
+    job["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: namespace}
+    try:
+        victim = _place_worker_beside_rendezvous(cluster, namespace, job)
+        node = victim.spec.node_name
+        wait_for(lambda: step_of(cluster, namespace, "both") >= 15, 240, message="step 15")
+        # After the crash only the other pool node is left: the new store and the new spare go there too.
+        cluster.kubectl("label", "node", node, f"{POOL_LABEL}-")
+        try:
+            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+            final = wait_succeeded(cluster, namespace, "both", timeout=400)
+        finally:
+            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+            cluster.wait_node_healthy(node)
+    finally:
+        for pooled in pool:
+            cluster.kubectl("label", "node", pooled, f"{POOL_LABEL}-", check=False)
+    incident = assert_recovered(final, victim.metadata.name, "NodeLost")
+    assert incident["node"] == node
+    assert incident.get("restoredFrom") in ("memory", "peer"), incident
+    lost = [i for i in incidents_of(final) if i["cause"] == "RendezvousLost"]
+    assert lost and lost[0]["node"] == node, incidents_of(final)
