@@ -126,6 +126,16 @@ def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
     assert "no heartbeat" in incident["message"]
 
 
+def crash_until_succeeded(cluster: Cluster, namespace: str, name: str, node: str) -> dict[str, Any]:
+    """Crash `node` (the node agent stops it, as a power loss would) until the job succeeds; bring it back."""
+    try:
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+        return wait_succeeded(cluster, namespace, name, timeout=400)
+    finally:
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+        cluster.wait_node_healthy(node)
+
+
 def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
     # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
     slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
@@ -143,12 +153,7 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
             cluster, namespace, "crash", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
         )
         node = victim.spec.node_name
-        try:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
-            job = wait_succeeded(cluster, namespace, "crash", timeout=400)
-        finally:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
-            cluster.wait_node_healthy(node)
+        job = crash_until_succeeded(cluster, namespace, "crash", node)
     finally:
         for held in operator_nodes:
             cluster.kubectl("uncordon", held, check=False)
@@ -284,12 +289,7 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
         wait_for(lambda: step_of(cluster, namespace, "both") >= 15, 240, message="step 15")
         # After the crash only the other pool node is left: the new store and the new spare go there too.
         cluster.kubectl("label", "node", node, f"{POOL_LABEL}-")
-        try:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
-            final = wait_succeeded(cluster, namespace, "both", timeout=400)
-        finally:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
-            cluster.wait_node_healthy(node)
+        final = crash_until_succeeded(cluster, namespace, "both", node)
     finally:
         for pooled in pool:
             cluster.kubectl("label", "node", pooled, f"{POOL_LABEL}-", check=False)
