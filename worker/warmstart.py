@@ -32,8 +32,10 @@ from typing import Any
 
 logger = logging.getLogger("phalanx.launch")
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn")
-"""What a waiting interpreter imports: the seconds every training process would otherwise spend."""
+PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo")
+"""What a waiting interpreter imports: the seconds every training process would otherwise spend. torch's
+optimizers import `torch._dynamo` when the first one is built (about 1 s of CPU, some 70 MB): paid here,
+off the recovery's critical path, instead of in every new trainer."""
 REFILL_DELAY = 5.0
 """Seconds between handing out an interpreter and starting its replacement (not while the group starts)."""
 

@@ -132,3 +132,28 @@ def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, 
     finally:
         if pool is not None:
             pool.close()
+
+
+def test_the_preload_leaves_a_training_script_nothing_heavy_to_import() -> None:
+    # torch's optimizers import torch._dynamo (about a second) when the first one is built: a warm
+    # interpreter pays that before it is needed. Building a model, its optimizer and DDP adds no torch module.
+    import ast
+    import subprocess
+
+    from phalanx.worker.warmstart import PRELOAD
+
+    probe = (
+        "import sys\n"
+        f"for name in {PRELOAD!r}: __import__(name)\n"
+        "before = {m for m in sys.modules if m.startswith('torch')}\n"
+        "import torch\n"
+        "from torch.nn.parallel import DistributedDataParallel\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "torch.optim.AdamW(model.parameters()); torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "print(sorted({m for m in sys.modules if m.startswith('torch')} - before))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    imported = ast.literal_eval(out.stdout.strip())
+    assert not [name for name in imported if name.startswith("torch._dynamo")], imported
