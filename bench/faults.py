@@ -647,6 +647,19 @@ class Worker:
     node: str | None
 
 
+SAME_GROUP_SECONDS = 1.0
+"""Launchers of one group stamp its start within the rendezvous' polling of each other (tens of ms, more on a
+loaded machine); groups of different rounds start seconds apart."""
+
+
+def same_group(starts: list[float | None]) -> bool:
+    """Whether these group-start stamps are of one worker group (none missing)."""
+    if not starts or any(start is None for start in starts):
+        return False
+    stamps = [start for start in starts if start is not None]
+    return max(stamps) - min(stamps) <= SAME_GROUP_SECONDS
+
+
 class TrainingRun:
     """One TrainingJob of the tiny GPT in a namespace of its own: watches of its heartbeat Leases and of
     the job, the shared claim its checkpoints and step log live on, and the questions the fault benchmarks
@@ -709,8 +722,9 @@ class TrainingRun:
         beats = [now.get(p.metadata.name) for p in workers]
         if any(b is None or b.phase not in ("training", "saving") or b.resumed_at is None for b in beats):
             return None
-        groups = {round(b.group_started or 0.0, 1) for b in beats if b is not None}
-        if len(groups) != 1 or min((b.step or 0) for b in beats if b is not None) < min_step:
+        if not same_group([b.group_started for b in beats if b is not None]):
+            return None
+        if min((b.step or 0) for b in beats if b is not None) < min_step:
             return None
         if any((lease := now.get(p.metadata.name)) is None or lease.phase not in STANDBY for p in spares):
             return None

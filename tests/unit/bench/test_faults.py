@@ -210,3 +210,13 @@ def test_every_timeout_in_force_is_listed_with_the_spec_defaults_filled_in() -> 
     assert timeouts["operator periodic reconcile"] == 5
     assert "node-lifecycle grace period" in timeouts
     assert "operator periodic reconcile" not in {t.name for t in faults.timeouts_in_force(spec, None)}
+
+
+def test_group_starts_a_few_ms_apart_are_one_group_even_across_a_tenth_of_a_second() -> None:
+    from phalanx.bench.faults import same_group
+
+    # Rounding to a tenth once split 42.94 and 42.96 into two groups and kept a steady job "unsteady".
+    assert same_group([1_700_000_042.94, 1_700_000_042.96])
+    assert not same_group([1_700_000_042.9, 1_700_000_050.1])  # a worker left in an older group
+    assert not same_group([1_700_000_042.9, None])
+    assert not same_group([])
