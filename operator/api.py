@@ -206,7 +206,10 @@ class RendezvousSpec(ApiModel):
 
 
 # ------------------------------------------------------------------------------------- training health
-HealthAction = Literal["None", "Pause"]
+HealthAction = Literal["None", "Pause", "Rollback"]
+SKIP_SEEN = "all"
+SkipBatches = Annotated[int, Field(ge=0)] | Literal["all"]
+"""A number of global batches, or `all` (the CRD: an int-or-string with `minimum` and `pattern`)."""
 
 
 class HealthSignalSpec(ApiModel):
@@ -217,7 +220,34 @@ class HealthSignalSpec(ApiModel):
     action: HealthAction = "None"
     """What the operator does when the signal starts: `None` only flags it (condition `Healthy`, an Event, a
     metric); `Pause` suspends the job (`spec.suspend` set to true: the workers get SIGTERM and save a
-    checkpoint), and the job stays suspended until someone sets `spec.suspend` back to false."""
+    checkpoint), and the job stays suspended until someone sets `spec.suspend` back to false; `Rollback`
+    restarts every worker from the newest checkpoint taken before the anomaly began (`status.rollback`: at or
+    before the step before the last one the heartbeats showed normal ahead of the signal's `sinceStep`) and
+    training goes on from there by itself (`health.rollback`: a budget, then `Pause`; batches to skip)."""
+
+
+class RollbackSpec(ApiModel):
+    """How the `Rollback` action of the training-health signals rolls a job back."""
+
+    max_rollbacks: int = Field(default=3, ge=0)
+    """Rollbacks allowed over the job's life (`status.health.rollbacks` counts them); once they are spent, a
+    signal whose action is `Rollback` pauses the job instead (as `Pause`), so a run that keeps diverging
+    does not loop. 0: every `Rollback` pauses."""
+    skip_batches: SkipBatches = 0
+    """Global batches of data the workers skip after the restored checkpoint, so the batches that led to the
+    anomaly are not trained on again: a number, or `all`: every batch the abandoned run trained on after
+    that checkpoint, up to the step the job had reached when the rollback was decided (`fromStep`). 0 (the
+    default) trains on the same data again. Needs a data cursor that can skip (`ElasticSampler`)."""
+
+    @field_validator("skip_batches", mode="before")
+    @classmethod
+    def _count_or_all(cls, value: Any) -> Any:
+        # One clear message naming the field, instead of one error per member of the union.
+        if value == SKIP_SEEN or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+        raise ValueError(f"must be a non-negative integer or {SKIP_SEEN!r}, got {value!r}")
 
 
 class LossDivergenceSpec(HealthSignalSpec):
@@ -287,6 +317,8 @@ class HealthSpec(ApiModel):
     """Gradient-norm spikes."""
     step_time_drift: StepTimeDriftSpec = Field(default_factory=StepTimeDriftSpec)
     """Step-time drift against the run's own baseline."""
+    rollback: RollbackSpec = Field(default_factory=RollbackSpec)
+    """The budget and data skipping of the signals' `Rollback` action."""
 
 
 class DrillsSpec(ApiModel):
@@ -533,7 +565,58 @@ class HealthSignal(ApiModel):
     since_step: int | None = None
     """The first step of the window that shows it."""
     action: str | None = None
-    """The action taken when it started (`Pause`), if any."""
+    """The action taken when it started (`Pause` or `Rollback`; `Pause` also when a `Rollback`'s budget
+    was spent), if any."""
+
+
+class HealthRollback(ApiModel):
+    """A rollback the operator asked for after a training-health signal (`action: Rollback`)."""
+
+    epoch: int = Field(ge=1)
+    """Number of the rollback (`status.rollback.epoch`)."""
+    signal: str
+    """The signal that started it, e.g. `NonFiniteLoss`."""
+    message: str = ""
+    """The signal's numbers."""
+    requested_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator asked for it."""
+    from_step: int | None = None
+    """The step the job had reached then (the abandoned run's)."""
+    at_or_before_step: int = Field(ge=0)
+    """The workers restore the newest checkpoint at or before this step: the step before the last one the
+    heartbeats showed normal ahead of the signal's `sinceStep` (heartbeats sample steps, and that step's
+    own update was not judged yet)."""
+    restored_step: int | None = None
+    """The step the restarted workers restored (their heartbeat's `restored-step`); 0 with `restoredFrom:
+    none` when no checkpoint at or before `atOrBeforeStep` existed anywhere and training started again from
+    scratch. Unset until they report it."""
+    restored_from: str | None = None
+    """Where that state came from, as the heartbeats say (`restore-source`): `memory`, `peer`, `durable` or
+    `none` (from scratch)."""
+    resumed_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the restarted workers reported the restore."""
+
+
+class RollbackRequest(ApiModel):
+    """The operator's request to the workers' launchers: restart every worker group from the newest
+    checkpoint at or before `atOrBeforeStep` (a training-health signal's `Rollback`). Every launcher passes
+    it to the training processes it starts (`PHALANX_ROLLBACK`), which carry it out once."""
+
+    epoch: int = Field(ge=1)
+    """Number of the request, one more than the previous one: each is carried out once."""
+    at_or_before_step: int = Field(ge=0)
+    """The newest checkpoint (in memory, at a peer or on disk) whose step is at most this is restored; with
+    none, training starts from scratch."""
+    skip_batches: int | Literal["all"] = 0
+    """Global batches to skip after the restored step (`all`: those the abandoned run trained on after it,
+    up to `fromStep`)."""
+    from_step: int | None = None
+    """The step the job had reached when the rollback was decided."""
+    reason: str = ""
+    """Why, e.g. `NonFiniteLoss: loss nan at step 30`."""
+    requested_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator asked for it (heartbeats of worker groups started before it are of the abandoned
+    run)."""
 
 
 class HealthStatus(ApiModel):
@@ -548,6 +631,11 @@ class HealthStatus(ApiModel):
     """The steps the baseline was measured over, e.g. `21-120`."""
     paused: str | None = None
     """Why the operator suspended the job (a signal with action `Pause`); cleared when the job resumes."""
+    rollbacks: int | None = None
+    """Rollbacks the operator asked for over the job's life (against `spec.health.rollback.maxRollbacks`);
+    kept when the job resumes. Unset before the first."""
+    last_rollback: HealthRollback | None = None
+    """The latest rollback: what started it, from and to which step, and when."""
 
 
 class CheckpointStatus(ApiModel):
@@ -613,6 +701,8 @@ class TrainingJobStatus(ApiModel):
     """The rendezvous pod last seen running."""
     regroup: RegroupRequest | None = None
     """The latest request to the launchers to re-form worker groups that include a failed worker."""
+    rollback: RollbackRequest | None = None
+    """The latest request to the launchers to restart from a checkpoint before a training-health anomaly."""
     goodput: float | None = None
     """Productive training time over wall time since the job started (recovery time is the loss)."""
     recovery_seconds: float = 0.0

@@ -46,6 +46,8 @@ REASON_FULL_STRENGTH = "FullStrength"
 # Healthy.
 REASON_HEALTHY = "TrainingHealthy"
 REASON_HEALTH_PAUSE = "HealthPause"
+REASON_HEALTH_ROLLBACK = "HealthRollback"
+REASON_ROLLED_BACK = "RolledBack"
 
 
 def find(conditions: list[Condition], condition_type: str) -> Condition | None:

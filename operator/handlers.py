@@ -154,7 +154,7 @@ class JobReconciler:
         if plan.health_reset:
             self.health.reset(key)
         elif plan.health is not None:
-            self.health.settle(key, *plan.health)
+            self.health.settle(key, *plan.health, since=plan.health_since)
 
     def _apply(self, job: dict[str, Any], plan: reconcile.Plan, logger: Any) -> None:
         if plan.suspend and not self._suspend(job, logger):
@@ -181,7 +181,12 @@ class JobReconciler:
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
             self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
-            self.metrics.record_health(namespace, job["metadata"]["name"], plan.status, plan.health_started)
+            self.metrics.record_health(
+                namespace, job["metadata"]["name"], plan.status, plan.health_started, plan.health_rollbacks
+            )
+            if plan.health_restart is not None:
+                # A rollback is stored: the run that goes on is judged on its own heartbeats only.
+                self.health.reset((namespace, job["metadata"]["name"]), since=plan.health_restart)
             self.metrics.job_checkpoint_interval(
                 namespace, job["metadata"]["name"], plan.status.get("checkpoint")
             )

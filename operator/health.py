@@ -21,9 +21,11 @@ import statistics
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Literal
 
 from phalanx.operator import api
+from phalanx.operator.timeutil import format_micro_time, parse_time
 
 # Signal names: the `Healthy` condition's reasons and the Events' reasons.
 NON_FINITE_LOSS = "NonFiniteLoss"
@@ -415,6 +417,146 @@ def action_of(spec: api.HealthSpec, signal: str) -> api.HealthAction:
     return specs[signal].action
 
 
+# ------------------------------------------------------------------------------------------- rollback
+
+
+def rollback_bound(since_step: int | None, steps_seen: Sequence[int], step: int | None) -> int:
+    """The step a rollback restores at or before: the one before the last step the heartbeats showed
+    normal before the anomaly (`sinceStep`).
+
+    Heartbeats sample steps (one per interval), so the anomaly began somewhere after the last normal step
+    seen, `p`, not necessarily at `sinceStep`; and the state after `p` steps already holds step `p`'s
+    update, whose gradients the heartbeat did not judge: `p - 1` is the newest state known to be trained
+    only from normal steps. Without an earlier sample, the step before `sinceStep`; without a `sinceStep`,
+    the job's step."""
+    if since_step is None:
+        return max(step or 0, 0)
+    before = [seen for seen in steps_seen if seen < since_step]
+    return max((max(before) if before else since_step) - 1, 0)
+
+
+@dataclass(frozen=True)
+class RollbackDecision:
+    """What a signal whose action is `Rollback` does when it starts."""
+
+    action: Literal["Rollback", "Pause"]
+    """`Pause` once the budget is spent."""
+    event: str
+    """The `HealthRollback` (or `HealthPause`) Event's message."""
+    request: api.RollbackRequest | None = None
+    """The request to the launchers (`status.rollback`), for `Rollback`."""
+    record: api.HealthRollback | None = None
+    """`status.health.lastRollback`, for `Rollback`."""
+
+
+def decide_rollback(
+    spec: api.HealthSpec,
+    health_status: api.HealthStatus,
+    previous: api.RollbackRequest | None,
+    signal: api.HealthSignal,
+    step: int | None,
+    now: datetime,
+    steps_seen: Sequence[int] = (),
+) -> RollbackDecision:
+    """A rollback for `signal` while the budget (`spec.rollback.maxRollbacks`) lasts, else a pause.
+    `steps_seen`: the steps of the history the signal was judged on (see `rollback_bound`)."""
+    budget = spec.rollback.max_rollbacks
+    done = health_status.rollbacks or 0
+    if done >= budget:
+        return RollbackDecision(
+            "Pause",
+            f"suspending the job after {signal.reason}: its action is Rollback but the rollback budget is spent "
+            f"({done} of {budget}); the workers save a checkpoint and stop; set spec.suspend "
+            "to false to resume",
+        )
+    epoch = (previous.epoch if previous is not None else 0) + 1
+    bound = rollback_bound(signal.since_step, steps_seen, step)
+    reason = f"{signal.reason}: {signal.message}" if signal.message else signal.reason
+    requested = format_micro_time(now)
+    request = api.RollbackRequest(
+        epoch=epoch,
+        at_or_before_step=bound,
+        skip_batches=spec.rollback.skip_batches,
+        from_step=step,
+        reason=reason[:256],
+        requested_at=requested,
+    )
+    record = api.HealthRollback(
+        epoch=epoch,
+        signal=signal.reason,
+        message=signal.message,
+        requested_at=requested,
+        from_step=step,
+        at_or_before_step=bound,
+    )
+    began = (
+        f"the heartbeats showed it from step {signal.since_step}"
+        if signal.since_step is not None
+        else "no start step known"
+    )
+    skip = spec.rollback.skip_batches
+    skipping = (
+        "; the batches the abandoned run trained on after that checkpoint are skipped"
+        if skip == api.SKIP_SEEN
+        else f"; {skip} batches are skipped after it"
+        if skip
+        else ""
+    )
+    at = f", the job was at step {step}" if step is not None else ""
+    event = (
+        f"rolling back after {signal.reason} (action Rollback, {done + 1} of {budget}): every "
+        f"worker restarts from the newest checkpoint at or before step {bound} ({began}{at}){skipping}"
+    )
+    return RollbackDecision("Rollback", event, request, record)
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """A heartbeat's word on where its worker group restored from."""
+
+    group_started: datetime | None
+    restored_step: int | None
+    restored_from: str | None
+
+
+def rollback_outcome(
+    record: api.HealthRollback, reports: list[RestoreReport], now: datetime
+) -> tuple[api.HealthRollback, str, bool] | None:
+    """Once a worker group started after the rollback was asked for reports its restore: the record with
+    where it restored, the Event's message, and whether it is a warning (nothing at or before the bound
+    existed: training started from scratch). None while no such report exists."""
+    if record.restored_step is not None:
+        return None
+    asked = parse_time(record.requested_at)
+    done = [
+        report
+        for report in reports
+        if report.restored_step is not None
+        and report.group_started is not None
+        and (asked is None or report.group_started > asked)
+    ]
+    if not done:
+        return None
+    report = min(done, key=lambda report: report.restored_step or 0)
+    step, source = report.restored_step, report.restored_from or "none"
+    updated = record.model_copy(
+        update={"restored_step": step, "restored_from": source, "resumed_at": format_micro_time(now)}
+    )
+    if step == 0 and source == "none" and record.at_or_before_step > 0:
+        message = (
+            f"rollback {record.epoch} after {record.signal}: no checkpoint at or before step "
+            f"{record.at_or_before_step} was found in memory, at a peer or on disk: training started again "
+            "from scratch (the abandoned run's checkpoints are under rolled-back/ in the checkpoint directory)"
+        )
+        return updated, message, True
+    message = (
+        f"rollback {record.epoch} after {record.signal}: the workers restored step {step} from {source} "
+        f"(at or before step {record.at_or_before_step}; the job had reached step {record.from_step}) and "
+        "train on"
+    )
+    return updated, message, False
+
+
 def baseline_from_status(status: api.HealthStatus | None) -> Baseline | None:
     """The baseline a previous reconcile stored (so an operator restart keeps it)."""
     if status is None or status.baseline_step_seconds is None:
@@ -435,6 +577,17 @@ class _Job:
     spec: api.HealthSpec | None = None
     baseline: Baseline | None = None
     key: tuple[tuple[str, State], ...] | None = None
+    since: datetime | None = None
+    """Heartbeats of worker groups started before this moment are of a run a rollback abandoned."""
+
+
+def abandoned_group(summary: dict[str, Any], since: datetime | None) -> bool:
+    """Whether a heartbeat comes from a worker group started before `since` (a rollback's request): its
+    figures describe the abandoned run. A heartbeat that does not say when its group started is taken."""
+    if since is None:
+        return False
+    started = parse_time(summary.get("group-started"))
+    return started is not None and started < since
 
 
 class HealthMonitor:
@@ -457,6 +610,8 @@ class HealthMonitor:
             return False
         with self._lock:
             entry = self._job(job)
+            if abandoned_group(summary, entry.since):
+                return False
             if not entry.history.add(pod, sample) or entry.spec is None:
                 return False
             key = evaluate(entry.history, entry.spec, entry.baseline).key
@@ -468,19 +623,30 @@ class HealthMonitor:
         with self._lock:
             return self._job(job).history.copy()
 
-    def settle(self, job: tuple[str, str], spec: api.HealthSpec, assessment: Assessment) -> None:
-        """Remember what the job's reconcile judged with, and what it judged."""
+    def settle(
+        self,
+        job: tuple[str, str],
+        spec: api.HealthSpec,
+        assessment: Assessment,
+        since: datetime | None = None,
+    ) -> None:
+        """Remember what the job's reconcile judged with, what it judged, and since when heartbeats count
+        (the latest rollback's request: so an operator restart keeps ignoring the abandoned run)."""
         with self._lock:
             entry = self._job(job)
             entry.spec, entry.baseline, entry.key = spec, assessment.baseline, assessment.key
+            entry.since = since
 
-    def reset(self, job: tuple[str, str]) -> None:
-        """Start the job's history afresh (it was suspended: the resumed run is judged on its own data)."""
+    def reset(self, job: tuple[str, str], since: datetime | None = None) -> None:
+        """Start the job's history afresh (it was suspended, or rolled back: the run that goes on is judged
+        on its own data); with `since`, heartbeats of worker groups started before it are ignored from now
+        on (the run a rollback abandoned)."""
         with self._lock:
-            entry = self._jobs.get(job)
+            entry = self._job(job) if since is not None else self._jobs.get(job)
             if entry is not None:
                 entry.history = History(max_samples=self._max_samples)
                 entry.key = None
+                entry.since = since or entry.since
 
     def forget(self, job: tuple[str, str]) -> None:
         with self._lock:

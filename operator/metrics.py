@@ -89,6 +89,19 @@ class OperatorMetrics:
             ["signal"],
             registry=self.registry,
         )
+        self.health_rollbacks = Counter(
+            "phalanx_health_rollbacks",
+            "Rollbacks to a checkpoint before an anomaly asked for by training-health signals (`action: "
+            "Rollback`), by signal.",
+            ["signal"],
+            registry=self.registry,
+        )
+        self.job_health_rollbacks = Gauge(
+            "phalanx_job_health_rollbacks",
+            "Rollbacks of a job over its life (`status.health.rollbacks`).",
+            ["namespace", "job"],
+            registry=self.registry,
+        )
         self._states: dict[str, str] = {}
         self._lock = threading.Lock()
         for state in STATES:
@@ -137,21 +150,35 @@ class OperatorMetrics:
             gauge = self.checkpoint_interval.labels(namespace=namespace, job=job, mode=checkpoint.get("mode"))
             gauge.set(checkpoint["intervalSteps"])
 
-    def record_health(self, namespace: str, job: str, status: dict[str, Any], started: list[str]) -> None:
-        """Set a job's per-signal gauges from its stored status (`status.health.signals`) and count the
-        signals that started."""
-        on = {signal.get("reason") for signal in ((status.get("health") or {}).get("signals") or [])}
-        if status.get("health") is not None:
+    def record_health(
+        self,
+        namespace: str,
+        job: str,
+        status: dict[str, Any],
+        started: list[str],
+        rolled_back: list[str] | None = None,
+    ) -> None:
+        """Set a job's per-signal gauges and rollback count from its stored status (`status.health`) and count
+        the signals that started and the rollbacks they asked for."""
+        stored = status.get("health")
+        on = {signal.get("reason") for signal in ((stored or {}).get("signals") or [])}
+        if stored is not None:
             for signal in HEALTH_SIGNALS:
                 self.health_signal.labels(namespace=namespace, job=job, signal=signal).set(int(signal in on))
+            if stored.get("rollbacks"):
+                self.job_health_rollbacks.labels(namespace=namespace, job=job).set(stored["rollbacks"])
         for signal in started:
             self.health_signals_started.labels(signal=signal).inc()
+        for signal in rolled_back or []:
+            self.health_rollbacks.labels(signal=signal).inc()
 
     def forget_job_health(self, namespace: str, job: str) -> None:
         """Drop a deleted job's health gauges."""
         for signal in HEALTH_SIGNALS:
             with contextlib.suppress(KeyError):
                 self.health_signal.remove(namespace, job, signal)
+        with contextlib.suppress(KeyError):
+            self.job_health_rollbacks.remove(namespace, job)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -99,6 +99,14 @@ class Plan:
     """Start the job's training-health history afresh (the job is suspended or over)."""
     suspend: bool = False
     """Set `spec.suspend` to true before the status write (a training-health signal's `Pause`)."""
+    health_rollbacks: list[str] = field(default_factory=list)
+    """Training-health signals whose `Rollback` this reconcile asked for (for metrics)."""
+    health_restart: datetime | None = None
+    """A rollback was asked for: once the status is stored, start the job's training-health history afresh
+    and ignore heartbeats of worker groups started before this moment (the abandoned run)."""
+    health_since: datetime | None = None
+    """Heartbeats of worker groups started before this moment (the latest rollback's request) describe an
+    abandoned run: the health monitor ignores them."""
 
 
 class _Builder:
@@ -528,6 +536,8 @@ def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:
         b.status.health = api.HealthStatus(
             baseline_step_seconds=b.status.health.baseline_step_seconds,
             baseline_steps=b.status.health.baseline_steps,
+            rollbacks=b.status.health.rollbacks,
+            last_rollback=b.status.health.last_rollback,
         )
         b.status.conditions = [c for c in b.status.conditions if c.type != conditions.HEALTHY]
     if b.observed.health is None:
@@ -555,22 +565,40 @@ def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:
     if assessment.baseline is not None:
         status.baseline_step_seconds = round(assessment.baseline.seconds, 6)
         status.baseline_steps = assessment.baseline.steps
+    actions = {signal.reason: health.action_of(spec, signal.reason) for signal in started}
     for signal in started:
         b.plan.health_started.append(signal.reason)
         b.event("Warning", signal.reason, signal.message)
-        if health.action_of(spec, signal.reason) == "Pause" and not b.plan.suspend:
-            signal.action = "Pause"
-            status.paused = f"{signal.reason}: {signal.message}"
-            b.plan.suspend = True
-            b.event(
-                "Warning",
-                conditions.REASON_HEALTH_PAUSE,
-                f"suspending the job after {signal.reason} (action Pause): the workers save a checkpoint and "
-                "stop; set spec.suspend to false to resume",
-            )
+    pausing = [signal for signal in started if actions[signal.reason] == "Pause"]
+    rolling = [signal for signal in started if actions[signal.reason] == "Rollback"]
+    rolled_back = None
+    if rolling and not pausing:
+        # One rollback for every signal that starts at once, to before the earliest anomaly.
+        first = min(rolling, key=lambda signal: (signal.since_step is None, signal.since_step or 0))
+        seen = [sample.step for sample in b.observed.health.samples]
+        decision = health.decide_rollback(spec, status, b.status.rollback, first, b.status.step, b.now, seen)
+        if decision.action == "Rollback" and decision.request is not None:
+            for signal in rolling:
+                signal.action = "Rollback"
+            rolled_back = _roll_back(b, status, decision, rolling, spec.rollback.max_rollbacks)
+        else:
+            _pause(b, status, first, decision.event)
+    for signal in pausing[:1]:
+        _pause(
+            b,
+            status,
+            signal,
+            f"suspending the job after {signal.reason} (action Pause): the workers save a checkpoint and "
+            "stop; set spec.suspend to false to resume",
+        )
+    if status.last_rollback is not None:
+        b.plan.health_since = parse_time(status.last_rollback.requested_at)
+        _follow_rollback(b, status)
     if b.status.health is not None or status != api.HealthStatus():
         b.status.health = status
-    if signals:
+    if rolled_back is not None:
+        b.condition(conditions.HEALTHY, False, rolled_back[0], rolled_back[1])
+    elif signals:
         message = "; ".join(f"{signal.reason}: {signal.message}" for signal in signals)
         b.condition(conditions.HEALTHY, False, signals[0].reason, message)
     elif assessment.judged:
@@ -581,6 +609,71 @@ def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:
         b.condition(
             conditions.HEALTHY, True, conditions.REASON_HEALTHY, "no training-health signal is on", event
         )
+
+
+def _pause(b: _Builder, status: api.HealthStatus, signal: api.HealthSignal, event: str) -> None:
+    """A signal's `Pause` (or a `Rollback` past its budget): suspend the job before the status write."""
+    signal.action = "Pause"
+    status.paused = f"{signal.reason}: {signal.message}"
+    b.plan.suspend = True
+    b.event("Warning", conditions.REASON_HEALTH_PAUSE, event)
+
+
+def _roll_back(
+    b: _Builder,
+    status: api.HealthStatus,
+    decision: health.RollbackDecision,
+    signals: list[api.HealthSignal],
+    budget: int,
+) -> tuple[str, str]:
+    """Ask the launchers for the rollback (`status.rollback`) and record it; returns the `Healthy`
+    condition's reason and message.
+
+    The signals are cleared: the history starts afresh once the status is stored, heartbeats of the abandoned
+    run are ignored from then on, and a signal that comes back in the resumed run starts again (and spends
+    another rollback)."""
+    assert decision.request is not None and decision.record is not None
+    b.status.rollback = decision.request
+    status.rollbacks = (status.rollbacks or 0) + 1
+    status.last_rollback = decision.record
+    status.signals = [signal for signal in status.signals if signal not in signals]
+    since = parse_time(decision.request.requested_at)
+    b.plan.health_restart = since
+    b.plan.health_rollbacks.extend(signal.reason for signal in signals)
+    b.event("Warning", conditions.REASON_HEALTH_ROLLBACK, decision.event)
+    first = signals[0]
+    what = "; ".join(f"{signal.reason}: {signal.message}" for signal in signals)
+    message = (
+        f"{what}; rolling back to the newest checkpoint at or before step {decision.record.at_or_before_step} "
+        f"(rollback {status.rollbacks} of {budget}); "
+        "the resumed run is judged afresh"
+    )
+    return first.reason, message
+
+
+def _follow_rollback(b: _Builder, status: api.HealthStatus) -> None:
+    """Record where the worker group restarted by the latest rollback restored from, once it says so, with
+    an Event (a Warning when nothing at or before the bound existed and training started from scratch)."""
+    record = status.last_rollback
+    if record is None or record.restored_step is not None:
+        return
+    reports = [
+        health.RestoreReport(
+            group_started=parse_time(lease.get("group-started")),
+            restored_step=None if restored is None else int(restored),
+            restored_from=lease.get("restore-source") or None,
+        )
+        for pod in b.observed.pods
+        if observe.is_trainer(pod)
+        and (lease := _heartbeat(pod, b)) is not None
+        and lease.get("phase") in GROUP_PHASES
+        and (restored := detection.lease_number(lease, "restored-step")) is not None
+    ]
+    outcome = health.rollback_outcome(record, reports, b.now)
+    if outcome is None:
+        return
+    status.last_rollback, message, warning = outcome
+    b.event("Warning" if warning else "Normal", conditions.REASON_ROLLED_BACK, message)
 
 
 def _free_indices(pods: list[dict[str, Any]], job_name: str, count: int) -> list[int]:

@@ -115,6 +115,16 @@ class ElasticSampler:
         self.cursor += self.global_batch_size
         return batch
 
+    def skip_batches(self, count: int) -> list[tuple[int, int]]:
+        """Pass over the next `count` global batches without serving them (after a rollback: the batches
+        that led to the anomaly); returns their positions (epoch, cursor)."""
+        skipped: list[tuple[int, int]] = []
+        for _ in range(max(count, 0)):
+            self.epoch, self.cursor = self._next_position(self.epoch, self.cursor)
+            skipped.append((self.epoch, self.cursor))
+            self.cursor += self.global_batch_size
+        return skipped
+
     def mark_last_batch_bad(self) -> tuple[int, int]:
         """Never serve the batch just consumed again (it will be skipped after a rollback)."""
         if self._last_position is None:

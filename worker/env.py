@@ -54,6 +54,10 @@ MAX_NODES_KEY = "phalanx/max-nodes"
 # the request with compare-and-set. The one launcher whose compare-and-set wins bumps the restart epoch.
 REGROUP_EPOCH_KEY = "phalanx/regroup-epoch"
 
+# The key in the rendezvous store holding the newest rollback request handled (`status.rollback.epoch`,
+# worker/rollback.py), claimed like the regroup epoch: the one winner restarts every launcher's group.
+ROLLBACK_EPOCH_KEY = "phalanx/rollback-epoch"
+
 
 class LaunchSettings(BaseModel):
     """Everything the launcher needs; defaults favour fast recovery over torch's conservative ones."""

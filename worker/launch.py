@@ -58,6 +58,7 @@ from phalanx.worker import (
     jobwatch,
     regroup,
     rendezvous,
+    rollback,
     scaling,
     warmstart,
 )
@@ -734,6 +735,18 @@ class JobFollowing:
                 regrouper.seed()
             client.new_store_hooks.append(regrouper.seed)
             self.tickers.append(regrouper)
+            # The operator's rollback requests (status.rollback) reach the trainers through the environment.
+            rollbacks = rollback.RollbackFollower(
+                view.current,
+                lambda: client.store,
+                agent.group_started,
+                self.writer,
+                settings.heartbeat_interval,
+            )
+            with contextlib.suppress(*STORE_ERRORS, RuntimeError):
+                rollbacks.seed()
+            client.new_store_hooks.append(rollbacks.seed)
+            self.tickers.append(rollbacks)
             if self.interval_file is not None:
                 self.tickers.append(
                     autointerval.IntervalFollower(

@@ -108,17 +108,22 @@ def parse_epoch(raw: str) -> int | None:
     return int(first) if first.isdigit() else None
 
 
-def claim_regroup(store: dist.Store, epoch: int, writer: str) -> Claim:
-    """Compare-and-set the key to this request's epoch; the writer's name makes the winner unambiguous."""
+def claim_epoch(store: dist.Store, key: str, epoch: int, writer: str) -> Claim:
+    """Compare-and-set `key` to this request's epoch; the writer's name makes the winner unambiguous."""
     mine = f"{epoch} {writer}"
-    raw = store.compare_set(REGROUP_EPOCH_KEY, "", mine).decode()
+    raw = store.compare_set(key, "", mine).decode()
     if raw == mine:
         return Claim.SEEDED
     current = parse_epoch(raw)
     if current is not None and current >= epoch:
         return Claim.DONE
-    won = store.compare_set(REGROUP_EPOCH_KEY, raw, mine).decode() == mine
+    won = store.compare_set(key, raw, mine).decode() == mine
     return Claim.WON if won else Claim.LOST
+
+
+def claim_regroup(store: dist.Store, epoch: int, writer: str) -> Claim:
+    """Claim a regroup request (`phalanx/regroup-epoch`); one launcher wins."""
+    return claim_epoch(store, REGROUP_EPOCH_KEY, epoch, writer)
 
 
 def seed_regroup_epoch(store: dist.Store, epoch: int) -> str:

@@ -2,7 +2,8 @@
 
 A learning-rate spike makes the loss diverge, a NaN loss trained through stays NaN, a worker slowed from a
 given step drifts the step time: each raises its signal (condition `Healthy`, one Event, `status.health`) and
-takes its action (`Pause`: the job is suspended and its workers save a checkpoint on the way out).
+takes its action (`Pause`: the job is suspended and its workers save a checkpoint on the way out; `Rollback`:
+every worker restarts from a checkpoint before the anomaly and training goes on by itself).
 Every test turns the other signals off and uses small windows, so the jobs stay short.
 """
 
@@ -83,7 +84,8 @@ def test_loss_divergence_pauses_the_job_with_a_checkpoint(
     cluster.apply(job, namespace)
     paused = wait_paused(cluster, namespace, "diverge")
     record = assert_paused_by(cluster, namespace, paused, "LossDiverging")
-    assert record["sinceStep"] >= 55, record
+    # The signal dates itself from the first heartbeat sample of the recent window that caught the spike.
+    assert record["sinceStep"] > 60 - divergence["recentSteps"], record
     assert "mean loss" in record["message"] and "over steps" in record["message"]
     saved = durable.complete_steps(_claim_directory(cluster, namespace))
     assert saved and saved[0] >= record["sinceStep"], saved
@@ -131,3 +133,53 @@ def test_slowed_worker_raises_step_time_drift_and_the_job_goes_on(
     seen = reasons(cluster, namespace, "drift")
     assert seen.count("StepTimeDrift") == 1 and "HealthPause" not in seen, seen
     assert not final["spec"].get("suspend")
+
+
+def test_nan_loss_rollback_restores_a_checkpoint_before_it_and_training_finishes(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(_checkpoint_claim(), namespace)
+    # The global batch of step 30 gives a NaN loss whenever it is trained (a bad batch; trained through,
+    # every later loss stays NaN). Rolled back and that batch skipped (`skipBatches: all`), it never returns.
+    job = trainingjob(
+        "rollback",
+        replicas=2,
+        steps=100,
+        step_delay=0.25,
+        health=health(nonFiniteLoss={"action": "Rollback"}, rollback={"skipBatches": "all"}),
+        checkpoint={"claimName": "checkpoints", "path": "/ckpt", "intervalSteps": 10, "keep": 5},
+    )
+    args_of(job).extend(["--nan-batch-of-step", "30", "--no-loss-guard"])
+    cluster.apply(job, namespace)
+    final = wait_succeeded(cluster, namespace, "rollback", timeout=600)
+    status = final["status"]
+    print(f"rollback: {status.get('rollback')} {status.get('health')} {condition(final, 'Healthy')}")
+    assert status["step"] == 100 and not final["spec"].get("suspend")
+    request = status["rollback"]
+    assert request["epoch"] == 1 and request["skipBatches"] == "all"
+    # The heartbeats showed the NaN at step 30 at the earliest: the bound is before it.
+    assert request["atOrBeforeStep"] < 30 <= request["fromStep"], request
+    record = status["health"]["lastRollback"]
+    assert status["health"]["rollbacks"] == 1 and record["signal"] == "NonFiniteLoss"
+    assert record["atOrBeforeStep"] == request["atOrBeforeStep"]
+    # Memory held only the last few (NaN) steps: the newest durable checkpoint at or before the bound.
+    assert record["restoredFrom"] == "durable" and 10 <= record["restoredStep"] <= record["atOrBeforeStep"], (
+        record
+    )
+    assert record["restoredStep"] % 10 == 0
+    healthy = condition(final, "Healthy")
+    assert healthy is not None and (healthy["status"], healthy["reason"]) == ("True", "TrainingHealthy"), (
+        healthy
+    )
+    assert status["health"]["signals"] == []
+    seen = reasons(cluster, namespace, "rollback")
+    assert seen.count("NonFiniteLoss") == 1 and seen.count("HealthRollback") == 1, seen
+    assert seen.count("RolledBack") == 1 and "HealthPause" not in seen, seen
+    # The abandoned run's checkpoints are set aside; the new run's reach the final step.
+    directory = _claim_directory(cluster, namespace)
+    steps = durable.complete_steps(directory)
+    assert steps[0] == 100, steps
+    set_aside = sorted(path.name for path in (directory / "rolled-back" / "epoch-1").iterdir())
+    assert set_aside and all(int(name.split("-")[1]) > record["restoredStep"] for name in set_aside), (
+        set_aside
+    )

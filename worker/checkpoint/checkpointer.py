@@ -3,6 +3,8 @@
 Restore order: the newest complete state anywhere, preferring this pod's in-memory snapshot, then a
 peer's snapshot sent over the process group, then the newest verified durable checkpoint on disk.
 All ranks agree on one step (the newest any rank holds) and meet at a barrier before training on.
+Under a rollback request (`PHALANX_ROLLBACK`, worker/checkpoint/rollback.py) the newest state at or
+before the request's step is restored instead, once; the abandoned run's states are never restored again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.worker import autointerval
-from phalanx.worker.checkpoint import durable, layout, payload, persister, shm_store
+from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store
 from phalanx.worker.checkpoint.collectives import Group
 from phalanx.worker.state import TrainState, capture_rng, restore_rng
 
@@ -40,6 +42,22 @@ class RestoreInfo:
     step: int
     source: str
     seconds: float
+    rolled_back: RollbackInfo | None = None
+    """Set when this restore carried out a rollback request."""
+
+
+@dataclass(frozen=True)
+class RollbackInfo:
+    """What a restore that carried out a rollback request did."""
+
+    epoch: int
+    at_or_before_step: int
+    skipped_batches: int
+    """Global batches the data cursor skipped after the restored step."""
+    set_aside: tuple[int, ...] = ()
+    """Durable checkpoints of the abandoned run moved to `rolled-back/` (rank 0)."""
+    dropped: tuple[int, ...] = ()
+    """This rank's in-memory snapshots of the abandoned run."""
 
 
 def _nonnegative(name: str, value: int) -> int:
@@ -60,6 +78,8 @@ class Checkpointer:
     only with durable saves). ``sharded``: model and optimizer hold per-rank shards (DTensors or
     per-rank tensors), saved with torch.distributed.checkpoint and resharded on load.
     ``process_group``: None means the default group when one is initialised, else a single process.
+    ``rollback_request``: restore at or before a step (see worker/checkpoint/rollback.py); default: the
+    launcher's ``PHALANX_ROLLBACK``.
     """
 
     def __init__(
@@ -74,8 +94,14 @@ class Checkpointer:
         namespace: str | None = None,
         local_rank: int | None = None,
         interval_source: Callable[[], int | None] | None = None,
+        rollback_request: rollback.RollbackRequest | None = None,
     ) -> None:
         self.state = state
+        self.rollback_request = rollback_request or rollback.from_env()
+        """The operator's rollback request this process was started with (default: `PHALANX_ROLLBACK`);
+        :meth:`load` carries it out unless the state found is already of its run."""
+        self.rollback_epoch = 0
+        """The newest rollback this run went through: recorded in every snapshot and durable checkpoint."""
         self.directory = Path(directory)
         interval = autointerval.parse_interval(interval_steps)
         self.auto = interval == autointerval.AUTO
@@ -146,6 +172,10 @@ class Checkpointer:
     def save_seconds(self) -> float | None:
         """Median blocking time of the recent durable saves; None before the first."""
         return self.stats["save_seconds"] if self._save_costs else None
+
+    def manifest_extra(self) -> dict[str, Any]:
+        """What every durable checkpoint's manifest records besides its files."""
+        return {"world_size": self.world_size, rollback.EPOCH_KEY: self.rollback_epoch}
 
     @property
     def saver_pid(self) -> int | None:
@@ -232,6 +262,7 @@ class Checkpointer:
             "sharded": self.sharded,
             "pid": os.getpid(),
             "created_unix": time.time(),
+            rollback.EPOCH_KEY: self.rollback_epoch,
         }
         return self.store.write(payload.plan(content), meta, pinned=self._pinned)
 
@@ -242,7 +273,7 @@ class Checkpointer:
         if newest is None:
             return
         restarts_before = self._persister.restarts
-        self._persister.submit(newest, self.directory, self.keep, {"world_size": self.world_size})
+        self._persister.submit(newest, self.directory, self.keep, self.manifest_extra())
         self.stats["saver_restarts_total"] += self._persister.restarts - restarts_before
         self._pinned = {newest.path}
         self._durable_pending = False
@@ -282,7 +313,7 @@ class Checkpointer:
             self.directory,
             newest.step,
             self.keep,
-            {"world_size": self.world_size},
+            self.manifest_extra(),
             purge=False,
         )
         self.stats["last_persist_seconds"] = time.perf_counter() - started
@@ -313,60 +344,126 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ loading
     def load(self) -> int:
-        """Restore the newest complete state any rank or the disk holds; returns the step to resume from."""
+        """Restore the newest complete state any rank or the disk holds (under a rollback request not yet
+        carried out: the newest at or before its step); returns the step to resume from."""
         started = time.perf_counter()
+        offer = self.rollback_request.as_ints() if self.rollback_request else rollback.NO_REQUEST_INTS
+        # A launcher whose view of the TrainingJob lags passes an older request: the newest one wins.
+        request = rollback.agree(self.group.all_gather_ints(offer))
         if self._sharded is not None:
-            step, source = self._sharded.load()
+            step, source, restored_epoch = self._sharded.load(request)
         else:
-            step, source = self._load_replicated()
+            step, source, restored_epoch = self._load_replicated(request)
+        self.rollback_epoch = rollback.lineage_epoch(request, restored_epoch)
+        rolled_back = None
+        if request is not None:
+            # Also after the rollback: a saver of the abandoned run may have committed a checkpoint since.
+            dropped, set_aside = self._put_away(request)
+            if rollback.applies(request, restored_epoch):
+                rolled_back = self._carry_out(request, step, dropped, set_aside)
         if self.auto:
             # Every rank resumes from the same step: the next durable save is that step plus the interval.
             self._agree_interval(step)
         seconds = time.perf_counter() - started
-        self.last_restore = RestoreInfo(step, source, seconds)
+        self.last_restore = RestoreInfo(step, source, seconds, rolled_back)
         self.stats["last_restore_seconds"] = seconds
         self.stats["last_restore_step"] = step
         log.info("restored step %d from %s in %.3f s", step, source, seconds)
         return step
 
-    def local_snapshot(self) -> shm_store.SlotInfo | None:
-        newest = self.store.newest()
-        if newest is None or newest.header.get("namespace") != self.namespace:
-            return None
-        if bool(newest.header.get("sharded")) != self.sharded:
-            return None
-        return newest
+    def _put_away(self, request: rollback.RollbackRequest) -> tuple[list[int], list[int]]:
+        """Uncommit this rank's snapshots of the run `request` abandoned and (rank 0) move its durable
+        checkpoints to `rolled-back/`, out of the restore's, the saver's and the purge's sight; returns their
+        steps."""
 
-    def _load_replicated(self) -> tuple[int, str]:
+        def abandoned(step: int, meta: dict[str, Any] | None) -> bool:
+            return rollback.abandoned(step, rollback.epoch_of(meta), request)
+
+        dropped = self.store.drop(lambda info: abandoned(info.step, info.header))
+        set_aside: list[int] = []
+        if self.is_writer:
+            set_aside = durable.set_aside(self.directory, abandoned, f"epoch-{request.epoch}")
+        return dropped, set_aside
+
+    def _carry_out(
+        self, request: rollback.RollbackRequest, step: int, dropped: list[int], set_aside: list[int]
+    ) -> RollbackInfo:
+        """After restoring `step` for `request` (the abandoned run put away): skip the batches asked for and
+        snapshot the restored state as the new run's, so a later restart neither restores the abandoned run
+        nor rolls back (or skips) again."""
+        skip = rollback.batches_to_skip(request, step)
+        cursor = self.state.data_cursor
+        skipper = getattr(cursor, "skip_batches", None)
+        if skip and callable(skipper):
+            skipper(skip)
+        elif skip:
+            log.warning("rollback: the data cursor cannot skip batches; %d batches are trained again", skip)
+            skip = 0
+        self.state.step = step
+        self._snapshot(step, None)
+        log.warning(
+            "rollback %d: restored step %d (at or before %d); skipped %d batches; set aside checkpoints %s, "
+            "dropped snapshots %s of the abandoned run",
+            request.epoch,
+            step,
+            request.at_or_before_step,
+            skip,
+            set_aside or "none",
+            dropped or "none",
+        )
+        return RollbackInfo(request.epoch, request.at_or_before_step, skip, tuple(set_aside), tuple(dropped))
+
+    def local_snapshot(
+        self, accept: Callable[[shm_store.SlotInfo], bool] | None = None
+    ) -> shm_store.SlotInfo | None:
+        """This process's newest snapshot of this job (of those `accept` takes, when given)."""
+
+        def mine(info: shm_store.SlotInfo) -> bool:
+            if info.header.get("namespace") != self.namespace:
+                return False
+            return bool(info.header.get("sharded")) == self.sharded and (accept is None or accept(info))
+
+        return self.store.newest(mine)
+
+    def _load_replicated(self, request: rollback.RollbackRequest | None) -> tuple[int, str, int]:
+        """Restore (see `load`); returns the step, where it came from and its rollback epoch."""
         group = self.group
-        mine = self.local_snapshot()
+        mine = self.local_snapshot(
+            lambda info: rollback.restorable(info.step, rollback.epoch_of(info.header), request)
+        )
         my_step = mine.step if mine else -1
         my_bytes = int(mine.header["payload_bytes"]) if mine else 0
-        held = group.all_gather_ints([my_step, my_bytes])
-        newest_memory = max(step for step, _ in held)
+        held = group.all_gather_ints([my_step, my_bytes, rollback.epoch_of(mine.header) if mine else 0])
+        newest_memory, memory_epoch, memory_holders = rollback.newest_held(
+            [(step, epoch) for step, _, epoch in held]
+        )
 
         buffer: torch.Tensor | None = None
-        disk = [-1, 0]
+        disk = [-1, 0, 0]
         if group.rank == 0:
-            found = durable.newest_loadable(self.directory, newer_than=newest_memory)
+            found = durable.newest_loadable(
+                self.directory,
+                newer_than=newest_memory,
+                accept=lambda step, manifest: rollback.restorable(step, rollback.epoch_of(manifest), request),
+            )
             if found is not None:
                 buffer = _read_file(found.path / layout.STATE_FILE)
-                disk = [found.step, buffer.numel()]
-        disk_step, disk_bytes = group.broadcast_ints(disk, src=0)
+                disk = [found.step, buffer.numel(), rollback.epoch_of(found.manifest)]
+        disk_step, disk_bytes, disk_epoch = group.broadcast_ints(disk, src=0)
 
         if disk_step > newest_memory:
-            step, donor, size, source_for_holders = disk_step, 0, disk_bytes, "disk"
+            step, donor, size, source_for_holders, epoch = disk_step, 0, disk_bytes, "disk", disk_epoch
             holders = {0}
         elif newest_memory >= 0:
-            holders = {rank for rank, (step, _) in enumerate(held) if step == newest_memory}
+            holders = set(memory_holders)
             donor = min(holders)
-            step, size, source_for_holders = newest_memory, held[donor][1], "memory"
+            step, size, source_for_holders, epoch = newest_memory, held[donor][1], "memory", memory_epoch
             if group.rank in holders:
                 assert mine is not None
                 buffer = self.store.read(mine)
         else:
             group.barrier()
-            return 0, "none"
+            return 0, "none", 0
 
         needy = [rank for rank in range(group.world_size) if rank not in holders]
         if group.rank == donor:
@@ -385,7 +482,7 @@ class Checkpointer:
             source = "peer"
         self._apply(payload.read_from(buffer), source)
         group.barrier()
-        return step, source
+        return step, source, epoch
 
     def _apply(self, content: dict[str, Any], source: str) -> None:
         self.state.load_state_dict(content["state"])

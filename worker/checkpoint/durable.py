@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,14 +178,23 @@ class LoadableCheckpoint:
 
 
 def newest_loadable(
-    directory: Path, newer_than: int = -1, checksums: bool = True
+    directory: Path,
+    newer_than: int = -1,
+    checksums: bool = True,
+    accept: Callable[[int, dict[str, Any]], bool] | None = None,
 ) -> LoadableCheckpoint | None:
-    """The newest checkpoint that passes verification; each rejected one is logged with the reason."""
+    """The newest checkpoint that passes verification (and that `accept(step, manifest)` takes, when
+    given: a rollback's bound); each rejected one is logged with the reason."""
     rejected: list[str] = []
     for step in complete_steps(directory):
         if step <= newer_than:
             break
         path = directory / layout.step_dir_name(step)
+        if accept is not None:
+            # Cheap first: the manifest alone says whether the step may be restored at all.
+            listed, _ = read_manifest(path, step)
+            if listed is not None and not accept(step, listed):
+                continue
         manifest, problem = verify(path, step, checksums)
         if manifest is not None:
             if rejected:
@@ -226,3 +235,29 @@ def purge(directory: Path, keep: int, now: float | None = None) -> list[Path]:
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
+
+
+SET_ASIDE_DIR = "rolled-back"
+"""Where checkpoints of a run abandoned by a rollback go (`<directory>/rolled-back/<label>/step-<N>`): never
+loaded nor purged, kept for inspection."""
+
+
+def set_aside(directory: Path, condemned: Callable[[int, dict[str, Any]], bool], label: str) -> list[int]:
+    """Move the complete checkpoints `condemned(step, manifest)` picks out of the loader's and the purge's
+    sight (a rollback abandoned their run); returns their steps. Only one writer per job calls this."""
+    moved: list[int] = []
+    for step in complete_steps(directory):
+        path = directory / layout.step_dir_name(step)
+        manifest, _ = read_manifest(path, step)
+        if manifest is None or not condemned(step, manifest):
+            continue
+        target = directory / SET_ASIDE_DIR / label
+        target.mkdir(parents=True, exist_ok=True)
+        destination = target / path.name
+        if destination.exists():
+            shutil.rmtree(destination, ignore_errors=True)
+        os.rename(path, destination)
+        moved.append(step)
+    if moved:
+        fsync_path(directory)
+    return sorted(moved)

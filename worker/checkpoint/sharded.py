@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.tensor import DTensor
 
-from phalanx.worker.checkpoint import durable, layout, payload
+from phalanx.worker.checkpoint import durable, layout, payload, rollback
 from phalanx.worker.state import TrainState, capture_rng, restore_rng
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class ShardedWriter:
         if self.owner.is_writer:
             self.owner._collect_persist_result(timeout=None)  # one commit at a time
             self.owner._persister.submit_commit(
-                tmp, step, self.owner.directory, self.owner.keep, {"world_size": self.owner.world_size}
+                tmp, step, self.owner.directory, self.owner.keep, self.owner.manifest_extra()
             )
 
     def save(self, step: int) -> None:
@@ -203,7 +203,7 @@ class ShardedWriter:
         self._write_rng(tmp)
         dcp.save(dcp_state(self.owner.state), checkpoint_id=str(tmp), process_group=self.owner.group.group)
         if self.owner.is_writer:
-            durable.commit(tmp, step, "sharded", None, {"world_size": self.owner.world_size})
+            durable.commit(tmp, step, "sharded", None, self.owner.manifest_extra())
         self.owner.group.barrier()
         return step
 
@@ -211,43 +211,52 @@ class ShardedWriter:
         self.wait()
         stop_background_saver()
 
-    def load(self) -> tuple[int, str]:
+    def load(self, request: rollback.RollbackRequest | None = None) -> tuple[int, str, int]:
+        """Restore (see `Checkpointer.load`); returns the step, where it came from and its rollback epoch."""
         owner, group = self.owner, self.owner.group
-        mine = owner.local_snapshot()
+        mine = owner.local_snapshot(
+            lambda info: rollback.restorable(info.step, rollback.epoch_of(info.header), request)
+        )
         held = group.all_gather_ints(
             [
                 mine.step if mine else -1,
                 int(mine.header["world_size"]) if mine else -1,
                 int(mine.header["rank"]) if mine else -1,
+                rollback.epoch_of(mine.header) if mine else 0,
             ]
         )
         same_layout = all(
             step == held[0][0] and world == group.world_size and rank == index
-            for index, (step, world, rank) in enumerate(held)
+            for index, (step, world, rank, _) in enumerate(held)
         )
         memory_step = held[0][0] if same_layout else -1
-        disk = [-1]
+        disk = [-1, 0]
         if group.rank == 0:
-            found = durable.newest_loadable(owner.directory, newer_than=memory_step)
+            found = durable.newest_loadable(
+                owner.directory,
+                newer_than=memory_step,
+                accept=lambda step, manifest: rollback.restorable(step, rollback.epoch_of(manifest), request),
+            )
             if found is not None and found.manifest.get("kind") == "sharded":
-                disk = [found.step]
+                disk = [found.step, rollback.epoch_of(found.manifest)]
             elif found is not None:
                 log.warning("%s is not a sharded checkpoint; ignored", found.path)
-        disk_step = group.broadcast_ints(disk, src=0)[0]
+        disk_step, disk_epoch = group.broadcast_ints(disk, src=0)
+        epoch = 0
         if disk_step > memory_step:
             self._load_disk(owner.directory / layout.step_dir_name(disk_step))
-            step, source = disk_step, "disk"
+            step, source, epoch = disk_step, "disk", disk_epoch
         elif memory_step >= 0:
             assert mine is not None
             content = payload.read_from(owner.store.read(mine))
             target = dcp_state(owner.state)
             apply_dcp_state(owner.state, fill_from_local(target, content["state"]))
             restore_rng(content["rng"])
-            step, source = memory_step, "memory"
+            step, source, epoch = memory_step, "memory", max(held_epoch for *_, held_epoch in held)
         else:
             step, source = 0, "none"
         group.barrier()
-        return step, source
+        return step, source, epoch
 
     def _load_disk(self, path: Path) -> None:
         owner = self.owner

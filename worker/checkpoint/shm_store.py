@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 SLOT_COUNT = 3
 """Two slots for double buffering plus one the saver process may hold while it persists."""
 _GROW_QUANTUM = 1 << 20
+STATE_DROPPED = "dropped"
+"""Header state of a snapshot a rollback abandoned (not committed: never restored)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -131,13 +134,30 @@ class SnapshotStore:
     def headers(self) -> dict[Path, dict[str, Any] | None]:
         return {slot: slots.read_header(slot) for slot in self.slot_paths}
 
-    def newest(self) -> SlotInfo | None:
+    def newest(self, accept: Callable[[SlotInfo], bool] | None = None) -> SlotInfo | None:
+        """The newest committed snapshot (of those `accept` takes, when given)."""
         committed = [
             SlotInfo(slot, header) for slot, header in self.headers().items() if slots.is_committed(header)
         ]
+        committed = [info for info in committed if accept is None or accept(info)]
         if not committed:
             return None
         return max(committed, key=lambda info: (info.step, info.seq))
+
+    def drop(self, condemned: Callable[[SlotInfo], bool]) -> list[int]:
+        """Uncommit the snapshots `condemned` picks (a rollback abandoned their run): they are never read
+        again and their slots are the first reused. Returns their steps."""
+        dropped: list[int] = []
+        known = self._tracked_headers()
+        for slot, header in self.headers().items():
+            if not slots.is_committed(header) or not condemned(SlotInfo(slot, header)):
+                continue
+            assert header is not None
+            invalid = {"state": STATE_DROPPED, "seq": int(header.get("seq", 0))}
+            slots.write_header_fd(self._fd(slot), invalid)
+            known[slot] = invalid
+            dropped.append(int(header["step"]))
+        return sorted(dropped)
 
     def _fd(self, slot: Path) -> int:
         if slot not in self._fds:

@@ -184,6 +184,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--fail-at-step", type=int, default=0, help="crash the last rank once at this step (tests)")
     add("--nan-at-step", type=int, default=0, help="make rank 0's loss NaN at this step (tests)")
     add("--nan-repeat", type=int, default=1, help="attempts at --nan-at-step that get a NaN (tests)")
+    add(
+        "--nan-batch-of-step",
+        type=int,
+        default=0,
+        help="the global batch step N trains on in an undisturbed run gives rank 0 a NaN loss whenever it is "
+        "trained, in any process: a bad batch that only skipping it helps against (tests)",
+    )
     add("--log-file", help="append one JSON line per step (rank 0) and per restore (every rank)")
     add("--summary-file", help="write the final JSON summary here (rank 0)")
     add("--print-every", type=int, default=0, help="print the loss every N steps (0: only the summary)")
@@ -216,6 +223,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         optimizer, lambda step: min(1.0, (step + 1) / warmup) * _lr_spike(args, step + 1)
     )
     sampler = ElasticSampler(len(dataset), args.global_batch, seed=args.seed)
+    bad_batch = _batch_of_step(ElasticSampler(len(dataset), args.global_batch, seed=args.seed), args)
     state = TrainState(model=model, optimizer=optimizer, lr_scheduler=scheduler, data_cursor=sampler)
     ckpt = Checkpointer(
         state,
@@ -262,9 +270,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             clock.start()
             if slow_seconds and step + 1 >= args.slow_from_step:
                 time.sleep(slow_seconds)  # this pod's own work takes longer: a straggler
-            batch = rank_share(sampler.next_global_batch(), rank, world_size)
+            global_batch = sampler.next_global_batch()
+            batch = rank_share(global_batch, rank, world_size)
             local_loss = torch.zeros((), device=device)
             poisoned = args.nan_at_step == step + 1 and rank == 0 and nans_injected < args.nan_repeat
+            poisoned = poisoned or (rank == 0 and bad_batch is not None and global_batch == bad_batch)
             nans_injected += int(poisoned)
             with watchdog.watch(f"step {step + 1}"):
                 for micro in micro_batches(batch, args.micro_batch, world_size, args.global_batch):
@@ -352,6 +362,15 @@ def _lr_spike(args: argparse.Namespace, step: int) -> float:
     """The learning-rate factor of training step `step` (1-based): the test knob of a divergence."""
     spiked = args.lr_spike_at_step and step >= args.lr_spike_at_step
     return args.lr_spike_factor if spiked else 1.0
+
+
+def _batch_of_step(fresh: ElasticSampler, args: argparse.Namespace) -> list[int] | None:
+    """The global batch of step `--nan-batch-of-step` in an undisturbed run (None: the knob is off)."""
+    if args.nan_batch_of_step <= 0:
+        return None
+    for _ in range(args.nan_batch_of_step - 1):
+        fresh.next_global_batch()
+    return fresh.next_global_batch()
 
 
 def _fail_once(args: argparse.Namespace) -> None:

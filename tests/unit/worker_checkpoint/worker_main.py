@@ -152,6 +152,33 @@ def sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def sharded_rollback(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Phase `save`: 3 steps and a durable save, 3 more and another. Phase `load`: under `PHALANX_ROLLBACK`."""
+    from sharded_model import build_sharded_state, full_state, train_steps
+
+    state, _mesh = build_sharded_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, keep=5, sharded=True)
+    if extra["phase"] == "save":
+        train_steps(state, 3)
+        ckpt.save(3, force_durable=True)
+        ckpt.wait()
+        at_three = full_state(state)
+        train_steps(state, 6)
+        ckpt.save(6, force_durable=True)
+        ckpt.close()
+        return {"full": at_three}
+    step = ckpt.load()
+    assert ckpt.last_restore is not None and ckpt.last_restore.rolled_back is not None
+    result = {
+        "step": step,
+        "source": ckpt.last_restore.source,
+        "full": full_state(state),
+        "set_aside": list(ckpt.last_restore.rolled_back.set_aside),
+    }
+    ckpt.close()
+    return result
+
+
 def elastic_sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
     from elastic_sharded import train
 
@@ -203,7 +230,41 @@ def auto_interval(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, 
     return result
 
 
+def rollback_group(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Phase `train`: steps up to `last_step`, durable every `interval`. Phase `load`: one load under the
+    rollback request this rank's launcher passed (`PHALANX_ROLLBACK`, maybe none), then `then` more steps."""
+    state = build_state()
+    ckpt = Checkpointer(
+        state, workdir / "ckpt", interval_steps=int(extra.get("interval", 10)), snapshot_every=1
+    )
+    result: dict[str, Any] = {}
+    if extra["phase"] == "load":
+        step = ckpt.load()
+        assert ckpt.last_restore is not None
+        rolled = ckpt.last_restore.rolled_back
+        result = {
+            "step": step,
+            "source": ckpt.last_restore.source,
+            "cursor": state.data_cursor.position,
+            "rolled_back": None
+            if rolled is None
+            else [rolled.epoch, list(rolled.set_aside), list(rolled.dropped)],
+            "epoch": ckpt.rollback_epoch,
+        }
+        first = step + 1
+    else:
+        first = 1
+    for step in range(first, int(extra.get("last_step", first - 1)) + 1):
+        advance_to(state, step)
+        ckpt.save(step)
+        if step % 10 == 0:
+            ckpt.wait()  # every durable save lands under its own step
+    ckpt.close()
+    return result
+
+
 SCENARIOS = {
+    "rollback_group": rollback_group,
     "peer_phase1": peer_phase1,
     "peer_phase2": peer_phase2,
     "durable_then_resume": durable_then_resume,
@@ -211,6 +272,7 @@ SCENARIOS = {
     "snapshot_writer": snapshot_writer,
     "snapshot_reader": snapshot_reader,
     "sharded": sharded,
+    "sharded_rollback": sharded_rollback,
     "elastic_sharded": elastic_sharded,
     "auto_interval": auto_interval,
 }
