@@ -128,7 +128,12 @@ def claim_regroup(store: dist.Store, epoch: int, writer: str) -> Claim:
 
 def seed_regroup_epoch(store: dist.Store, epoch: int) -> str:
     """Set the key to `epoch` when it is absent (one atomic operation); returns the key's value."""
-    return store.compare_set(REGROUP_EPOCH_KEY, "", str(epoch)).decode()
+    return seed_epoch(store, REGROUP_EPOCH_KEY, epoch)
+
+
+def seed_epoch(store: dist.Store, key: str, epoch: int) -> str:
+    """Set an epoch key (regroup, rollback) to `epoch` when it is absent; returns the key's value."""
+    return store.compare_set(key, "", str(epoch)).decode()
 
 
 def _clock(seconds: float) -> str:

@@ -32,7 +32,7 @@ from phalanx.worker import rendezvous
 from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV, RollbackRequest, request_from
 from phalanx.worker.env import ROLLBACK_EPOCH_KEY
 from phalanx.worker.jobwatch import Ticker
-from phalanx.worker.regroup import Claim, claim_epoch
+from phalanx.worker.regroup import Claim, claim_epoch, seed_epoch
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -87,7 +87,7 @@ class RollbackFollower(Ticker):
         """Make sure a (new) store holds the key: the newest epoch seen, so old requests stay done."""
         self._pass_on(rollback_of(self._job()))
         known = self.passed_on.epoch if self.passed_on is not None else 0
-        (store if store is not None else self._store()).compare_set(ROLLBACK_EPOCH_KEY, "", str(known))
+        seed_epoch(store if store is not None else self._store(), ROLLBACK_EPOCH_KEY, known)
 
     def _pass_on(self, request: RollbackRequest | None) -> None:
         if request is None or (self.passed_on is not None and request.epoch <= self.passed_on.epoch):
