@@ -103,12 +103,13 @@ def build_worker_pod(
     index: int,
     role: names.Role,
     near: tuple[str, str] | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Worker or spare pod number `index`: the user's template with the launcher, contract env, DNS name,
     checkpoint volume, topology hints and gang-scheduler metadata added.
 
     `near`: (node label, value) of a domain the pod prefers (a spare standing in for a failed worker
-    prefers that worker's domain)."""
+    prefers that worker's domain). `avoid`: nodes the pod may not be scheduled onto (lost ones)."""
     job_name = job["metadata"]["name"]
     template = copy.deepcopy(spec.template)
     template_meta = template.get("metadata") or {}
@@ -143,11 +144,15 @@ def build_worker_pod(
     pod_spec = topology.apply_topology(pod_spec, job_name, spec.topology)
     if near is not None:
         pod_spec = topology.prefer_domain(pod_spec, *near)
+    pod_spec = topology.avoid_nodes(pod_spec, avoid)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_rendezvous_pod(job: dict[str, Any], spec: api.TrainingJobSpec) -> dict[str, Any]:
-    """The rendezvous store's own pod: no worker's death can take the rendezvous down with it."""
+def build_rendezvous_pod(
+    job: dict[str, Any], spec: api.TrainingJobSpec, avoid: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The rendezvous store's own pod: no worker's death can take the rendezvous down with it. `avoid`:
+    nodes it may not be scheduled onto (lost ones)."""
     job_name = job["metadata"]["name"]
     template_spec = spec.template["spec"]
     trainer = template_spec["containers"][trainer_container_index(spec.template) or 0]
@@ -178,7 +183,7 @@ def build_rendezvous_pod(job: dict[str, Any], spec: api.TrainingJobSpec) -> dict
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(job, names.rendezvous_name(job_name), labels),
-        "spec": pod_spec,
+        "spec": topology.avoid_nodes(pod_spec, avoid),
     }
 
 

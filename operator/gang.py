@@ -39,6 +39,16 @@ def is_scheduled(pod: dict[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName"))
 
 
+def is_unschedulable(pod: dict[str, Any]) -> bool:
+    """Whether the scheduler found no node for the pod (so far)."""
+    return not is_scheduled(pod) and any(
+        condition.get("type") == "PodScheduled"
+        and condition.get("status") == "False"
+        and condition.get("reason") == "Unschedulable"
+        for condition in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
 def _unschedulable_message(pods: list[dict[str, Any]]) -> str:
     for pod in pods:
         for condition in (pod.get("status") or {}).get("conditions") or []:

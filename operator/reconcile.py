@@ -34,6 +34,11 @@ ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
 # Heartbeat phases of a worker inside a running group: its loss leaves that group broken.
 GROUP_PHASES = ("training", "saving", "restoring")
 MAX_REGROUP_REASON = 256
+# Failure causes after which the failed pod's node is suspect: it went silent, and may be dead.
+SILENT_CAUSES = (detection.NODE_LOST, detection.HEARTBEAT_TIMEOUT, detection.RENDEZVOUS_LOST)
+# How long such a node stays suspect once it is no longer observed: the node controller has marked a dead node
+# (and the scheduler skips it) long before this.
+SUSPECT_NODE_SECONDS = 120
 # Added to a regroup request's `before` unless the operator is configured otherwise (`Observed.clock_margin`).
 REGROUP_CLOCK_MARGIN = timedelta(milliseconds=250)
 
@@ -705,8 +710,11 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     """Rendezvous pod, worker and spare pods, under the gang's all-or-nothing rule."""
     job, job_name = b.job, b.job["metadata"]["name"]
     rendezvous = [pod for pod in b.observed.pods if observe.is_rendezvous(pod)]
+    lost_nodes = _lost_nodes(b)
+    _release_unschedulable(b, lost_nodes)
+    # A rendezvous pod released above is created again once it is gone (the name is the same).
     if not rendezvous:
-        b.plan.create_pods.append(builders.build_rendezvous_pod(job, spec))
+        b.plan.create_pods.append(builders.build_rendezvous_pod(job, spec, avoid=lost_nodes))
     b.delete([pod for pod in rendezvous if observe.phase(pod) in observe.FINISHED_PHASES])
 
     trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
@@ -766,7 +774,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     no_domain: list[tuple[str, str] | None] = [None] * missing_workers
     domains = no_domain + _vacated_domains(b, spec, missing_spares)
     new_pods = [
-        builders.build_worker_pod(job, spec, index, role, near=domain)
+        builders.build_worker_pod(job, spec, index, role, near=domain, avoid=lost_nodes)
         for index, role, domain in zip(indices, roles, domains, strict=True)
     ]
     b.plan.create_pods.extend(new_pods)
@@ -805,6 +813,37 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         message = f"{ready} of at least {spec.effective_min_replicas} workers running"
         b.condition(conditions.RUNNING, False, conditions.REASON_WAITING, message)
         b.status.state = "Pending"
+
+
+def _lost_nodes(b: _Builder) -> frozenset[str]:
+    """Nodes new pods must stay off: the job's nodes with a problem now, and for `SUSPECT_NODE_SECONDS` the
+    nodes of losses being recovered from that went silent (the node lost, a heartbeat stopped, the rendezvous
+    lost). The scheduler may count such a node healthy for a while yet: the node controller marks a silent
+    node tens of seconds after its last word (8 s on the local cluster) and taints it after that, and a
+    stopped heartbeat is often the first sign of a dead node. Their pods are gone, so those nodes are no
+    longer observed."""
+    nodes = b.observed.nodes or {}
+    troubled = {node for node in nodes if detection.node_problem(node, nodes) is not None}
+    horizon = b.now - timedelta(seconds=SUSPECT_NODE_SECONDS)
+    suspect = {
+        incident.node
+        for incident in b.status.incidents
+        if incident.cause in SILENT_CAUSES
+        and incidents.is_open(incident)
+        and incident.node
+        and (parse_time(incident.detected_at) or b.now) > horizon
+    }
+    return frozenset(troubled | suspect)
+
+
+def _release_unschedulable(b: _Builder, lost_nodes: frozenset[str]) -> None:
+    """Delete pods the scheduler cannot place that were kept off a node no longer judged lost (it came back,
+    or its suspicion ran out): they are created again without that exclusion. Without this, a job whose only
+    fitting node recovered would wait forever."""
+    for pod in b.observed.pods:
+        avoided = set((pod.get("spec") or {}).get("avoidNodes") or ())
+        if avoided - lost_nodes and gang.is_unschedulable(pod) and not observe.is_terminating(pod):
+            b.delete([pod])
 
 
 def _vacated_domains(b: _Builder, spec: api.TrainingJobSpec, count: int) -> list[tuple[str, str] | None]:

@@ -42,7 +42,14 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
             for key in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
             if meta.get(key) is not None
         },
-        "spec": {"nodeName": spec.get("nodeName")} if spec.get("nodeName") else {},
+        "spec": {
+            key: value
+            for key, value in (
+                ("nodeName", spec.get("nodeName")),
+                ("avoidNodes", sorted(topology.avoided_nodes(spec))),
+            )
+            if value
+        },
         "status": {
             "phase": status.get("phase"),
             "reason": status.get("reason"),

@@ -4,6 +4,8 @@ Pack uses pod affinity to the job's own trainer pods over `topology.key`: Kubern
 group that matches its own affinity term schedule anywhere, and every later pod (spares included, since they
 carry the same labels) follows it into that domain. Spread uses topologySpreadConstraints with maxSkew 1.
 A spare refilling the pool after a swap prefers the domain of the worker it stands in for (`prefer_domain`).
+A pod created while a node of the job is lost must not land there (`avoid_nodes`): the operator sees the loss
+seconds before the node controller taints the node, and the scheduler still counts it healthy until then.
 """
 
 from __future__ import annotations
@@ -89,3 +91,36 @@ def prefer_domain(pod_spec: dict[str, Any], key: str, value: str) -> dict[str, A
     extra = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
     result["affinity"] = _merge_affinity(result.get("affinity") or {}, extra)
     return result
+
+
+def avoid_nodes(pod_spec: dict[str, Any], nodes: frozenset[str]) -> dict[str, Any]:
+    """A copy of `pod_spec` that may not be scheduled onto any of `nodes` (by node name, a requirement).
+
+    Required node selector terms are alternatives (any one may match), so the exclusion joins each of the
+    user's terms; without any, it is the only term."""
+    result = copy.deepcopy(pod_spec)
+    if not nodes:
+        return result
+    exclusion = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    node_affinity = result.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), exclusion]
+    required["nodeSelectorTerms"] = terms
+    return result
+
+
+def avoided_nodes(pod_spec: dict[str, Any]) -> frozenset[str]:
+    """The nodes `avoid_nodes` kept the pod off (those every required term excludes by name)."""
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    excluded: list[set[str]] = []
+    for term in required.get("nodeSelectorTerms") or []:
+        names_out = set()
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("operator") == "NotIn":
+                names_out.update(field.get("values") or [])
+        excluded.append(names_out)
+    return frozenset(set.intersection(*excluded)) if excluded else frozenset()

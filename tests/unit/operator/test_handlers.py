@@ -191,6 +191,15 @@ def test_pod_summaries_keep_only_what_decisions_need(body: dict[str, Any]) -> No
     assert summary["status"]["containerStatuses"] == [{"name": "trainer", "ready": True}]
 
 
+def test_pod_summaries_keep_the_nodes_a_pod_was_kept_off() -> None:
+    from phalanx.operator.status import summarize_pod
+    from phalanx.operator.topology import avoid_nodes
+
+    spec = avoid_nodes({"containers": [{"name": "trainer", "image": "x"}]}, frozenset({"n2", "n1"}))
+    summary = summarize_pod({"metadata": {"name": "w-3"}, "spec": spec, "status": {"phase": "Pending"}})
+    assert summary["spec"] == {"avoidNodes": ["n1", "n2"]}
+
+
 def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..., Any]) -> None:
     registry = kopf.OperatorRegistry()
     kube = FakeKube(make_job())

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from phalanx.operator.reconcile import REGROUP_CLOCK_MARGIN, Observed, Plan, plan
+from phalanx.operator.reconcile import REGROUP_CLOCK_MARGIN, SUSPECT_NODE_SECONDS, Observed, Plan, plan
 from phalanx.operator.timeutil import format_micro_time
+from phalanx.operator.topology import avoided_nodes
 
 MakeJob = Callable[..., dict[str, Any]]
 MakePod = Callable[..., dict[str, Any]]
@@ -358,6 +359,56 @@ def test_a_lost_node_force_deletes_its_pods_at_once(
     assert sorted(result.force_delete_pods) == ["demo-rdzv", "demo-worker-0"] and result.delete_pods == []
     (incident,) = result.status["incidents"]
     assert incident["cause"] == "NodeLost" and incident["node"] == "node-b"
+
+
+def _avoided(pod: dict[str, Any]) -> frozenset[str]:
+    return avoided_nodes(pod["spec"])
+
+
+def test_pods_replacing_a_lost_node_stay_off_it_while_the_scheduler_may_not_know(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job()
+    pods = _running_gang(make_pod)
+    pods[0] = make_pod("demo-worker-0", node="node-b")
+    pods[-1] = make_pod("demo-rdzv", role="rendezvous", node="node-b")
+    nodes = {**HEALTHY_NODES, "node-b": {"labels": {}, "ready": "Unknown", "noExecute": []}}
+    lost = plan(job, Observed(pods=pods, now=now, leases=_gang_leases(now, 5), nodes=nodes))
+    (refill,) = lost.create_pods
+    assert _avoided(refill) == {"node-b"}
+    # Its pods are gone, so node-b is no longer observed: the open incident still keeps new pods off it.
+    survivors = [pods[1], pods[2], make_pod("demo-worker-3", role="spare", node=None)]
+    later = now + timedelta(seconds=2)
+    observed = Observed(pods=survivors, now=later, leases=_gang_leases(later, 5), nodes=HEALTHY_NODES)
+    after = plan(_with_status(job, lost), observed)
+    (rendezvous,) = after.create_pods
+    assert rendezvous["metadata"]["name"] == "demo-rdzv" and _avoided(rendezvous) == {"node-b"}
+    # Long after, the node controller has marked the node itself: no suspicion of the operator's own.
+    much_later = now + timedelta(seconds=SUSPECT_NODE_SECONDS + 1)
+    observed = Observed(
+        pods=survivors, now=much_later, leases=_gang_leases(much_later, 5), nodes=HEALTHY_NODES
+    )
+    (rendezvous,) = plan(_with_status(job, lost), observed).create_pods
+    assert _avoided(rendezvous) == frozenset()
+
+
+def test_an_unschedulable_pod_kept_off_a_node_no_longer_lost_is_created_again(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    pods = _running_gang(make_pod)
+    pods[2] = make_pod("demo-worker-2", role="spare", node=None, phase="Pending")
+    pods[2]["spec"]["avoidNodes"] = ["node-b"]
+    waiting = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    leases = {name: lease for name, lease in _gang_leases(now, 5).items() if name != "demo-worker-2"}
+    pending = plan(make_job(), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    assert pending.delete_pods == []  # the scheduler has not said it cannot place it
+    pods[2]["status"]["conditions"] = [waiting]
+    stuck = plan(make_job(), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    assert stuck.delete_pods == ["demo-worker-2"]
+    pods[0] = make_pod("demo-worker-0", node="node-b")
+    nodes = {**HEALTHY_NODES, "node-b": {"labels": {}, "ready": "False", "noExecute": []}}
+    still_lost = plan(make_job(), Observed(pods=pods, now=now, leases=leases, nodes=nodes))
+    assert "demo-worker-2" not in still_lost.delete_pods + still_lost.force_delete_pods
 
 
 def test_a_frozen_worker_is_deleted_with_grace_zero(

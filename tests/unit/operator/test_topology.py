@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from phalanx.operator import api
-from phalanx.operator.topology import apply_topology, domain_key, prefer_domain, zone_of
+from phalanx.operator.topology import (
+    apply_topology,
+    avoid_nodes,
+    avoided_nodes,
+    domain_key,
+    prefer_domain,
+    zone_of,
+)
 
 SELECTOR = {"matchLabels": {"phalanx.dev/job-name": "demo", "phalanx.dev/component": "trainer"}}
 
@@ -82,3 +89,33 @@ def test_prefer_domain_adds_a_node_preference_next_to_the_users_affinity() -> No
 def test_domain_key_is_the_topology_key_else_the_zone() -> None:
     assert domain_key(None) == "topology.kubernetes.io/zone"
     assert domain_key(api.TopologySpec(key="rack")) == "rack"
+
+
+def test_avoiding_nodes_joins_every_required_term_of_the_users() -> None:
+    user_terms = [
+        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]},
+        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]},
+    ]
+    user = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}
+    user["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ] = user_terms
+    spec = avoid_nodes(user, frozenset({"node-b", "node-a"}))
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    exclusion = {"key": "metadata.name", "operator": "NotIn", "values": ["node-a", "node-b"]}
+    assert [term["matchFields"] for term in terms] == [[exclusion], [exclusion]]
+    assert [term["matchExpressions"] for term in terms] == [t["matchExpressions"] for t in user_terms]
+    assert "matchFields" not in user_terms[0]  # the template is not changed
+    assert avoided_nodes(spec) == {"node-a", "node-b"}
+
+
+def test_avoiding_no_node_adds_nothing() -> None:
+    assert avoid_nodes({"containers": []}, frozenset()) == {"containers": []}
+    alone = avoid_nodes({}, frozenset({"node-b"}))
+    (term,) = alone["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}]}
+    assert avoided_nodes({}) == frozenset() and avoided_nodes(alone) == {"node-b"}
