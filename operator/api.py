@@ -329,6 +329,22 @@ class DrillsSpec(ApiModel):
     the job) into this job; off by default, so no one disrupts a production run by a typo."""
 
 
+class PreflightSpec(ApiModel):
+    """A restore drill before the real run: train, restart from a checkpoint, check the run resumed."""
+
+    enabled: bool = False
+    """Whether the job starts with a preflight: every pod first checks it can write, sync, read back and
+    remove a file in the checkpoint location; then the workers train `steps` steps with a durable checkpoint
+    half-way, restart from that checkpoint (read from the durable storage, not memory) and train the second
+    half again, which must match the first time. A failure stops the job (`PreflightPassed` False, the job
+    Failed) before it spends its allocation; a pass lets training go on (the steps count)."""
+    steps: int = Field(default=20, ge=2, le=100000)
+    """Training steps of the preflight; the checkpoint is taken after half of them."""
+    tolerance: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Relative difference allowed between the two runs' losses and model norms; 0 asks for bitwise equality
+    (deterministic training on CPU, or with deterministic kernels, at a fixed world size)."""
+
+
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
 
@@ -367,6 +383,8 @@ class TrainingJobSpec(ApiModel):
     """Training-health signals (loss divergence, NaN loss, stagnation, gradient spikes, step-time drift)."""
     drills: DrillsSpec = Field(default_factory=DrillsSpec)
     """Whether failure drills may be run against this job."""
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec)
+    """A restore drill before the real run (off by default)."""
 
     @property
     def effective_min_replicas(self) -> int:
@@ -662,6 +680,25 @@ class CheckpointStatus(ApiModel):
     save cost was measured."""
 
 
+PreflightState = Literal["Running", "Passed", "Failed"]
+
+
+class PreflightStatus(ApiModel):
+    """How the job's preflight went (`spec.preflight`)."""
+
+    state: PreflightState
+    """Running until a worker's heartbeat tells the outcome, then Passed or Failed."""
+    reason: str = Field(min_length=1)
+    """`PreflightRunning`, `Passed`, or what failed: `CheckpointStorageUnusable`, `RestoreFailed`,
+    `ResumeMismatch`."""
+    message: str = Field(min_length=1)
+    """What the preflight does, did or found (from the pod that told)."""
+    pod: str | None = None
+    """The pod whose heartbeat told the outcome."""
+    finished_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator learned the outcome."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob, written once per reconcile by the operator."""
 
@@ -670,7 +707,7 @@ class TrainingJobStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Conditions keyed by type: `GangScheduled`, `Running`, `Succeeded`, `Failed`, `Suspended`, `SpecValid`,
-    `Recovering`, `Degraded`."""
+    `Recovering`, `Degraded`, `Healthy`, `PreflightPassed`."""
     observed_generation: int | None = None
     """The `metadata.generation` the status was computed from."""
     state: str | None = None
@@ -711,6 +748,8 @@ class TrainingJobStatus(ApiModel):
     """Training-health signals on now and the step-time baseline (`spec.health`)."""
     checkpoint: CheckpointStatus | None = None
     """The durable-checkpoint interval in force and its inputs."""
+    preflight: PreflightStatus | None = None
+    """The preflight's progress and outcome (`spec.preflight`)."""
 
 
 class TrainingJob(ApiModel):

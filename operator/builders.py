@@ -39,6 +39,13 @@ DOWNWARD_ENV = (
 )
 
 
+def preflight_steps(job: dict[str, Any], spec: api.TrainingJobSpec) -> int:
+    """Steps of the preflight the job's new pods run: 0 when it is off or has passed already (pods created
+    later, e.g. on new nodes whose local storage holds no verdict, must not run it again)."""
+    passed = ((job.get("status") or {}).get("preflight") or {}).get("state") == "Passed"
+    return spec.preflight.steps if spec.preflight.enabled and not passed else 0
+
+
 def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Role) -> list[dict[str, Any]]:
     """The environment of the trainer container (docs/ARCHITECTURE.md, "Operator -> worker contract")."""
     meta = job["metadata"]
@@ -62,6 +69,8 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
         "PHALANX_METRICS_PORT": spec.metrics_port,
         "PHALANX_COLLECTIVE_TIMEOUT": spec.collective_timeout_seconds,
+        "PHALANX_PREFLIGHT_STEPS": preflight_steps(job, spec),
+        "PHALANX_PREFLIGHT_TOLERANCE": spec.preflight.tolerance,
     }
     return [
         *copy.deepcopy(DOWNWARD_ENV),

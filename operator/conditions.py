@@ -17,6 +17,7 @@ RECOVERING = "Recovering"
 DEGRADED = "Degraded"
 # Training health (`spec.health`): False with the first active signal as reason (`health.SIGNALS`).
 HEALTHY = "Healthy"
+PREFLIGHT_PASSED = "PreflightPassed"
 
 # Reasons (one CamelCase word each), shared by conditions and Events.
 REASON_INVALID_SPEC = "InvalidSpec"

@@ -129,6 +129,11 @@ def _seconds_since(moment: str | None, now: datetime) -> float | None:
     return None if parsed is None else (now - parsed).total_seconds()
 
 
+def heartbeat_age(lease: dict[str, Any] | None, now: datetime) -> float | None:
+    """Seconds since the Lease was last renewed (None: no Lease, or no renewal known)."""
+    return None if lease is None else _seconds_since(lease.get("renewTime"), now)
+
+
 def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The pod's own Lease: one left by an earlier pod of the same name (not yet collected) is ignored."""
     lease = leases.get(observe.pod_name(pod))

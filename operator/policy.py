@@ -1,8 +1,8 @@
 """The failure policy: the user's rules, first match wins, then the defaults (pure functions).
 
 Defaults, in order, after the user's rules:
-- `default-permanent`: launcher exit codes 2 (bad configuration) and 5 (loss diverged): restarting
-  cannot help, so the job fails at once without spending restarts.
+- `default-permanent`: launcher exit codes 2 (bad configuration), 5 (loss diverged) and 6 (preflight
+  failed): restarting cannot help, so the job fails at once without spending restarts.
 - `default-oom`: a trainer killed for memory is the user's to fix: replaced, counted.
 - `default-infrastructure`: lost nodes, heartbeat silence, no progress, stragglers, deletions, evictions,
   disruptions and processes killed from outside (exit 137/143, and 3: rendezvous unreachable): replaced,
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from phalanx.operator import api, detection
 
-PERMANENT_EXIT_CODES = [2, 5]
+PERMANENT_EXIT_CODES = [2, 5, 6]
 INFRASTRUCTURE_EXIT_CODES = [3, *detection.KILL_EXIT_CODES]
 
 DEFAULT_RULES: tuple[api.FailureRule, ...] = (

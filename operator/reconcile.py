@@ -22,6 +22,7 @@ from phalanx.operator import (
     incidents,
     names,
     policy,
+    preflight,
     topology,
     validation,
 )
@@ -39,6 +40,9 @@ SILENT_CAUSES = (detection.NODE_LOST, detection.HEARTBEAT_TIMEOUT, detection.REN
 # How long such a node stays suspect once it is no longer observed: the node controller has marked a dead node
 # (and the scheduler skips it) long before this.
 SUSPECT_NODE_SECONDS = 120
+# A running pod whose heartbeat missed this many renewals (and at least this many seconds) marks its node quiet.
+QUIET_RENEWALS = 2
+MIN_QUIET_SECONDS = 2.0
 # Added to a regroup request's `before` unless the operator is configured otherwise (`Observed.clock_margin`).
 REGROUP_CLOCK_MARGIN = timedelta(milliseconds=250)
 
@@ -313,6 +317,55 @@ def _decisions(
     return fatal[:1] or decided
 
 
+def _follow_preflight(b: _Builder, spec: api.TrainingJobSpec) -> bool:
+    """The preflight's progress into `status.preflight` and `PreflightPassed`; True when it failed, which
+    fails the job (its pods are removed before they spend more of the allocation)."""
+    if not spec.preflight.enabled:
+        return False
+    current = b.status.preflight
+    if current is not None and current.state == "Passed":
+        return False
+    trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
+    told = preflight.outcome(trainers, b.observed.leases)
+    if told is None:
+        running = current or api.PreflightStatus(
+            state="Running",
+            reason=preflight.REASON_RUNNING,
+            message=preflight.running_message(spec.preflight),
+        )
+        b.status.preflight = running
+        b.condition(conditions.PREFLIGHT_PASSED, False, preflight.REASON_RUNNING, running.message)
+        return False
+    if told.state == "Passed":
+        _record_preflight(b, told)
+        return False
+    _preflight_failed(b, told)
+    return True
+
+
+def _record_preflight(b: _Builder, told: preflight.Outcome) -> str:
+    """The outcome into `status.preflight` and `PreflightPassed` (an Event); returns the message."""
+    b.status.preflight = api.PreflightStatus(
+        state=told.state,
+        reason=told.reason,
+        message=told.message,
+        pod=told.pod,
+        finished_at=format_time(b.now),
+    )
+    text = f"{told.message} (pod {told.pod})"
+    passed = told.state == "Passed"
+    b.condition(conditions.PREFLIGHT_PASSED, passed, told.reason, text)
+    # Once per job (the outcome is final): False -> False with another reason would post no Event.
+    b.event("Normal" if passed else "Warning", told.reason, text)
+    return text
+
+
+def _preflight_failed(b: _Builder, told: preflight.Outcome) -> None:
+    """Record the preflight's failure and fail the job."""
+    text = _record_preflight(b, told)
+    _finish_job(b, False, preflight.REASON_FAILED, f"the preflight failed ({told.reason}): {text}")
+
+
 def _training_finished(b: _Builder, trainer: str) -> bool:
     """Whether some active worker finished training (exited 0, or its heartbeat says `finished`)."""
     if _completed(b, trainer)[0]:
@@ -370,6 +423,12 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         message = f"{failure.message} (rule {decision.rule})"
         if decision.action == "FailJob":
             b.mark_done(failure.pod, failure.uid)
+            if spec.preflight.enabled and failure.exit_code == preflight.LAUNCHER_EXIT_FAILED:
+                # The heartbeat that says why was lost: the exit code still says it was the preflight.
+                _preflight_failed(
+                    b, preflight.Outcome("Failed", preflight.REASON_FAILED, message, failure.pod)
+                )
+                return True
             _finish_job(b, False, conditions.REASON_PERMANENT_FAILURE, message)
             return True
         if decision.action == "Ignore":
@@ -710,7 +769,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     """Rendezvous pod, worker and spare pods, under the gang's all-or-nothing rule."""
     job, job_name = b.job, b.job["metadata"]["name"]
     rendezvous = [pod for pod in b.observed.pods if observe.is_rendezvous(pod)]
-    lost_nodes = _lost_nodes(b)
+    lost_nodes = _lost_nodes(b, spec)
     _release_unschedulable(b, lost_nodes)
     # A rendezvous pod released above is created again once it is gone (the name is the same).
     if not rendezvous:
@@ -778,8 +837,13 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         for index, role, domain in zip(indices, roles, domains, strict=True)
     ]
     b.plan.create_pods.extend(new_pods)
+    if b.status.start_time is None and (new_pods or trainers):
+        # From the pods when they exist: a status write lost after their creation must not lose it.
+        created = [
+            moment for pod in trainers if (moment := parse_time(pod["metadata"].get("creationTimestamp")))
+        ]
+        b.status.start_time = format_time(min(created, default=b.now))
     if new_pods:
-        b.status.start_time = b.status.start_time or format_time(b.now)
         b.event("Normal", "CreatedPods", "created " + ", ".join(pod["metadata"]["name"] for pod in new_pods))
 
     leaving = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
@@ -815,15 +879,27 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         b.status.state = "Pending"
 
 
-def _lost_nodes(b: _Builder) -> frozenset[str]:
-    """Nodes new pods must stay off: the job's nodes with a problem now, and for `SUSPECT_NODE_SECONDS` the
-    nodes of losses being recovered from that went silent (the node lost, a heartbeat stopped, the rendezvous
-    lost). The scheduler may count such a node healthy for a while yet: the node controller marks a silent
-    node tens of seconds after its last word (8 s on the local cluster) and taints it after that, and a
-    stopped heartbeat is often the first sign of a dead node. Their pods are gone, so those nodes are no
-    longer observed."""
+def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
+    """Nodes new pods must stay off: the job's nodes with a problem now; the nodes of its running pods whose
+    heartbeat went quiet (missed two renewals: the first sign of a dead node, seconds before anyone else can
+    tell); and for `SUSPECT_NODE_SECONDS` the nodes of losses being recovered from that went silent (the node
+    lost, a heartbeat stopped, the rendezvous lost), no longer observed once their pods are gone. The
+    scheduler counts such a node healthy until the node controller marks it, tens of seconds after its last
+    word (8 s on the local cluster); torch promotes a spare in the meantime, and the spare refilling the pool
+    would otherwise land on the dead node and be lost with it."""
     nodes = b.observed.nodes or {}
     troubled = {node for node in nodes if detection.node_problem(node, nodes) is not None}
+    quiet_after = max(QUIET_RENEWALS * spec.heartbeat.interval_seconds, MIN_QUIET_SECONDS)
+    quiet = {
+        node
+        for pod in b.observed.pods
+        if observe.is_trainer(pod)
+        and observe.is_running(pod)
+        and (node := (pod.get("spec") or {}).get("nodeName"))
+        and (lease := _heartbeat(pod, b)) is not None
+        and lease.get("phase") not in ("finished", detection.EXITING_PHASE)
+        and (detection.heartbeat_age(lease, b.now) or 0.0) > quiet_after
+    }
     horizon = b.now - timedelta(seconds=SUSPECT_NODE_SECONDS)
     suspect = {
         incident.node
@@ -833,7 +909,7 @@ def _lost_nodes(b: _Builder) -> frozenset[str]:
         and incident.node
         and (parse_time(incident.detected_at) or b.now) > horizon
     }
-    return frozenset(troubled | suspect)
+    return frozenset(troubled | quiet | suspect)
 
 
 def _release_unschedulable(b: _Builder, lost_nodes: frozenset[str]) -> None:
@@ -987,6 +1063,8 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     message = "the job was resumed" if was_suspended else "the job is not suspended"
     b.condition(conditions.SUSPENDED, False, reason, message, "Normal" if was_suspended else None)
     _follow_health(b, spec.health, was_suspended)
+    if _follow_preflight(b, spec):
+        return b.finish()
 
     if _handle_failures(b, spec, trainer):
         return b.finish()

@@ -121,6 +121,7 @@ SIGNAL_FIELDS = (
     "resumed-at",
     "restored-step",
     "restore-source",
+    "preflight",
     "ownerUid",
 )
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         process_group_timeout,
     )
     from phalanx.worker.heartbeat import StatusPublisher
+    from phalanx.worker.preflight import Preflight
     from phalanx.worker.state import TrainState
     from phalanx.worker.steptime import StepClock, StepTiming
 
@@ -30,6 +31,7 @@ __all__ = [
     "MicroBatch",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
+    "Preflight",
     "RestoreInfo",
     "StatusPublisher",
     "StepClock",
@@ -61,6 +63,7 @@ _LAZY_EXPORTS = {
     "global_mean_loss": "phalanx.worker.guards",
     "process_group_timeout": "phalanx.worker.guards",
     "StatusPublisher": "phalanx.worker.heartbeat",
+    "Preflight": "phalanx.worker.preflight",
     "StepClock": "phalanx.worker.steptime",
     "StepTiming": "phalanx.worker.steptime",
     "LauncherExit": "phalanx.worker.exitcodes",

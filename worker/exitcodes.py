@@ -22,6 +22,9 @@ class LauncherExit(IntEnum):
     """The worker group failed more often than `max_restarts` allows."""
     LOSS_DIVERGED = 5
     """A training process gave up after too many non-finite losses (see guards.NonFiniteLossGuard)."""
+    PREFLIGHT_FAILED = 6
+    """The preflight failed: the checkpoint location is unusable, or a restart from a checkpoint does not
+    resume the run it was taken from (worker/preflight.py). The heartbeat says which and why."""
     TERMINATED = 143
     """SIGTERM: training processes were asked to save, then stopped (128 + 15)."""
 
@@ -35,7 +38,14 @@ class TrainerExit(IntEnum):
     """The watchdog ended a rank stuck in one collective: restart the group (infrastructure)."""
     ORPHANED = 88
     """The launcher died: the process ends itself rather than train unsupervised."""
+    PREFLIGHT_RESTART = 89
+    """The preflight recorded its run: restart the group from the checkpoint (no failure, no budget spent)."""
+    PREFLIGHT_FAILED = 90
+    """The preflight failed: restarting cannot help."""
 
 
 # Training-process exit codes after which restarting the group is pointless.
-FATAL_TRAINER_EXITS: dict[int, LauncherExit] = {TrainerExit.NON_FINITE_LOSS: LauncherExit.LOSS_DIVERGED}
+FATAL_TRAINER_EXITS: dict[int, LauncherExit] = {
+    TrainerExit.NON_FINITE_LOSS: LauncherExit.LOSS_DIVERGED,
+    TrainerExit.PREFLIGHT_FAILED: LauncherExit.PREFLIGHT_FAILED,
+}

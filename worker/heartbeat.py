@@ -36,6 +36,8 @@ STATUS_DIR_ENV = "PHALANX_STATUS_DIR"
 # Set by the launcher for each start of its worker group (1, 2, ...).
 GROUP_ATTEMPT_ENV = "PHALANX_GROUP_ATTEMPT"
 ANNOTATION_PREFIX = "phalanx.dev/"
+MAX_MESSAGE = 512
+"""The longest text a heartbeat carries in one annotation."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ class TrainingFigures:
     (`Checkpointer.save_seconds`); the operator's automatic interval needs it."""
     checkpoint_interval: int | None = None
     """Steps between durable saves in force on this rank (`Checkpointer.interval_steps`)."""
+    preflight: str | None = None
+    """running, passed or failed while the job's preflight runs or once it ended (worker/preflight.py)."""
+    preflight_reason: str | None = None
+    """Why the preflight failed (e.g. `ResumeMismatch`), or `Passed`."""
+    preflight_message: str | None = None
+    """What the preflight did or found, in words."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +305,9 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "checkpoint-save-seconds": status.checkpoint_save_seconds,
         "checkpoint-interval": status.checkpoint_interval,
         "exit-code": status.exit_code,
+        "preflight": status.preflight,
+        "preflight-reason": status.preflight_reason,
+        "preflight-message": (status.preflight_message or "")[:MAX_MESSAGE],
     }
     annotations = {
         ANNOTATION_PREFIX + key: value if isinstance(value, str) else _format(value)

@@ -56,6 +56,7 @@ from phalanx.worker import (
     drillhook,
     heartbeat,
     jobwatch,
+    preflight,
     regroup,
     rendezvous,
     rollback,
@@ -63,7 +64,7 @@ from phalanx.worker import (
     warmstart,
 )
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
-from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit
+from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
 from phalanx.worker.metrics import PodMetrics
 
 logger = logging.getLogger("phalanx.launch")
@@ -379,6 +380,11 @@ class PhalanxAgent(LocalElasticAgent):
 
     def _on_failure(self, result: RunResult) -> None:
         codes = sorted({failure.exitcode for failure in result.failures.values()})
+        if codes == [TrainerExit.PREFLIGHT_RESTART]:
+            # The preflight's own restart (worker/preflight.py): what it tests is the failure path, but it
+            # is no failure and spends nothing.
+            self._restart("preflight: restart from its checkpoint")
+            return
         fatal = [FATAL_TRAINER_EXITS[code] for code in codes if code in FATAL_TRAINER_EXITS]
         if fatal:
             self._give_up(result, LauncherStop(fatal[0], f"training process exit codes {codes}: not retried"))
@@ -464,6 +470,8 @@ class PodReporter:
         """Restarts of the worker group by this launcher."""
         self.exit_code: int | None = None
         """Set once the launcher ends on its own (`finish`)."""
+        self.preflight_failure: dict[str, str] | None = None
+        """The heartbeat's preflight fields when the launcher itself failed the preflight."""
         self._launcher_phase: heartbeat.Phase | None = "starting"
         self._launcher_since = time.time()
         self._clock = heartbeat.PhaseClock()
@@ -496,12 +504,13 @@ class PodReporter:
             attempt=self.attempt,
             launcher_since=self._launcher_since,
         )
-        return replace(
+        status = replace(
             status,
             group_started=self.group_started,
             group_restarts=self.group_restarts,
             exit_code=self.exit_code,
         )
+        return status if self.preflight_failure is None else replace(status, **self.preflight_failure)
 
     def start(self) -> None:
         from phalanx.worker.lease import LeaseClient
@@ -787,12 +796,36 @@ def run(settings: LaunchSettings) -> int:
     reporter.start()
     exit_code = int(LauncherExit.USER_CODE_FAILED)  # an unexpected error ends the launcher as a failure
     try:
+        problem = _preflight_storage_problem(dict(os.environ))
+        if problem is not None:
+            logger.error("preflight failed: %s", problem)
+            reporter.preflight_failure = {
+                "preflight": preflight.FAILED,
+                "preflight_reason": preflight.REASON_STORAGE,
+                "preflight_message": problem,
+            }
+            exit_code = int(LauncherExit.PREFLIGHT_FAILED)
+            return exit_code
         exit_code = _supervise(settings, reporter, log_dir)
         return exit_code
     finally:
         reporter.finish(exit_code)
         shutil.rmtree(status_dir, ignore_errors=True)
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+CHECKPOINT_DIR_ENV = "PHALANX_CHECKPOINT_DIR"
+"""The checkpoint location the operator gives the trainers (`spec.checkpoint.path`)."""
+
+
+def _preflight_storage_problem(env: dict[str, str]) -> str | None:
+    """With the job's preflight on, what keeps this pod from using the checkpoint location (None: nothing).
+    Every pod checks, spares too: any of them may have to save or restore."""
+    steps = env.get(preflight.STEPS_ENV, "")
+    directory = env.get(CHECKPOINT_DIR_ENV, "")
+    if not steps.isdigit() or int(steps) <= 0 or not directory:
+        return None
+    return preflight.probe_storage(directory)
 
 
 def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) -> int:

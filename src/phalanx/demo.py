@@ -171,6 +171,17 @@ def run(args: argparse.Namespace) -> int:
     name = job_manifest["metadata"]["name"]
     kube("create", "namespace", DEMO_NAMESPACE, check=False)
     kube("delete", "trainingjob", name, "-n", DEMO_NAMESPACE, "--ignore-not-found", "--wait=true")
+    for claim in (doc for doc in manifest if doc and doc.get("kind") == "PersistentVolumeClaim"):
+        # A fresh run: checkpoints (and the preflight's verdict) of an earlier demo must not be resumed.
+        kube(
+            "delete",
+            "pvc",
+            claim["metadata"]["name"],
+            "-n",
+            DEMO_NAMESPACE,
+            "--ignore-not-found",
+            "--wait=true",
+        )
     kube("apply", "-n", DEMO_NAMESPACE, "-f", str(args.example))
     say(
         f"applied {args.example.relative_to(REPO_ROOT) if args.example.is_relative_to(REPO_ROOT) else args.example}"
@@ -224,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         "steps": status.get("step"),
         "training_seconds": _seconds_between(status.get("startTime"), status.get("completionTime")),
         "restarts": status.get("restarts", {}),
+        "preflight": status.get("preflight"),
         "killed_worker": victim,
         "killed_at_step": step_at_kill,
         "seconds_until_progress_after_kill": round(resumed_after, 1) if resumed_after else None,
@@ -252,6 +264,12 @@ def _total_steps(job_manifest: dict[str, Any]) -> int:
     return 300
 
 
+def _preflight_line(preflight: dict[str, Any] | None) -> str:
+    if not preflight:
+        return "off"
+    return f"{preflight.get('state')}: {preflight.get('message') or preflight.get('reason') or ''}"
+
+
 def _format_summary(summary: dict[str, Any], layout: controlplane.Layout) -> str:
     restarts = summary["restarts"] or {}
     by_cause = (
@@ -265,6 +283,7 @@ def _format_summary(summary: dict[str, Any], layout: controlplane.Layout) -> str
         "=== Phalanx demo ===",
         f"job                {summary['job']}: {summary['result']}",
         f"steps              {summary['steps']} in {summary['training_seconds']} s of training",
+        f"preflight          {_preflight_line(summary.get('preflight'))}",
         f"injected failure   killed {summary['killed_worker']} at step {summary['killed_at_step']}",
         f"restarts           {restarts.get('total', 0)} ({by_cause})",
         f"recovery           {', '.join(f'{s:.1f} s' for s in recoveries) if recoveries else 'n/a'} (operator), "

@@ -34,6 +34,7 @@ def test_demo_trains_through_an_injected_failure(cluster: Cluster, operator: Ope
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["result"] == "Succeeded"
     assert summary["steps"] == 300
+    assert summary["preflight"]["state"] == "Passed", summary["preflight"]
     assert summary["killed_worker"].startswith("tinygpt-worker-")
     assert summary["final_loss"] < summary["first_loss"]
     assert (tmp_path / "loss.png").stat().st_size > 0

@@ -101,7 +101,7 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     assert operator_pod.spec.service_account_name.startswith("phalanx")
     example = (REPO_ROOT / "examples" / "tinygpt.yaml").read_text()
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example)
-    name = yaml.safe_load(example)["metadata"]["name"]
+    (name,) = [doc["metadata"]["name"] for doc in yaml.safe_load_all(example) if doc["kind"] == "TrainingJob"]
 
     def lease_step() -> int:
         lease = cluster.get_json("lease", f"{name}-worker-0", "-n", namespace)
@@ -123,6 +123,10 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     assert status["completionTime"] and status["startTime"]
     assert has_condition(job, "GangScheduled") and has_condition(job, "Succeeded")
     assert not has_condition(job, "Failed")
+    # The example runs a preflight: a restart from the checkpoint of step 10 that resumed bitwise.
+    assert has_condition(job, "PreflightPassed", reason="Passed"), condition(job, "PreflightPassed")
+    assert status["preflight"]["state"] == "Passed" and "bitwise" in status["preflight"]["message"]
+    assert "Passed" in [event["reason"] for event in events_for(cluster, namespace, name)]
     table = cluster.kubectl("get", "trainingjobs", "-n", namespace).stdout.splitlines()
     header, row = table[0].split(), table[1].split()
     assert header[:7] == ["NAME", "READY", "SPARES", "STEP", "RESTARTS", "STATE", "AGE"], table
@@ -424,9 +428,15 @@ def test_suspend_resume_and_delete(cluster: Cluster, operator: Operator, namespa
 
 
 def test_elastic_topology_example_applies(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    example = yaml.safe_load((REPO_ROOT / "examples" / "tinygpt-elastic-topology.yaml").read_text())
+    documents = list(
+        yaml.safe_load_all((REPO_ROOT / "examples" / "tinygpt-elastic-topology.yaml").read_text())
+    )
+    (claim,) = [doc for doc in documents if doc["kind"] == "PersistentVolumeClaim"]
+    (example,) = [doc for doc in documents if doc["kind"] == "TrainingJob"]
     quick = copy.deepcopy(example)
     quick["spec"]["template"]["spec"]["containers"][0]["args"] = ["--steps", "30", "--print-every", "10"]
+    cluster.apply(claim, namespace)
     cluster.apply(quick, namespace)
     final = wait_succeeded(cluster, namespace, example["metadata"]["name"], timeout=400)
     assert final["status"]["step"] == 30
+    assert has_condition(final, "PreflightPassed", reason="Passed"), condition(final, "PreflightPassed")

@@ -41,6 +41,7 @@ from phalanx.worker.guards import (
     process_group_timeout,
 )
 from phalanx.worker.heartbeat import StatusPublisher
+from phalanx.worker.preflight import Preflight
 from phalanx.worker.steptime import StepClock
 
 
@@ -191,6 +192,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the global batch step N trains on in an undisturbed run gives rank 0 a NaN loss whenever it is "
         "trained, in any process: a bad batch that only skipping it helps against (tests)",
     )
+    add(
+        "--nondeterministic-resume",
+        action="store_true",
+        help="skip a batch after every restore: a resume that does not continue the run (tests)",
+    )
     add("--log-file", help="append one JSON line per step (rank 0) and per restore (every rank)")
     add("--summary-file", help="write the final JSON summary here (rank 0)")
     add("--print-every", type=int, default=0, help="print the loss every N steps (0: only the summary)")
@@ -233,6 +239,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         snapshot_every=1,
     )
     guard = NonFiniteLossGuard(ckpt, sampler, max_rollbacks=args.max_rollbacks)
+    preflight = Preflight.from_env(ckpt, publisher)
 
     def on_sigterm(signum: int, _frame: Any) -> None:
         signal.signal(signum, signal.SIG_IGN)
@@ -261,8 +268,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         publisher.restored(step, event["source"])
         return step
 
+    def load_at_start() -> int:
+        loaded = preflight.load()
+        if args.nondeterministic_resume and loaded > 0:
+            sampler.skip_batches(1)  # a resume that does not continue the run: the preflight must see it
+        return loaded
+
     started = time.time()
-    step = restore("start", ckpt.load)
+    step = restore("start", load_at_start)
     loss_value = float("nan")
     nans_injected = 0
     try:
@@ -307,7 +320,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if args.step_delay:
                 time.sleep(args.step_delay)
             publisher.publish(phase="saving")
-            ckpt.save(step)
+            ckpt.save(step, force_durable=preflight.save_due(step))
+            preflight.check(step, loss_value)
             timing = clock.stop()
             publisher.publish(
                 phase="training",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,17 +21,27 @@ def test_there_are_the_two_examples() -> None:
     assert {path.name for path in EXAMPLES} >= {"tinygpt.yaml", "tinygpt-elastic-topology.yaml"}
 
 
+def example_job(path: Path) -> dict[str, Any]:
+    (job,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] == "TrainingJob"]
+    return job
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
-def test_examples_are_valid_training_jobs(path: Path) -> None:
-    (job,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-    assert job["apiVersion"] == "phalanx.dev/v1alpha1" and job["kind"] == "TrainingJob"
+def test_examples_are_valid_training_jobs_with_a_preflight_on_shared_storage(path: Path) -> None:
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    job = example_job(path)
+    assert job["apiVersion"] == "phalanx.dev/v1alpha1"
     spec, issues = check(job["spec"], job["metadata"]["name"])
     assert issues == []
     assert spec is not None and spec.replicas >= 2 and spec.spares >= 1
+    assert spec.preflight.enabled
+    (claim,) = [doc for doc in documents if doc["kind"] == "PersistentVolumeClaim"]
+    assert claim["metadata"]["name"] == spec.checkpoint.claim_name
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_elastic_example_has_bounds_and_pack_topology() -> None:
-    job = yaml.safe_load((ROOT / "examples" / "tinygpt-elastic-topology.yaml").read_text())
+    job = example_job(ROOT / "examples" / "tinygpt-elastic-topology.yaml")
     spec, _ = check(job["spec"], job["metadata"]["name"])
     assert spec is not None and spec.topology is not None
     assert spec.topology.policy == "Pack"

@@ -392,6 +392,35 @@ def test_pods_replacing_a_lost_node_stay_off_it_while_the_scheduler_may_not_know
     assert _avoided(rendezvous) == frozenset()
 
 
+def test_a_lost_status_write_does_not_lose_the_start_time(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # The pods were created, the status saying so was not written: the start time comes from the pods.
+    pods = _running_gang(make_pod)
+    pods[1]["metadata"]["creationTimestamp"] = "2026-01-01T11:58:30Z"
+    result = plan(make_job(), Observed(pods=pods, now=now, leases=_gang_leases(now, 5), nodes=HEALTHY_NODES))
+    assert result.status["startTime"] == "2026-01-01T11:58:30Z"
+
+
+def test_a_new_spare_stays_off_a_node_whose_pods_went_quiet(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # torch promoted the spare (worker-0's node died a moment ago, nobody has said so yet): the refill spare
+    # must not go where worker-0's heartbeat stopped.
+    job = make_job(heartbeat={"intervalSeconds": 1, "timeoutSeconds": 30})
+    pods = [
+        make_pod("demo-worker-0", node="node-b"),
+        make_pod("demo-worker-1"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    nodes = {**HEALTHY_NODES, "node-b": {"labels": {}, "ready": "True", "noExecute": []}}
+    for age, avoided in ((3.0, {"node-b"}), (0.5, set())):
+        leases = {"demo-worker-0": _lease(now, 5, age=age), "demo-worker-1": _lease(now, 5)}
+        (spare,) = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=nodes)).create_pods
+        assert spare["metadata"]["labels"]["phalanx.dev/role"] == "spare"
+        assert _avoided(spare) == avoided
+
+
 def test_an_unschedulable_pod_kept_off_a_node_no_longer_lost_is_created_again(
     make_job: MakeJob, make_pod: MakePod, now: datetime
 ) -> None:

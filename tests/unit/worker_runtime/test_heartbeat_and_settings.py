@@ -86,8 +86,21 @@ def test_lease_annotations_follow_the_contract() -> None:
             "checkpoint-save-seconds",
             "checkpoint-interval",
             "exit-code",
+            "preflight",
+            "preflight-reason",
+            "preflight-message",
         )
     }
+
+
+def test_lease_annotations_carry_the_preflight_and_cut_its_message() -> None:
+    status = PodStatus(
+        phase="training", preflight="failed", preflight_reason="ResumeMismatch", preflight_message="x" * 2000
+    )
+    annotations = lease_annotations(status)
+    assert annotations["phalanx.dev/preflight"] == "failed"
+    assert annotations["phalanx.dev/preflight-reason"] == "ResumeMismatch"
+    assert annotations["phalanx.dev/preflight-message"] == "x" * 512
 
 
 def test_lease_annotations_carry_the_checkpoint_figures_of_the_automatic_interval() -> None:

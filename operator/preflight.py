@@ -1,0 +1,54 @@
+"""The preflight's outcome as the workers' heartbeats tell it (pure functions; worker/preflight.py runs it).
+
+Every pod publishes `phalanx.dev/preflight` (`running`, `passed`, `failed`) with a reason and a message. A
+failure anywhere decides (the first pod by name that reports one, so replays agree); else a pass anywhere
+(every worker of the group compared, and they agreed before any of them published it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.operator import api
+from phalanx.operator import status as observe
+
+PASSED = "passed"
+FAILED = "failed"
+REASON_RUNNING = "PreflightRunning"
+REASON_PASSED = "Passed"
+REASON_FAILED = "PreflightFailed"
+"""The `Failed` condition's reason when the preflight stopped the job."""
+LAUNCHER_EXIT_FAILED = 6
+"""The launcher's exit code for a failed preflight (worker/exitcodes.py, `LauncherExit.PREFLIGHT_FAILED`)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: api.PreflightState
+    reason: str
+    message: str
+    pod: str
+
+
+def outcome(pods: list[dict[str, Any]], leases: dict[str, dict[str, Any]]) -> Outcome | None:
+    """The preflight's outcome among the job's trainer pods' heartbeats; None while none has told one."""
+    told: dict[str, list[Outcome]] = {PASSED: [], FAILED: []}
+    for pod in sorted(pods, key=observe.pod_name):
+        lease = leases.get(observe.pod_name(pod)) or {}
+        word = lease.get("preflight")
+        if word in told:
+            state: api.PreflightState = "Passed" if word == PASSED else "Failed"
+            reason = lease.get("preflight-reason") or (REASON_PASSED if word == PASSED else REASON_FAILED)
+            # Never empty: the API server would store an empty string as null, which the schema refuses.
+            message = lease.get("preflight-message") or reason
+            told[word].append(Outcome(state, reason, message, observe.pod_name(pod)))
+    return (told[FAILED] or told[PASSED] or [None])[0]
+
+
+def running_message(spec: api.PreflightSpec) -> str:
+    middle = max(1, spec.steps // 2)
+    return (
+        f"the preflight runs: {spec.steps} steps with a durable checkpoint after {middle}, then a restart "
+        f"from it that must resume the run ({'bitwise' if spec.tolerance == 0 else f'within {spec.tolerance:g}'})"
+    )

@@ -1,0 +1,81 @@
+"""The preflight on real launcher processes: record, restart from the durable checkpoint, compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from localjob import LocalJob
+
+from phalanx.worker.exitcodes import LauncherExit
+from phalanx.worker.preflight import probe_storage
+
+EXAMPLE = ["--steps", "16", "--global-batch", "16", "--micro-batch", "8", "--checkpoint-interval", "50"]
+PREFLIGHT = {"PHALANX_PREFLIGHT_STEPS": "8"}
+
+
+def _preflight_files(job: LocalJob) -> set[str]:
+    return {path.name for path in (job.checkpoint_dir / "preflight").iterdir()}
+
+
+def test_the_preflight_restarts_from_the_durable_checkpoint_and_training_goes_on(job: LocalJob) -> None:
+    job.start_node("a", EXAMPLE, env=PREFLIGHT)
+    job.start_node("b", EXAMPLE, env=PREFLIGHT)
+    assert job.wait_node("a", 180) == 0, job.node_output("a")
+    assert job.wait_node("b", 180) == 0, job.node_output("b")
+    assert job.any_summary()["final_step"] == 16
+    # The group restarted once for the preflight, without spending a restart on it, and every rank
+    # restored the half-way checkpoint from the durable storage although its memory held newer steps.
+    assert "preflight: restart from its checkpoint" in job.node_output("a")
+    from_disk = [event for event in job.restores() if event["step"] == 4]
+    assert {(event["rank"], event["source"]) for event in from_disk} == {(0, "disk"), (1, "disk")}
+    assert {"passed-rank-0.json", "passed-rank-1.json"} <= _preflight_files(job)
+    verdict = json.loads((job.checkpoint_dir / "preflight" / "passed-rank-0.json").read_text())
+    assert verdict["passed"] and "bitwise" in verdict["message"]
+    # Steps 5-8 were trained twice with the same losses; the run went on from step 8 once.
+    losses = {}
+    for record in job.steps():
+        assert losses.setdefault(record["step"], record["loss"]) == record["loss"]
+    assert sorted(losses) == list(range(1, 17))
+
+
+def test_a_resume_that_does_not_continue_the_run_fails_the_preflight(job: LocalJob) -> None:
+    broken = [*EXAMPLE, "--nondeterministic-resume"]
+    job.start_node("a", broken, env=PREFLIGHT)
+    job.start_node("b", broken, env=PREFLIGHT)
+    assert job.wait_node("a", 180) == LauncherExit.PREFLIGHT_FAILED, job.node_output("a")
+    assert job.wait_node("b", 180) == LauncherExit.PREFLIGHT_FAILED, job.node_output("b")
+    verdict = json.loads((job.checkpoint_dir / "preflight" / "failed.json").read_text())
+    assert verdict["reason"] == "ResumeMismatch" and "loss at step 5" in verdict["message"]
+    assert max(record["step"] for record in job.steps()) <= 8  # nothing trained past the preflight
+
+
+def test_a_checkpoint_location_the_pods_do_not_share_fails_the_preflight(job: LocalJob) -> None:
+    for name in ("a", "b"):
+        job.start_node(name, [*EXAMPLE, "--checkpoint-dir", str(job.root / f"local-{name}")], env=PREFLIGHT)
+    assert job.wait_node("a", 180) == LauncherExit.PREFLIGHT_FAILED, job.node_output("a")
+    assert job.wait_node("b", 180) == LauncherExit.PREFLIGHT_FAILED, job.node_output("b")
+    verdicts = [json.loads(path.read_text()) for path in job.root.glob("local-*/preflight/failed.json")]
+    (verdict,) = verdicts  # written by rank 0
+    assert verdict["reason"] == "RestoreFailed" and "not shared by the pods" in verdict["message"]
+
+
+def test_an_unusable_checkpoint_location_fails_the_preflight_before_training(
+    job: LocalJob, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    env = {**PREFLIGHT, "PHALANX_CHECKPOINT_DIR": str(blocker / "checkpoints")}
+    job.start_node("a", EXAMPLE, nnodes="1", env=env)
+    assert job.wait_node("a", 60) == LauncherExit.PREFLIGHT_FAILED, job.node_output("a")
+    output = job.node_output("a")
+    assert "preflight failed" in output and "cannot create the directory" in output
+    assert job.steps() == []
+
+
+def test_probing_storage_writes_reads_and_cleans_up(tmp_path: Path) -> None:
+    assert probe_storage(tmp_path / "new" / "dir") is None
+    assert list((tmp_path / "new" / "dir").iterdir()) == []
+    (tmp_path / "file").write_text("")
+    problem = probe_storage(tmp_path / "file" / "dir")
+    assert problem is not None and "cannot create the directory" in problem
