@@ -14,10 +14,11 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/phalanx
 ENV PATH=/opt/phalanx/bin:$PATH
 WORKDIR /src
-# Dependencies first (cached while only the code changes): resolve them from pyproject.toml alone.
+# Dependencies first (cached while only the code changes): resolve them from pyproject.toml alone, with the
+# `s3` extra so checkpoints can go to object storage.
 COPY pyproject.toml README.md ./
 RUN pip install --upgrade pip setuptools wheel \
- && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml','rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['s3']))" \
       > /tmp/requirements.txt \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/requirements.txt
 COPY src ./src

@@ -91,6 +91,8 @@ class Metric(Model):
     """Phalanx's target for this quantity, if it has one."""
     baseline: Baseline | None = None
     """Other systems' numbers for this quantity, if any."""
+    why_missed: str = ""
+    """Why the target is out of reach in this run, from what the run itself measured (shown only when missed)."""
 
     def summary(self) -> Summary:
         return summarize(self.samples)

@@ -160,7 +160,8 @@ def missed_lines(results: list[BenchResult]) -> list[str]:
         for metric in result.metrics:
             verdict = metric.verdict()
             if verdict.met is False:
-                lines.append(f"- {result.name} / {metric.name}: {verdict.text}")
+                why = f" Why: {metric.why_missed}" if metric.why_missed else ""
+                lines.append(f"- {result.name} / {metric.name}: {verdict.text}.{why}")
         if result.error:
             lines.append(f"- {result.name}: did not finish ({error_line(result.error)})")
     return lines or ["None."]

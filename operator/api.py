@@ -69,8 +69,42 @@ class AutoIntervalSpec(ApiModel):
     """Durable saves at least this often (seconds of training), however rare failures are."""
 
 
+class LocalTierSpec(ApiModel):
+    """A fast checkpoint tier on each node's own disk: checkpoints are committed there every interval, and
+    every `checkpoint.durableEvery`-th one is copied in the background to the durable tier (the volume at
+    `checkpoint.path`, or `checkpoint.objectStore`). A restore takes the newest complete copy on any tier.
+    Holds replicated checkpoints only (sharded ones need a location every pod shares)."""
+
+    enabled: bool = False
+    """Commit checkpoints to the node-local tier first."""
+    path: str = "/phalanx-local-checkpoints"
+    """Directory inside the trainer container where the local tier is mounted."""
+    host_path: str | None = None
+    """A folder on the node to hold the tier, kept for the next pod on that node (a `hostPath` volume of
+    type `DirectoryOrCreate`); unset: an `emptyDir`, lost with the pod."""
+    size_limit: str | None = None
+    """The `emptyDir`'s size limit (a quantity such as `20Gi`)."""
+    keep: int = Field(default=2, ge=1)
+    """Most recent checkpoints kept on the local tier."""
+
+
+class ObjectStoreSpec(ApiModel):
+    """The durable tier in object storage, through fsspec (`s3://` for S3-compatible stores)."""
+
+    url: str = Field(pattern=r"^[a-z][a-z0-9+.-]*://.+")
+    """Where durable checkpoints go, e.g. `s3://bucket/prefix` (one folder per step under it)."""
+    endpoint_url: str | None = None
+    """The store's endpoint, for S3-compatible stores other than AWS (e.g. `http://minio.storage:9000`)."""
+    secret_name: str | None = None
+    """A Secret in the job's namespace whose keys become the trainer's environment (for S3:
+    `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`)."""
+    storage_options: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE_UNKNOWN)
+    """Further fsspec storage options for the URL's filesystem (e.g. `{"client_kwargs": {"region_name": ...}}`)."""
+
+
 class CheckpointSpec(ApiModel):
-    """Where and how often durable checkpoints are written."""
+    """Where and how often checkpoints are written: one tier (the volume at `path`), or a fast local tier
+    and a durable one (`localTier`, `objectStore`)."""
 
     claim_name: str | None = None
     """Name of a PersistentVolumeClaim mounted at `path` in every worker (set this or `volume`, not both)."""
@@ -87,6 +121,14 @@ class CheckpointSpec(ApiModel):
     """Most recent durable checkpoints kept; older ones are deleted (`PHALANX_CHECKPOINT_KEEP`)."""
     auto_interval: AutoIntervalSpec = Field(default_factory=AutoIntervalSpec)
     """How `intervalSteps: auto` chooses the interval (ignored with a fixed interval)."""
+    local_tier: LocalTierSpec = Field(default_factory=LocalTierSpec)
+    """A fast node-local tier in front of the durable one (off by default)."""
+    object_store: ObjectStoreSpec | None = None
+    """Durable checkpoints in object storage: every `durableEvery`-th checkpoint committed at `path` (or on
+    the local tier) is copied there in the background; `keep` applies to it."""
+    durable_every: int = Field(default=1, ge=1)
+    """With `localTier` or `objectStore`: every that many checkpoints is also copied to the durable tier
+    (a final or emergency save always is)."""
 
     @field_validator("interval_steps", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ deterministically, so creating "what is missing" is idempotent across operator r
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from phalanx.operator import api, gang, names, topology
@@ -62,9 +63,8 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_RDZV_LAST_CALL_TIMEOUT": rendezvous.last_call_timeout_seconds,
         "PHALANX_RDZV_KEEPALIVE_INTERVAL": rendezvous.keepalive_interval_seconds,
         "PHALANX_RDZV_KEEPALIVE_TIMEOUT": rendezvous.keepalive_timeout_seconds,
-        "PHALANX_CHECKPOINT_DIR": spec.checkpoint.path,
+        **checkpoint_tier_env(spec.checkpoint),
         "PHALANX_CHECKPOINT_INTERVAL": spec.checkpoint.interval_steps,
-        "PHALANX_CHECKPOINT_KEEP": spec.checkpoint.keep,
         "PHALANX_HEARTBEAT_INTERVAL": spec.heartbeat.interval_seconds,
         "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
         "PHALANX_METRICS_PORT": spec.metrics_port,
@@ -78,17 +78,53 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
     ]
 
 
-def _checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any] | None:
+def checkpoint_tier_env(checkpoint: api.CheckpointSpec) -> dict[str, Any]:
+    """Where the worker commits checkpoints (the fast tier) and where it copies them (the durable tier):
+    worker/checkpoint/tiers.py."""
+    local = checkpoint.local_tier
+    env: dict[str, Any] = {
+        "PHALANX_CHECKPOINT_DIR": local.path if local.enabled else checkpoint.path,
+        "PHALANX_CHECKPOINT_KEEP": local.keep if local.enabled else checkpoint.keep,
+    }
+    store = checkpoint.object_store
+    durable_url = store.url if store else (checkpoint.path if local.enabled else None)
+    if durable_url is None:
+        return env
+    env.update(
+        PHALANX_CHECKPOINT_LOCAL_TIER=int(local.enabled),
+        PHALANX_CHECKPOINT_DURABLE_URL=durable_url,
+        PHALANX_CHECKPOINT_DURABLE_EVERY=checkpoint.durable_every,
+        PHALANX_CHECKPOINT_DURABLE_KEEP=checkpoint.keep,
+    )
+    if store is not None:
+        options = dict(store.storage_options or {})
+        if store.endpoint_url:
+            options.setdefault("endpoint_url", store.endpoint_url)
+        env["PHALANX_CHECKPOINT_STORAGE_OPTIONS"] = json.dumps(options, sort_keys=True)
+    return env
+
+
+def _checkpoint_volumes(spec: api.TrainingJobSpec) -> list[tuple[dict[str, Any], str]]:
+    """The checkpoint volumes of a trainer pod and where each is mounted."""
     checkpoint = spec.checkpoint
+    volumes: list[tuple[dict[str, Any], str]] = []
     if checkpoint.claim_name:
-        return {
+        claim = {
             "name": names.CHECKPOINT_VOLUME,
             "persistentVolumeClaim": {"claimName": checkpoint.claim_name},
         }
-    if checkpoint.volume:
+        volumes.append((claim, checkpoint.path))
+    elif checkpoint.volume:
         source = {key: value for key, value in checkpoint.volume.items() if key != "name"}
-        return {"name": names.CHECKPOINT_VOLUME, **copy.deepcopy(source)}
-    return None
+        volumes.append(({"name": names.CHECKPOINT_VOLUME, **copy.deepcopy(source)}, checkpoint.path))
+    local = checkpoint.local_tier
+    if local.enabled:
+        if local.host_path:
+            source = {"hostPath": {"path": local.host_path, "type": "DirectoryOrCreate"}}
+        else:
+            source = {"emptyDir": {"sizeLimit": local.size_limit} if local.size_limit else {}}
+        volumes.append(({"name": names.LOCAL_CHECKPOINT_VOLUME, **source}, local.path))
+    return volumes
 
 
 def _wrap_trainer(container: dict[str, Any], env: list[dict[str, Any]], spec: api.TrainingJobSpec) -> None:
@@ -98,11 +134,17 @@ def _wrap_trainer(container: dict[str, Any], env: list[dict[str, Any]], spec: ap
     ours = {entry["name"] for entry in env}
     # The contract's variables win over the user's: the launcher must see what the operator decided.
     container["env"] = [entry for entry in container.get("env") or [] if entry.get("name") not in ours] + env
-    if _checkpoint_volume(spec) is not None:
-        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != names.CHECKPOINT_VOLUME]
+    store = spec.checkpoint.object_store
+    if store is not None and store.secret_name:
+        secret = {"secretRef": {"name": store.secret_name}}
+        container["envFrom"] = [*(e for e in container.get("envFrom") or [] if e != secret), secret]
+    volumes = _checkpoint_volumes(spec)
+    if volumes:
+        ours = {volume["name"] for volume, _ in volumes}
+        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
         container["volumeMounts"] = [
             *mounts,
-            {"name": names.CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+            *({"name": v["name"], "mountPath": path} for v, path in volumes),
         ]
 
 
@@ -139,10 +181,13 @@ def build_worker_pod(
 
     trainer = pod_spec["containers"][trainer_container_index(template) or 0]
     _wrap_trainer(trainer, contract_env(job, spec, role), spec)
-    volume = _checkpoint_volume(spec)
-    if volume is not None:
-        others = [v for v in pod_spec.get("volumes") or [] if v.get("name") != names.CHECKPOINT_VOLUME]
-        pod_spec["volumes"] = [*others, volume]
+    volumes = [volume for volume, _ in _checkpoint_volumes(spec)]
+    if volumes:
+        ours = {volume["name"] for volume in volumes}
+        pod_spec["volumes"] = [
+            *(v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours),
+            *volumes,
+        ]
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = names.workers_service_name(job_name)
     # The operator replaces failed pods itself (with a spare first); the kubelet must not restart them.

@@ -114,6 +114,8 @@ def _apply_constraints(schema: dict[str, Any], field: FieldInfo) -> None:
             schema["minLength" if schema.get("type") == "string" else "minItems"] = constraint.min_length
         elif isinstance(constraint, annotated_types.MaxLen):
             schema["maxLength" if schema.get("type") == "string" else "maxItems"] = constraint.max_length
+        elif getattr(constraint, "pattern", None) and schema.get("type") == "string":
+            schema["pattern"] = constraint.pattern
         else:
             raise TypeError(f"constraint {constraint!r} has no structural equivalent")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from phalanx.operator import api
 from phalanx.operator import status as observe
-from phalanx.operator.timeutil import format_time, parse_time, parse_time_end
+from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
 
 # Failure causes (the keys of status.restarts.byCause).
 EXIT_CODE = "ExitCode"
@@ -264,7 +264,7 @@ def update_tracks(
         if not is_training:
             track.since = None
         elif new_step or old.since is None:
-            track.since = stamp
+            track.since = _step_reached(lease, old.since, now) or stamp
         track.step = step if step is not None else old.step
         if is_training and new_step and heartbeat.straggler_factor > 0:
             # Each new step is one new measurement of the worker's step time.
@@ -279,6 +279,46 @@ def update_tracks(
     # A pod that vanished without the operator's doing is kept until judged (PodDeleted).
     result.extend(track for key, track in previous.items() if key not in seen and not track.done)
     return result
+
+
+def _step_reached(lease: dict[str, Any] | None, floor: str | None, now: datetime) -> str | None:
+    """When the worker reached its current step, by its heartbeat's `step-at` (kept between `floor`, the
+    clock's previous start, and now); None when the heartbeat does not say."""
+    reached = parse_time((lease or {}).get("step-at"))
+    if reached is None:
+        return None
+    lower = parse_time(floor)
+    if lower is not None:
+        reached = max(reached, lower)
+    return format_micro_time(min(reached, now))
+
+
+def next_heartbeat_deadline(
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    tracks: list[api.WorkerTrack],
+    heartbeat: api.HeartbeatSpec,
+    now: datetime,
+) -> float | None:
+    """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
+    what this reconcile saw (None when no clock runs): a reconcile then judges it on time, not at the
+    next periodic one."""
+    since = {(track.pod, track.uid): track.since for track in tracks}
+    deadlines: list[float] = []
+    for pod in trainers:
+        lease = heartbeat_of(pod, leases)
+        if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
+            continue
+        allowed = heartbeat.timeout_seconds + (
+            EXITING_GRACE_SECONDS if lease.get("phase") == EXITING_PHASE else 0
+        )
+        silent = _seconds_since(lease.get("renewTime"), now)
+        if silent is not None:
+            deadlines.append(allowed - silent)
+        stalled = _seconds_since(since.get((observe.pod_name(pod), pod["metadata"].get("uid"))), now)
+        if lease.get("phase") == TRAINING_PHASE and stalled is not None:
+            deadlines.append(heartbeat.progress_timeout_seconds - stalled)
+    return max(0.0, min(deadlines)) if deadlines else None
 
 
 def sync_restarts(tracks: list[api.WorkerTrack], trainers: list[dict[str, Any]], trainer: str) -> None:

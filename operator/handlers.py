@@ -29,6 +29,7 @@ from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
 from phalanx.operator.timeutil import now
+from phalanx.operator.wakeups import Wakeups
 
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
 STATUS_WRITE_ATTEMPTS = 4
@@ -104,14 +105,16 @@ class JobReconciler:
         leases: Mapping[Any, Iterable[dict[str, Any]]],
         nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
-    ) -> None:
+    ) -> reconcile.Plan | None:
+        """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
+        gone)."""
         key = (namespace, name)
         with self._locks_guard:
             if key in self._queued:
                 # A reconcile of this job waits for the lock and reads everything after it gets it: it covers
                 # this change too. Without this, a gang of 1,000 pods queues 1,000 reconciles of 1,000 pods.
                 self.metrics.reconciles_coalesced.inc()
-                return
+                return None
             self._queued.add(key)
         started = time.perf_counter()
         with self._lock(namespace, name):
@@ -122,7 +125,7 @@ class JobReconciler:
             # deletions would then look like someone else's).
             job = self.kube.get_job(namespace, name)
             if job is None or job["metadata"].get("deletionTimestamp"):
-                return
+                return None
             job_pods = [dict(pod) for pod in list(pods.get((namespace, name), ()))]
             pod_names = [observe.pod_name(pod) for pod in job_pods]
             job_leases = {
@@ -147,6 +150,7 @@ class JobReconciler:
             self._settle_health(key, plan)
             self._apply(job, plan, logger)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        return plan
 
     def _settle_health(self, key: tuple[str, str], plan: reconcile.Plan) -> None:
         """Tell the health monitor what this reconcile judged with, so heartbeats wake the job only when a
@@ -294,10 +298,17 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
     def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
         return {name: observe.summarize_node(dict(body))}
 
+    wakeups = Wakeups(settings.reconcile_interval_seconds)
+
     def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
-        reconciler.reconcile(
+        plan = reconciler.reconcile(
             namespace, name, kwargs["phalanx_pods"], kwargs["phalanx_leases"], kwargs["phalanx_nodes"], logger
         )
+        if plan is not None:
+            # The indexes in kwargs are live: the wake-up reconciles with what is observed then.
+            wakeups.schedule(
+                (namespace, name), plan.wake_after, lambda: run(name, namespace, logger, **kwargs)
+            )
 
     @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, id="created", registry=registry)
     @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, id="updated", registry=registry)
@@ -359,5 +370,6 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
     def trainingjob_deleted(name: str, namespace: str, uid: str, **_: Any) -> None:
         # Children go with the job through their ownerReferences; only our own bookkeeping is left.
         reconciler.forget(namespace, name, uid)
+        wakeups.cancel((namespace, name))
         reconciler.metrics.job_goodput(namespace, name, None)
         reconciler.kube.forget(namespace, name)

@@ -116,6 +116,9 @@ class Plan:
     health_since: datetime | None = None
     """Heartbeats of worker groups started before this moment (the latest rollback's request) describe an
     abandoned run: the health monitor ignores them."""
+    wake_after: float | None = None
+    """Seconds until a worker's heartbeat or progress timeout may expire: reconcile the job again then, not
+    at the next periodic reconcile (a heartbeat that only renews wakes nothing)."""
 
 
 class _Builder:
@@ -400,6 +403,9 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         b.now,
     )
     detection.sync_restarts(b.status.tracking, trainers, trainer)
+    b.plan.wake_after = detection.next_heartbeat_deadline(
+        trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now
+    )
     _delete_again(b, trainers, spec.heartbeat)
     disrupted = False
     pods = {observe.pod_name(pod): pod for pod in trainers}

@@ -109,6 +109,25 @@ def _failure_policy_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     return issues
 
 
+def _checkpoint_tier_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
+    checkpoint = spec.checkpoint
+    local = checkpoint.local_tier
+    if not local.enabled:
+        return []
+    issues = []
+    if local.path.rstrip("/") == checkpoint.path.rstrip("/"):
+        issues.append(SpecIssue("spec.checkpoint.localTier.path", "must differ from checkpoint.path"))
+    if spec.preflight.enabled:
+        issues.append(
+            SpecIssue(
+                "spec.preflight.enabled",
+                "the preflight rehearses a restore from a location every pod shares; it cannot run with "
+                "checkpoint.localTier (turn one of them off)",
+            )
+        )
+    return issues
+
+
 def validate_spec(spec: api.TrainingJobSpec, job_name: str = "") -> list[SpecIssue]:
     """Every cross-field problem of a parsed spec (empty when the spec is usable)."""
     issues = _replica_issues(spec) + _template_issues(spec) + _failure_policy_issues(spec)
@@ -116,6 +135,7 @@ def validate_spec(spec: api.TrainingJobSpec, job_name: str = "") -> list[SpecIss
         issues.append(
             SpecIssue("spec.checkpoint.volume", "set either checkpoint.claimName or checkpoint.volume")
         )
+    issues += _checkpoint_tier_issues(spec)
     if spec.heartbeat.timeout_seconds <= spec.heartbeat.interval_seconds:
         issues.append(
             SpecIssue("spec.heartbeat.timeoutSeconds", "must be greater than heartbeat.intervalSeconds")

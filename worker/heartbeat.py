@@ -45,6 +45,9 @@ class TrainingFigures:
     """The measurements a training process reports and a pod publishes. None means "not known yet"."""
 
     step: int | None = None
+    step_at: float | None = None
+    """Unix time when this rank reported `step` first: the operator's no-progress clock starts there, not when
+    it happened to look."""
     loss: float | None = None
     step_seconds: float | None = None
     samples_per_second: float | None = None
@@ -172,6 +175,9 @@ def combine(
     figures.update({item.name: getattr(leader, item.name) for item in fields(RestoreFigures)})
     # The step is the slowest rank's; the compute time the busiest rank's; every other figure the leader's.
     figures["step"] = min(steps) if steps else None
+    # The pod reached its step when the last of the slowest ranks did.
+    reached = [r.step_at for r in speakers if r.step == figures["step"] and r.step_at is not None]
+    figures["step_at"] = max(reached) if reached else None
     figures["compute_seconds"] = max(computes) if computes else None
     return PodStatus(phase=phase, phase_since=since, **figures)
 
@@ -288,6 +294,7 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
     """The heartbeat contract's annotations; unknown values are empty strings."""
     values: dict[str, float | int | str | None] = {
         "step": status.step,
+        "step-at": wall_time(status.step_at),
         "loss": status.loss,
         "step-seconds": status.step_seconds,
         "samples-per-second": status.samples_per_second,
@@ -397,6 +404,8 @@ class StatusPublisher:
         if "phase" in fields and fields["phase"] != self._record.phase and "phase_since" not in fields:
             fields["phase_since"] = now
         step = fields.get("step")
+        if step is not None and step != self._record.step and "step_at" not in fields:
+            fields["step_at"] = now
         if self._resume_after is not None and step is not None and step > self._resume_after:
             fields.setdefault("resumed_at", now)
             self._resume_after = None

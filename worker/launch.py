@@ -581,39 +581,6 @@ class PodReporter:
 # -- command line ---------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--rdzv-endpoint", help="host:port of the rendezvous store (env PHALANX_RDZV_ENDPOINT)")
-    add("--rdzv-id", dest="run_id", help="rendezvous id (env PHALANX_JOB_UID)")
-    add("--nnodes", help="N or MIN:MAX launchers (env PHALANX_MIN_NODES, PHALANX_MAX_NODES)")
-    add("--max-nodes-file", help="file with the desired active nodes, polled (env PHALANX_MAX_NODES_FILE)")
-    add("--job-file", help="JSON file standing in for the TrainingJob, read on change (env PHALANX_JOB_FILE)")
-    add("--nproc-per-node", type=int, help="training processes per launcher (env PHALANX_NPROC_PER_NODE)")
-    add("--role", choices=["worker", "spare"], help="spare: join as a standby (env PHALANX_ROLE)")
-    add("--max-restarts", type=int, help="restart budget after failures (default 1000)")
-    add("--max-failures-without-progress", type=int, help="consecutive step-less failures before exit 1")
-    add("--join-timeout", type=float, help="seconds for a rendezvous round to form (default 120)")
-    add("--last-call-timeout", type=float, help="seconds to wait for more nodes after min (default 1)")
-    add("--keepalive-interval", type=float, help="seconds between rendezvous keep-alives (default 1)")
-    add("--keepalive-timeout", type=float, help="seconds until a silent node is dropped (default 5)")
-    add("--store-timeout", type=float, help="seconds one store operation may take (default 15)")
-    add("--monitor-interval", type=float, help="seconds between checks of the workers (default 0.2)")
-    add("--shutdown-grace", type=float, help="seconds workers get to save after SIGTERM (default 30)")
-    add("--local-addr", help="address this node advertises (env POD_IP, default 127.0.0.1)")
-    add("--metrics-port", type=int, help="Prometheus port, 0 off (env PHALANX_METRICS_PORT)")
-    add("--heartbeat-interval", type=float, help="seconds between Lease renewals")
-    add("--collective-timeout", type=float, help="seconds a rank may sit in one collective")
-    add(
-        "--no-warm-start",
-        dest="warm_start",
-        action="store_const",
-        const=False,
-        help="start every training process cold (env PHALANX_WARM_START=false)",
-    )
-    add("--verbose", action="store_true", help="show torchrun's own logs")
-    add("command", nargs=argparse.REMAINDER, help="-- then the training command")
-
-
 FLAG_FIELDS = (
     "rdzv_endpoint",
     "max_nodes_file",
@@ -915,6 +882,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m phalanx.worker.launch", description=__doc__.split("\n")[0]
     )
+    from phalanx.worker.cli import add_arguments
+
     add_arguments(parser)
     args = parser.parse_args(argv)
     return launch_from_args(args)

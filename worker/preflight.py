@@ -246,9 +246,7 @@ class Preflight:
         # nothing newer on disk.
         ckpt.store.drop(lambda info: True)
         if ckpt.is_writer:
-            durable.set_aside(
-                ckpt.directory, lambda step, _manifest: step > record.checkpoint_step, SET_ASIDE_LABEL
-            )
+            ckpt.set_aside(lambda step, _manifest: step > record.checkpoint_step, SET_ASIDE_LABEL)
         group.barrier()
         step = ckpt.load()
         source = ckpt.last_restore.source if ckpt.last_restore else "none"

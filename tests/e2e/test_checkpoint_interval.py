@@ -140,3 +140,47 @@ def test_auto_interval_is_chosen_followed_and_falls_with_failures(
     final = wait_succeeded(cluster, namespace, NAME, timeout=400)
     assert final["status"]["step"] == STEPS
     assert final["status"]["checkpoint"]["mode"] == "auto"
+
+
+def test_auto_interval_grows_when_saves_get_costlier(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # A prior of a million failures pins the MTBF at 600 s whatever the running time: only the save cost moves.
+    name, slow_from = "autocost", 120
+    checkpoint = {
+        **AUTO,
+        "autoInterval": {"priorMtbfSeconds": 600, "priorFailures": 1e6, "minIntervalSeconds": 0},
+    }
+    job = trainingjob(name, replicas=2, spares=0, steps=400, step_delay=0.15, checkpoint=checkpoint)
+    job["spec"]["heartbeat"] = HEARTBEAT
+    job["spec"]["template"]["spec"]["containers"][0]["args"] += [
+        "--slow-saves-from-step", str(slow_from), "--slow-save-seconds", "0.6",
+    ]  # fmt: skip
+    cluster.apply(job, namespace)
+
+    def status() -> dict[str, Any]:
+        found = get_job(cluster, namespace, name).get("status", {})
+        return {**(found.get("checkpoint") or {}), "step": found.get("step") or 0}
+
+    cheap = wait_for(
+        lambda: (s := status()).get("saveSeconds") is not None and s["step"] < slow_from and s,
+        240,
+        message="an interval chosen from cheap saves, before they get costly",
+    )
+    costly = wait_for(
+        lambda: (s := status()).get("saveSeconds", 0) >= 0.3 and s,
+        240,
+        message="the interval chosen again from the costlier saves",
+    )
+    print(f"cheap saves: {cheap}; costly saves: {costly}")
+    assert costly["failuresSeen"] == cheap["failuresSeen"] == 0
+    assert abs(costly["mtbfSeconds"] - cheap["mtbfSeconds"]) < 0.01 * cheap["mtbfSeconds"]
+    assert costly["saveSeconds"] > 3 * cheap["saveSeconds"]
+    # Young/Daly: the interval grows with the square root of the save cost.
+    assert costly["intervalSteps"] > 2 * cheap["intervalSteps"], (cheap, costly)
+    changes = [
+        e["message"] for e in events_for(cluster, namespace, name) if e["reason"] == "CheckpointInterval"
+    ]
+    assert any(f"-> {costly['intervalSteps']} steps" in message for message in changes), changes
+    final = wait_succeeded(cluster, namespace, name, timeout=400)
+    assert final["status"]["step"] == 400

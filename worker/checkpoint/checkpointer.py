@@ -1,8 +1,9 @@
 """The checkpointer a training loop uses: snapshots in memory, async durable saves, fast restore.
 
 Restore order: the newest complete state anywhere, preferring this pod's in-memory snapshot, then a
-peer's snapshot sent over the process group, then the newest verified durable checkpoint on disk.
-All ranks agree on one step (the newest any rank holds) and meet at a barrier before training on.
+peer's snapshot sent over the process group, then the newest verified checkpoint on disk (the fast tier,
+then the durable tier when one is configured: worker/checkpoint/tiers.py). All ranks agree on one step
+(the newest any rank holds) and meet at a barrier before training on.
 Under a rollback request (`PHALANX_ROLLBACK`, worker/checkpoint/rollback.py) the newest state at or
 before the request's step is restored instead, once; the abandoned run's states are never restored again.
 """
@@ -17,13 +18,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
 from phalanx.worker import autointerval
-from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store
+from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store, tiers
 from phalanx.worker.checkpoint.collectives import Group
 from phalanx.worker.state import TrainState, capture_rng, restore_rng
 
@@ -79,7 +80,10 @@ class Checkpointer:
     per-rank tensors), saved with torch.distributed.checkpoint and resharded on load.
     ``process_group``: None means the default group when one is initialised, else a single process.
     ``rollback_request``: restore at or before a step (see worker/checkpoint/rollback.py); default: the
-    launcher's ``PHALANX_ROLLBACK``.
+    launcher's ``PHALANX_ROLLBACK``. ``durable_tier``: where every ``durable_tier.every``-th checkpoint
+    (and every forced one) is copied after its commit to ``directory`` (worker/checkpoint/tiers.py);
+    default: ``PHALANX_CHECKPOINT_DURABLE_URL``. ``node_local``: ``directory`` is on this node's disk, not
+    shared (default: ``PHALANX_CHECKPOINT_LOCAL_TIER``); every rank then looks in its own at restore.
     """
 
     def __init__(
@@ -95,8 +99,21 @@ class Checkpointer:
         local_rank: int | None = None,
         interval_source: Callable[[], int | None] | None = None,
         rollback_request: rollback.RollbackRequest | None = None,
+        durable_tier: tiers.DurableTier | Literal["env"] | None = "env",
+        node_local: bool | None = None,
     ) -> None:
         self.state = state
+        self.durable_tier = tiers.DurableTier.from_env() if durable_tier == "env" else durable_tier
+        """The tier checkpoints are copied to after their commit to `directory` (None: no second tier)."""
+        self.node_local = os.environ.get(tiers.LOCAL_ENV) == "1" if node_local is None else node_local
+        """`directory` is this node's own (a local tier): every rank looks in its own at restore."""
+        if sharded and self.node_local:
+            raise ValueError(
+                "sharded checkpoints need a directory every pod shares: a node-local tier holds replicated "
+                "checkpoints only (turn the local tier off, or save replicated state)"
+            )
+        self._saves_since_copy = 0
+        self._copy_pending = False
         self.rollback_request = rollback_request or rollback.from_env()
         """The operator's rollback request this process was started with (default: `PHALANX_ROLLBACK`);
         :meth:`load` carries it out unless the state found is already of its run."""
@@ -137,12 +154,16 @@ class Checkpointer:
             "last_durable_save_step": -1,
             "last_save_seconds": 0.0,
             "save_seconds": 0.0,
+            "durable_copies_total": 0,
+            "durable_copy_failures_total": 0,
+            "last_durable_copy_step": -1,
+            "last_durable_copy_seconds": 0.0,
         }
         """Counters and last figures. `durable_saves_total` / `last_durable_save_step`: durable saves this
         rank took part in (every rank; rank 0 writes replicated ones). `last_save_seconds`: what the last
         durable save blocked training for (snapshot, RNG gather, hand-over to the saver); `save_seconds`: the
         median of the last `SAVE_COST_WINDOW` of them (0 before the first), the cost published to the
-        operator."""
+        operator. `durable_copies_total` / `last_durable_copy_step`: copies to the durable tier (rank 0)."""
         self._persister = persister.PersisterClient()
         self._pinned: set[Path] = set()
         self._durable_pending = False
@@ -189,7 +210,9 @@ class Checkpointer:
         self._collect_persist_result(timeout=0.0)
         if self._sharded is not None:
             self._sharded.poll()
-        durable_due = force_durable or self._durable_due(step)
+        durable_due = force_durable or self.durable_due(step)
+        if force_durable:
+            self._copy_pending = True
         if durable_due:
             self.stats["durable_saves_total"] += 1
             self.stats["last_durable_save_step"] = step
@@ -217,7 +240,8 @@ class Checkpointer:
         if durable_due:
             self._record_save_cost(time.perf_counter() - started)
 
-    def _durable_due(self, step: int) -> bool:
+    def durable_due(self, step: int) -> bool:
+        """Whether `save(step)` writes a durable checkpoint (besides a forced one)."""
         if self.auto:
             return step >= self.next_durable_step
         return self.interval_steps > 0 and step % self.interval_steps == 0
@@ -273,16 +297,41 @@ class Checkpointer:
         if newest is None:
             return
         restarts_before = self._persister.restarts
-        self._persister.submit(newest, self.directory, self.keep, self.manifest_extra())
+        self._persister.submit(
+            newest, self.directory, self.keep, self.manifest_extra(), durable=self.durable_copy_job()
+        )
         self.stats["saver_restarts_total"] += self._persister.restarts - restarts_before
         self._pinned = {newest.path}
         self._durable_pending = False
+
+    def durable_copy_job(self) -> dict[str, Any] | None:
+        """For the next commit: the durable tier to copy it to when a copy is due (every `every`-th commit,
+        a forced save, or after a failed copy), else None. Counts the commit."""
+        tier = self.durable_tier
+        if tier is None:
+            return None
+        self._saves_since_copy += 1
+        if not self._copy_pending and self._saves_since_copy < tier.every:
+            return None
+        self._saves_since_copy = 0
+        self._copy_pending = False
+        return tier.as_job()
+
+    def _record_copy(self, reply: dict[str, Any]) -> None:
+        if "durable_error" in reply:
+            self.stats["durable_copy_failures_total"] += 1
+            self._copy_pending = True
+        elif "durable_step" in reply:
+            self.stats["durable_copies_total"] += 1
+            self.stats["last_durable_copy_step"] = int(reply["durable_step"])
+            self.stats["last_durable_copy_seconds"] = float(reply["durable_seconds"])
 
     def _collect_persist_result(self, timeout: float | None) -> None:
         reply = self._persister.poll(timeout=timeout)
         if reply is None:
             return
         self._pinned = set()
+        self._record_copy(reply)
         if reply.get("ok"):
             self.stats["last_persist_seconds"] = float(reply["seconds"])
             self.stats["last_persist_bytes"] = int(reply["bytes"])
@@ -319,6 +368,11 @@ class Checkpointer:
         self.stats["last_persist_seconds"] = time.perf_counter() - started
         self.stats["last_durable_step"] = newest.step
         log.info("emergency save of step %d written to %s", newest.step, result["path"])
+        if self.durable_tier is not None:
+            # The pod is going away: with a node-local fast tier, only the durable copy outlives it.
+            self._record_copy(
+                persister.copy_to_durable_tier(self.durable_tier, Path(result["path"]), newest.step)
+            )
         return newest.step
 
     def wait(self, timeout: float | None = None) -> None:
@@ -382,8 +436,20 @@ class Checkpointer:
         dropped = self.store.drop(lambda info: abandoned(info.step, info.header))
         set_aside: list[int] = []
         if self.is_writer:
-            set_aside = durable.set_aside(self.directory, abandoned, f"epoch-{request.epoch}")
+            set_aside = self.set_aside(abandoned, f"epoch-{request.epoch}")
         return dropped, set_aside
+
+    def set_aside(self, condemned: Callable[[int, dict[str, Any]], bool], label: str) -> list[int]:
+        """Rank 0: move the checkpoints `condemned(step, manifest)` picks, on every tier, to `rolled-back/<label>/`
+        where no restore or purge looks; returns their steps."""
+        moved = set(durable.set_aside(self.directory, condemned, label))
+        if self.durable_tier is not None:
+            try:
+                moved |= set(tiers.set_aside(self.durable_tier, condemned, label))
+            except Exception as error:
+                # Restores under the same rollback request still refuse them (their manifests' epoch).
+                log.warning("durable tier %s: checkpoints not set aside: %s", self.durable_tier.url, error)
+        return sorted(moved)
 
     def _carry_out(
         self, request: rollback.RollbackRequest, step: int, dropped: list[int], set_aside: list[int]
@@ -425,6 +491,33 @@ class Checkpointer:
 
         return self.store.newest(mine)
 
+    def newest_on_disk(
+        self, newer_than: int, request: rollback.RollbackRequest | None
+    ) -> durable.LoadableCheckpoint | None:
+        """The newest verified checkpoint after `newer_than` in `directory`, or on the durable tier when that
+        holds a newer one (fetched into `directory` first); restorable under `request`.
+
+        The durable tier is asked only when no rank holds a snapshot in memory (`newer_than` < 0): copies are
+        made of snapshots, so a snapshot is at least as new as any copy, and a recovery with survivors must
+        not wait on the network."""
+
+        def accept(step: int, manifest: dict[str, Any]) -> bool:
+            return rollback.restorable(step, rollback.epoch_of(manifest), request)
+
+        found = durable.newest_loadable(self.directory, newer_than=newer_than, accept=accept)
+        if self.durable_tier is None or newer_than >= 0 or (self.node_local and not self.is_writer):
+            return found
+        floor = max(newer_than, found.step if found else -1)
+        try:
+            fetched = tiers.fetch_newest(self.durable_tier, self.directory, newer_than=floor, accept=accept)
+        except Exception as error:  # an unreachable store must not stop a restore the fast tier can do
+            log.warning("durable tier %s not readable: %s", self.durable_tier.url, error)
+            return found
+        if fetched is None:
+            return found
+        log.info("step %d fetched from the durable tier %s", fetched, self.durable_tier.url)
+        return durable.newest_loadable(self.directory, newer_than=floor, accept=accept) or found
+
     def _load_replicated(self, request: rollback.RollbackRequest | None) -> tuple[int, str, int]:
         """Restore (see `load`); returns the step, where it came from and its rollback epoch."""
         group = self.group
@@ -440,20 +533,19 @@ class Checkpointer:
 
         buffer: torch.Tensor | None = None
         disk = [-1, 0, 0]
-        if group.rank == 0:
-            found = durable.newest_loadable(
-                self.directory,
-                newer_than=newest_memory,
-                accept=lambda step, manifest: rollback.restorable(step, rollback.epoch_of(manifest), request),
-            )
+        if group.rank == 0 or self.node_local:
+            found = self.newest_on_disk(newest_memory, request)
             if found is not None:
                 buffer = _read_file(found.path / layout.STATE_FILE)
                 disk = [found.step, buffer.numel(), rollback.epoch_of(found.manifest)]
-        disk_step, disk_bytes, disk_epoch = group.broadcast_ints(disk, src=0)
+        on_disk = group.all_gather_ints(disk)
+        disk_step = max(step for step, _, _ in on_disk)
 
         if disk_step > newest_memory:
-            step, donor, size, source_for_holders, epoch = disk_step, 0, disk_bytes, "disk", disk_epoch
-            holders = {0}
+            holders = {rank for rank, (step, _, _) in enumerate(on_disk) if step == disk_step}
+            donor = min(holders)
+            _, size, epoch = on_disk[donor]
+            step, source_for_holders = disk_step, "disk"
         elif newest_memory >= 0:
             holders = set(memory_holders)
             donor = min(holders)
@@ -464,6 +556,8 @@ class Checkpointer:
         else:
             group.barrier()
             return 0, "none", 0
+        if source_for_holders == "disk" and group.rank not in holders:
+            buffer = None
 
         needy = [rank for rank in range(group.world_size) if rank not in holders]
         if group.rank == donor:

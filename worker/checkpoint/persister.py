@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from phalanx.worker.checkpoint import durable, layout, slots
+from phalanx.worker.checkpoint import durable, layout, slots, tiers
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,24 @@ def commit_folder(
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     directory, step, keep = Path(job["directory"]), int(job["step"]), int(job["keep"])
     if job.get("op") == "commit":
-        return commit_folder(Path(job["tmp"]), directory, step, keep, job.get("extra"))
-    return persist_slot(Path(job["slot"]), int(job["seq"]), directory, step, keep, job.get("extra"))
+        result = commit_folder(Path(job["tmp"]), directory, step, keep, job.get("extra"))
+    else:
+        result = persist_slot(Path(job["slot"]), int(job["seq"]), directory, step, keep, job.get("extra"))
+    if job.get("durable"):
+        result.update(
+            copy_to_durable_tier(tiers.DurableTier.from_job(job["durable"]), Path(result["path"]), step)
+        )
+    return result
+
+
+def copy_to_durable_tier(tier: tiers.DurableTier, folder: Path, step: int) -> dict[str, Any]:
+    """Copy a committed checkpoint to the durable tier; a failure is reported, not raised: the fast tier
+    holds the checkpoint, and the next copy is tried with the next checkpoint."""
+    try:
+        return tiers.copy_checkpoint(tier, folder, step)
+    except Exception as error:
+        log.warning("copy of step %d to the durable tier %s failed: %s", step, tier.url, error)
+        return {"durable_error": f"{type(error).__name__}: {error}"}
 
 
 def _lower_priority() -> None:
@@ -170,9 +186,15 @@ class PersisterClient:
         return self._process is not None and self._process.poll() is None
 
     def submit(
-        self, slot: SnapshotRef, directory: Path, keep: int, extra: dict[str, Any] | None
+        self,
+        slot: SnapshotRef,
+        directory: Path,
+        keep: int,
+        extra: dict[str, Any] | None,
+        durable: dict[str, Any] | None = None,
     ) -> PersistJob:
-        """Hand snapshot ``slot`` to the saver process."""
+        """Hand snapshot ``slot`` to the saver process (and have it copy the checkpoint to the durable tier
+        ``durable``, a :meth:`tiers.DurableTier.as_job`, when given)."""
         line = {
             "op": "persist",
             "slot": str(slot.path),
@@ -181,13 +203,20 @@ class PersisterClient:
             "directory": str(directory),
             "keep": keep,
             "extra": extra,
+            "durable": durable,
         }
         return self.submit_job(slot.step, slot.path, line)
 
     def submit_commit(
-        self, tmp: Path, step: int, directory: Path, keep: int, extra: dict[str, Any] | None
+        self,
+        tmp: Path,
+        step: int,
+        directory: Path,
+        keep: int,
+        extra: dict[str, Any] | None,
+        durable: dict[str, Any] | None = None,
     ) -> PersistJob:
-        """Have the saver process commit a folder filled by another writer."""
+        """Have the saver process commit a folder filled by another writer (then copy it, as `submit`)."""
         line = {
             "op": "commit",
             "tmp": str(tmp),
@@ -195,6 +224,7 @@ class PersisterClient:
             "directory": str(directory),
             "keep": keep,
             "extra": extra,
+            "durable": durable,
         }
         return self.submit_job(step, tmp, line)
 

@@ -168,7 +168,12 @@ class ShardedWriter:
         if self.owner.is_writer:
             self.owner._collect_persist_result(timeout=None)  # one commit at a time
             self.owner._persister.submit_commit(
-                tmp, step, self.owner.directory, self.owner.keep, self.owner.manifest_extra()
+                tmp,
+                step,
+                self.owner.directory,
+                self.owner.keep,
+                self.owner.manifest_extra(),
+                durable=self.owner.durable_copy_job(),
             )
 
     def save(self, step: int) -> None:
@@ -232,11 +237,7 @@ class ShardedWriter:
         memory_step = held[0][0] if same_layout else -1
         disk = [-1, 0]
         if group.rank == 0:
-            found = durable.newest_loadable(
-                owner.directory,
-                newer_than=memory_step,
-                accept=lambda step, manifest: rollback.restorable(step, rollback.epoch_of(manifest), request),
-            )
+            found = owner.newest_on_disk(memory_step, request)
             if found is not None and found.manifest.get("kind") == "sharded":
                 disk = [found.step, rollback.epoch_of(found.manifest)]
             elif found is not None:

@@ -86,6 +86,18 @@ def test_markdown_has_machine_summary_misses_timeouts_and_plot() -> None:
     assert "- one short: the gang never started" in text
 
 
+def test_a_missed_target_says_why_when_the_benchmark_knows() -> None:
+    result = gang_result()
+    result.metrics[0].samples = [50.0]
+    result.metrics[0].why_missed = "the apiserver shares two cores with everything else"
+    text = report.render_markdown(a_run(result))
+    missed = text.split("## Targets missed", 1)[1].split("\n## ", 1)[0]
+    assert "Why: the apiserver shares two cores with everything else" in missed
+    # Met: no explanation shown.
+    result.metrics[0].samples = [150.0]
+    assert "Why:" not in report.render_markdown(a_run(result))
+
+
 def test_nothing_missed_says_none() -> None:
     result = gang_result()
     result.metrics[0].samples = [150.0]

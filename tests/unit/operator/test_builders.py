@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,68 @@ def test_checkpoint_volume_source(make_job: MakeJob) -> None:
     job = make_job(checkpoint={"volume": {"hostPath": {"path": "/tmp/x"}}})
     pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
     assert {"name": "phalanx-checkpoint", "hostPath": {"path": "/tmp/x"}} in pod["spec"]["volumes"]
+
+
+def test_one_tier_sets_no_durable_tier(make_job: MakeJob) -> None:
+    job = make_job(checkpoint={"claimName": "ckpt", "keep": 4})
+    env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
+    assert (env["PHALANX_CHECKPOINT_DIR"], env["PHALANX_CHECKPOINT_KEEP"]) == ("/checkpoints", "4")
+    assert not {name for name in env if "DURABLE" in name or "LOCAL_TIER" in name}
+
+
+def test_a_local_tier_commits_on_the_node_and_copies_to_the_claim(make_job: MakeJob) -> None:
+    checkpoint = {
+        "claimName": "ckpt",
+        "keep": 4,
+        "durableEvery": 5,
+        "localTier": {"enabled": True, "keep": 2, "sizeLimit": "20Gi"},
+    }
+    job = make_job(checkpoint=checkpoint)
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    env = _env(pod)
+    assert env["PHALANX_CHECKPOINT_DIR"] == "/phalanx-local-checkpoints"
+    assert env["PHALANX_CHECKPOINT_KEEP"] == "2"
+    assert env["PHALANX_CHECKPOINT_LOCAL_TIER"] == "1"
+    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "/checkpoints"
+    assert (env["PHALANX_CHECKPOINT_DURABLE_EVERY"], env["PHALANX_CHECKPOINT_DURABLE_KEEP"]) == ("5", "4")
+    volumes = pod["spec"]["volumes"]
+    assert {"name": "phalanx-local-checkpoint", "emptyDir": {"sizeLimit": "20Gi"}} in volumes
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "phalanx-local-checkpoint", "mountPath": "/phalanx-local-checkpoints"} in mounts
+    assert {"name": "phalanx-checkpoint", "mountPath": "/checkpoints"} in mounts
+
+
+def test_a_local_tier_on_a_node_folder(make_job: MakeJob) -> None:
+    job = make_job(checkpoint={"localTier": {"enabled": True, "hostPath": "/mnt/nvme/phalanx"}})
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    volume = {
+        "name": "phalanx-local-checkpoint",
+        "hostPath": {"path": "/mnt/nvme/phalanx", "type": "DirectoryOrCreate"},
+    }
+    assert volume in pod["spec"]["volumes"]
+
+
+def test_an_object_store_is_the_durable_tier(make_job: MakeJob) -> None:
+    store = {
+        "url": "s3://bucket/run-1",
+        "endpointUrl": "http://minio:9000",
+        "secretName": "s3-creds",
+        "storageOptions": {"client_kwargs": {"region_name": "eu-west-1"}},
+    }
+    job = make_job(checkpoint={"localTier": {"enabled": True}, "objectStore": store})
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    env = _env(pod)
+    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "s3://bucket/run-1"
+    assert json.loads(env["PHALANX_CHECKPOINT_STORAGE_OPTIONS"]) == {
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "endpoint_url": "http://minio:9000",
+    }
+    assert {"secretRef": {"name": "s3-creds"}} in pod["spec"]["containers"][0]["envFrom"]
+    # Without a local tier, checkpoints commit at `path` and are copied to the store.
+    job = make_job(checkpoint={"objectStore": {"url": "s3://bucket/run-1"}})
+    env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
+    assert env["PHALANX_CHECKPOINT_DIR"] == "/checkpoints" and env["PHALANX_CHECKPOINT_LOCAL_TIER"] == "0"
+    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "s3://bucket/run-1"
 
 
 def test_rendezvous_lives_in_its_own_pod_and_service(make_job: MakeJob) -> None:

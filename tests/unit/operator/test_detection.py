@@ -85,6 +85,38 @@ def test_no_progress_while_training_is_detected_after_the_timeout(make_pod: Make
     assert failure.cause == "NoProgress" and "step 10" in failure.message
 
 
+def test_the_progress_clock_starts_when_the_worker_reached_its_step(make_pod: MakePod, now: datetime) -> None:
+    # The operator first sees step 10 four seconds after the worker reached it (the heartbeat's `step-at`).
+    pods = [make_pod("demo-worker-0")]
+    reached = (now - timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    _, tracks = run(pods, {"demo-worker-0": lease(now, **{"step-at": reached})}, now)
+    assert tracks[0].since == reached
+    stuck = now + timedelta(seconds=6.5)
+    (failure,), _ = run(pods, {"demo-worker-0": lease(stuck, **{"step-at": reached})}, stuck, tracks)
+    assert failure.cause == "NoProgress"
+    # A worker clock ahead of the operator's never starts the clock in the future.
+    ahead = (now + timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    _, tracks = run(pods, {"demo-worker-0": lease(now, step=11, **{"step-at": ahead})}, now, tracks)
+    assert tracks[0].since == now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_the_next_deadline_is_the_first_timeout_that_may_expire(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    leases = {"demo-worker-0": lease(now, age=0.5), "demo-worker-1": lease(now, age=2.0)}
+    _, tracks = run(pods, leases, now)
+    # Worker 1 renewed 2 s ago: its heartbeat timeout (5 s) may expire in 3 s, before any progress timeout.
+    assert detection.next_heartbeat_deadline(pods, leases, tracks, HEARTBEAT, now) == pytest.approx(3.0)
+    later = now + timedelta(seconds=8)
+    fresh = {name: lease(later, age=0.2) for name in leases}
+    _, tracks = run(pods, fresh, later, tracks)
+    # Renewed, but still at step 10 since `now`: the progress timeout (10 s) comes first, in 2 s.
+    assert detection.next_heartbeat_deadline(pods, fresh, tracks, HEARTBEAT, later) == pytest.approx(2.0)
+    idle = {name: lease(later, phase="standby", age=0.2) for name in leases}
+    _, tracks = run(pods, idle, later, tracks)
+    assert detection.next_heartbeat_deadline(pods, idle, tracks, HEARTBEAT, later) == pytest.approx(4.8)
+    assert detection.next_heartbeat_deadline([], {}, [], HEARTBEAT, later) is None
+
+
 @pytest.mark.parametrize("phase", ["saving", "rendezvous", "standby", "restoring", "starting"])
 def test_a_save_rendezvous_or_restore_is_never_a_hang(make_pod: MakePod, now: datetime, phase: str) -> None:
     pods = [make_pod("demo-worker-0")]

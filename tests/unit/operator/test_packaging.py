@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,8 @@ def test_dockerfile_is_multi_stage_non_root_and_installs_from_pyproject() -> Non
     assert re.search(r"^USER 10001", text, re.MULTILINE)
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
     assert "COPY pyproject.toml" in text and "pip install --no-deps ." in text
+    # The image can write checkpoints to object storage.
+    assert "['optional-dependencies']['s3']" in text
     # Every top-level package folder that pyproject maps must be copied into the build.
     pyproject = (ROOT / "pyproject.toml").read_text()
     for folder in set(re.findall(r'^"phalanx[.\w]*" = "([\w/]+)"', pyproject, re.MULTILINE)):
@@ -72,3 +76,18 @@ def test_phalanx_crd_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for relative in crd.CRD_PATHS:
         assert (tmp_path / relative).read_text() == crd.render_crd()
     assert main(["crd", "--write", "--root", str(tmp_path / "nowhere")]) == 2
+
+
+def test_the_operator_process_never_loads_torch() -> None:
+    # `phalanx operator run` builds every command's parser; torch would add ~250 MB to the operator's memory.
+    probe = (
+        "import sys\n"
+        "from phalanx.cli import build_parser\n"
+        "build_parser()\n"
+        "import phalanx.operator.main, phalanx.operator.handlers\n"
+        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.'))[:3])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout

@@ -43,6 +43,21 @@ def test_a_good_spec_passes(make_job: MakeJob) -> None:
         ),
         ({"gang": {"podGroup": "Kueue"}}, "spec.gang.queueName", "LocalQueue"),
         (
+            {"checkpoint": {"path": "/ckpt", "localTier": {"enabled": True, "path": "/ckpt/"}}},
+            "spec.checkpoint.localTier.path",
+            "differ",
+        ),
+        (
+            {"checkpoint": {"localTier": {"enabled": True}}, "preflight": {"enabled": True}},
+            "spec.preflight.enabled",
+            "localTier",
+        ),
+        (
+            {"checkpoint": {"objectStore": {"url": "bucket/run"}}},
+            "spec.checkpoint.objectStore.url",
+            "pattern",
+        ),
+        (
             {"failurePolicy": {"rules": [{"action": "FailJob"}]}},
             "spec.failurePolicy.rules[0].match",
             "nothing",

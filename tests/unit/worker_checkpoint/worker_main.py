@@ -72,6 +72,31 @@ def durable_then_resume(rank: int, workdir: Path, extra: dict[str, Any]) -> dict
     return result
 
 
+def tiered(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Replicated saves to each rank's own node-local tier (`extra["fast"][rank]`), every `every`-th copied to
+    the durable tier; then a resume with the snapshots wiped by the test."""
+    from phalanx.worker.checkpoint.tiers import DurableTier
+
+    state = build_state()
+    tier = DurableTier(str(workdir / "durable"), every=int(extra["every"]), keep=3)
+    fast = workdir / extra["fast"][rank]
+    ckpt = Checkpointer(
+        state, fast, interval_steps=int(extra["interval"]), keep=2, durable_tier=tier, node_local=True
+    )
+    if extra["phase"] == "save":
+        for step in range(1, int(extra["steps"]) + 1):
+            advance_to(state, step)
+            ckpt.save(step)
+            ckpt.wait()
+        ckpt.close()
+        return {}
+    step = ckpt.load()
+    assert ckpt.last_restore is not None
+    result = {"step": step, "source": ckpt.last_restore.source, "state": fingerprint(state)}
+    ckpt.close()
+    return result
+
+
 def sigterm_save(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
     """Train with snapshots only; SIGTERM makes it write the newest snapshot durably and exit."""
     state = build_state()
@@ -268,6 +293,7 @@ SCENARIOS = {
     "peer_phase1": peer_phase1,
     "peer_phase2": peer_phase2,
     "durable_then_resume": durable_then_resume,
+    "tiered": tiered,
     "sigterm_save": sigterm_save,
     "snapshot_writer": snapshot_writer,
     "snapshot_reader": snapshot_reader,

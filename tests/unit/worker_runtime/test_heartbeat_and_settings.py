@@ -57,6 +57,27 @@ def test_combine_takes_the_slowest_step_and_shows_saves() -> None:
     assert combine([], None).phase == "starting"
 
 
+def test_the_step_carries_when_it_was_reached() -> None:
+    publisher = StatusPublisher.from_env({})
+    publisher.publish(phase="training", step=3)
+    reached = publisher.record.step_at
+    assert reached is not None
+    publisher.publish(phase="saving")
+    publisher.publish(phase="training", step=3, loss=1.0)
+    assert publisher.record.step_at == reached, "the same step again is no new progress"
+    publisher.publish(phase="training", step=4)
+    assert publisher.record.step_at is not None and publisher.record.step_at >= reached
+    # The pod reached its step when the last of its slowest ranks did.
+    records = [
+        StatusRecord(rank=0, step=9, step_at=100.0, phase="training"),
+        StatusRecord(rank=1, step=9, step_at=101.5, phase="training"),
+        StatusRecord(rank=2, step=10, step_at=103.0, phase="training"),
+    ]
+    status = combine(records, None)
+    assert (status.step, status.step_at) == (9, 101.5)
+    assert lease_annotations(status)["phalanx.dev/step-at"].startswith("1970-01-01T00:01:41.5")
+
+
 def test_lease_annotations_follow_the_contract() -> None:
     status = PodStatus(phase="training", step=12, loss=0.25, step_seconds=0.5, rank=0, world_size=2)
     annotations = lease_annotations(status)
@@ -68,6 +89,7 @@ def test_lease_annotations_follow_the_contract() -> None:
         "phalanx.dev/" + key
         for key in (
             "step",
+            "step-at",
             "loss",
             "step-seconds",
             "samples-per-second",
