@@ -38,3 +38,16 @@ def test_sharded_checkpoint_reshards_to_another_world_size(
     for result in results:
         assert (result["step"], result["source"]) == (3, "disk")
         assert result["full"] == expected
+
+
+def test_a_sharded_checkpoint_restores_from_the_durable_tier_at_another_world_size(tmp_path: Path) -> None:
+    save = {"phase": "save", "steps": 3, "tier": "durable", "fast": "claim-a"}
+    saved = run_ranks("sharded", 2, tmp_path, pods(tmp_path, 2, "save"), extra=save)
+    assert (tmp_path / "durable" / "step-3" / "manifest.json").exists()
+    # The shared fast tier is gone (a new claim): the copy on the durable tier is fetched into it.
+    load = {**save, "phase": "load", "fast": "claim-b"}
+    results = run_ranks("sharded", 3, tmp_path, pods(tmp_path, 3, "load"), extra=load)
+    for result in results:
+        assert (result["step"], result["source"]) == (3, "disk")
+        assert result["full"] == saved[0]["full"]
+    assert (tmp_path / "claim-b" / "step-3" / "manifest.json").exists()

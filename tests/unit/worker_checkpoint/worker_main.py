@@ -161,10 +161,16 @@ def snapshot_reader(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str
 
 
 def sharded(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Phase `save`: train and save sharded; phase `load`: restore. With `extra["tier"]`, checkpoints are also
+    copied to a durable tier in that folder and `extra["fast"]` names the shared fast tier."""
     from sharded_model import build_sharded_state, full_state, train_steps
 
+    from phalanx.worker.checkpoint.tiers import DurableTier
+
     state, _mesh = build_sharded_state()
-    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, keep=2, sharded=True)
+    tier = DurableTier(str(workdir / extra["tier"])) if extra.get("tier") else None
+    fast = workdir / extra.get("fast", "ckpt")
+    ckpt = Checkpointer(state, fast, interval_steps=0, keep=2, sharded=True, durable_tier=tier)
     if extra["phase"] == "save":
         train_steps(state, int(extra["steps"]))
         ckpt.save(int(extra["steps"]), force_durable=True)
