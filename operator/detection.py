@@ -303,22 +303,28 @@ def next_heartbeat_deadline(
     """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
     what this reconcile saw (None when no clock runs): a reconcile then judges it on time, not at the
     next periodic one."""
-    since = {(track.pod, track.uid): track.since for track in tracks}
+    judged = {(track.pod, track.uid): track for track in tracks}
     deadlines: list[float] = []
     for pod in trainers:
+        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
+        track = judged.get(key)
         lease = heartbeat_of(pod, leases)
         if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
             continue
+        if observe.is_terminating(pod) or track is None or track.done:
+            continue  # already being handled: nothing to wake for
         allowed = heartbeat.timeout_seconds + (
             EXITING_GRACE_SECONDS if lease.get("phase") == EXITING_PHASE else 0
         )
         silent = _seconds_since(lease.get("renewTime"), now)
         if silent is not None:
             deadlines.append(allowed - silent)
-        stalled = _seconds_since(since.get((observe.pod_name(pod), pod["metadata"].get("uid"))), now)
+        stalled = _seconds_since(track.since, now)
         if lease.get("phase") == TRAINING_PHASE and stalled is not None:
             deadlines.append(heartbeat.progress_timeout_seconds - stalled)
-    return max(0.0, min(deadlines)) if deadlines else None
+    # A deadline already past was judged by this reconcile: only the ones ahead call for a wake-up.
+    ahead = [seconds for seconds in deadlines if seconds > 0]
+    return min(ahead) if ahead else None
 
 
 def sync_restarts(tracks: list[api.WorkerTrack], trainers: list[dict[str, Any]], trainer: str) -> None:

@@ -115,6 +115,13 @@ def test_the_next_deadline_is_the_first_timeout_that_may_expire(make_pod: MakePo
     _, tracks = run(pods, idle, later, tracks)
     assert detection.next_heartbeat_deadline(pods, idle, tracks, HEARTBEAT, later) == pytest.approx(4.8)
     assert detection.next_heartbeat_deadline([], {}, [], HEARTBEAT, later) is None
+    # A worker already handled, or a deadline already past (judged by this reconcile), wakes nothing.
+    for track in tracks:
+        track.done = True
+    assert detection.next_heartbeat_deadline(pods, idle, tracks, HEARTBEAT, later) is None
+    stale = {name: lease(later, phase="standby", age=9) for name in leases}
+    _, tracks = run(pods, stale, later)
+    assert detection.next_heartbeat_deadline(pods, stale, tracks, HEARTBEAT, later) is None
 
 
 @pytest.mark.parametrize("phase", ["saving", "rendezvous", "standby", "restoring", "starting"])
