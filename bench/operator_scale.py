@@ -339,6 +339,20 @@ def event_to_action(
     return latencies, timed_out, skipped
 
 
+def all_running(cluster: BenchCluster, namespace: str, count: int) -> bool:
+    """Whether `count` TrainingJobs in `namespace` have their `Running` condition True."""
+    listed = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    running = [
+        job
+        for job in listed
+        if any(
+            condition.get("type") == "Running" and condition.get("status") == "True"
+            for condition in (job.get("status") or {}).get("conditions") or []
+        )
+    ]
+    return len(running) >= count
+
+
 def run(context: Any, quick: bool) -> BenchResult:
     scale = QUICK if quick else FULL
     cluster = context.cluster()
@@ -371,6 +385,13 @@ def run(context: Any, quick: bool) -> BenchResult:
                     f"{scale.window} s steady window"
                 )
                 time.sleep(settle)
+                # The window starts once every job says it trains: a late job's `Training` Event is no churn.
+                wait_for(
+                    lambda: all_running(cluster, namespace, len(jobs)),
+                    120,
+                    interval=1.0,
+                    message="every job's Running condition",
+                )
                 rss_from = len(sampler.rss)
                 steady = steady_window(cluster, scale, namespace)
                 rss_steady = sampler.rss[rss_from:]
