@@ -117,14 +117,6 @@ def _checkpoint_tier_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     issues = []
     if local.path.rstrip("/") == checkpoint.path.rstrip("/"):
         issues.append(SpecIssue("spec.checkpoint.localTier.path", "must differ from checkpoint.path"))
-    if spec.preflight.enabled:
-        issues.append(
-            SpecIssue(
-                "spec.preflight.enabled",
-                "the preflight rehearses a restore from a location every pod shares; it cannot run with "
-                "checkpoint.localTier (turn one of them off)",
-            )
-        )
     return issues
 
 

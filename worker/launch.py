@@ -63,6 +63,7 @@ from phalanx.worker import (
     scaling,
     warmstart,
 )
+from phalanx.worker.checkpoint import durable, tiers
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
 from phalanx.worker.metrics import PodMetrics
@@ -792,7 +793,9 @@ def _preflight_storage_problem(env: dict[str, str]) -> str | None:
     directory = env.get(CHECKPOINT_DIR_ENV, "")
     if not steps.isdigit() or int(steps) <= 0 or not directory:
         return None
-    return preflight.probe_storage(directory)
+    problem = durable.probe_directory(directory)
+    tier = tiers.DurableTier.from_env(env)
+    return problem if problem is not None or tier is None else tiers.probe(tier)
 
 
 def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) -> int:

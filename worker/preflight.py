@@ -1,19 +1,23 @@
 """Preflight: before the real run, prove that this job can restart from its checkpoints.
 
 With `spec.preflight.enabled` the operator sets `PHALANX_PREFLIGHT_STEPS` (and `..._TOLERANCE`) on every
-trainer pod. Each launcher first checks that the checkpoint location can be written, synced, read back and
-removed (`probe_storage`); a pod that cannot fails the preflight before any training. The training loop
-then drives :class:`Preflight` (three calls, see worker/examples/tinygpt.py):
+trainer pod. Each launcher first checks that the checkpoint location (and the durable tier, when there is one)
+can be written, synced, read back and removed (`durable.probe_directory`, `tiers.probe`); a pod that cannot
+fails the preflight before any training. The training loop then drives :class:`Preflight` (three calls, see
+worker/examples/tinygpt.py):
 
 1. record: train `steps` steps from wherever the job starts; half-way (step `k`) a durable checkpoint is
    forced and awaited; the losses of the steps after it and, at the end, a digest of every rank's model
    are written to `<checkpoint dir>/preflight/`. Then every training process exits with
    `TrainerExit.PREFLIGHT_RESTART` and the launchers restart the group, as after a failure but without
    spending its restart budget: fresh processes, a fresh rendezvous.
+   With a node-local checkpoint tier (worker/checkpoint/tiers.py) the records, verdicts and this check live on
+   the durable tier instead, and the restart first empties every node's local tier.
 2. verify: every rank must see the checkpoint of step `k` in its checkpoint location (whoever is rank 0
    after a restart reads it: a location the pods do not share fails here). The restarted processes throw
    away every in-memory snapshot and set aside durable checkpoints newer than `k`, so the restore has to
-   read step `k` from the durable storage, exactly as after losing every node. They train to the same end step and compare each loss and the final model with the record:
+   read step `k` from the durable storage, exactly as after losing every node. They train to the same end
+   step and compare each loss and the final model with the record:
    bitwise with tolerance 0 (deterministic on CPU at a fixed world size), else within the relative
    tolerance (losses and the parameters' norm). The ranks agree on one verdict.
 3. done: a passed preflight writes its verdict and training goes on from there (the steps trained count);
@@ -32,7 +36,7 @@ import hashlib
 import json
 import math
 import os
-import socket
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from phalanx.worker.checkpoint import durable
+from phalanx.worker.checkpoint import durable, layout, tiers
 from phalanx.worker.exitcodes import TrainerExit
 
 if TYPE_CHECKING:
@@ -72,31 +76,54 @@ LOOSE_TOLERANCE = 1e-3
 the reduction order differs, so results differ in their last bits."""
 
 
-def probe_storage(directory: str | os.PathLike[str], payload_bytes: int = 1 << 16) -> str | None:
-    """Write, fsync, read back and remove a file in `directory` (created if needed); None when all of it
-    worked, else what failed."""
-    path = Path(directory)
-    probe = path / f".preflight-probe-{socket.gethostname()}-{os.getpid()}"
-    content = os.urandom(payload_bytes)
-    step = "create the directory"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        step = "write"
-        with open(probe, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            step = "fsync"
-            os.fsync(handle.fileno())
-        step = "read back"
-        if probe.read_bytes() != content:
-            return f"checkpoint location {path}: a file written there read back different"
-        step = "remove"
-        probe.unlink()
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-        return f"checkpoint location {path}: cannot {step}: {error.strerror or error}"
-    return None
+class RecordStore:
+    """The preflight's small JSON files where every pod can read them: a directory (replaced atomically) or,
+    with a node-local checkpoint tier, the durable tier (a directory or an fsspec URL: one PUT each)."""
+
+    def __init__(self, location: str, options: dict[str, Any] | None = None) -> None:
+        self.location = location.rstrip("/")
+        self.options = options or {}
+
+    @property
+    def is_directory(self) -> bool:
+        return "://" not in self.location or self.location.startswith("file://")
+
+    def __str__(self) -> str:
+        return self.location
+
+    def _filesystem(self) -> tuple[Any, str]:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.location, **self.options)
+        return fs, root.rstrip("/")
+
+    def write(self, name: str, content: dict[str, Any]) -> None:
+        data = json.dumps(content).encode()
+        if self.is_directory:
+            directory = Path(self.location.removeprefix("file://"))
+            directory.mkdir(parents=True, exist_ok=True)
+            durable.write_file_atomic(directory / name, data)
+            return
+        fs, root = self._filesystem()
+        fs.pipe_file(f"{root}/{name}", data)
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        try:
+            if self.is_directory:
+                raw = (Path(self.location.removeprefix("file://")) / name).read_bytes()
+            else:
+                fs, root = self._filesystem()
+                raw = fs.cat_file(f"{root}/{name}")
+            content = json.loads(raw)
+        except (OSError, ValueError):
+            return None
+        return content if isinstance(content, dict) else None
+
+    def exists(self, name: str) -> bool:
+        if self.is_directory:
+            return (Path(self.location.removeprefix("file://")) / name).exists()
+        fs, root = self._filesystem()
+        return bool(fs.exists(f"{root}/{name}"))
 
 
 @dataclass
@@ -152,7 +179,14 @@ class Preflight:
         self.tolerance = tolerance
         self.publisher = publisher
         self.model = model if model is not None else checkpointer.state.model
-        self.directory = Path(checkpointer.directory) / RECORD_DIR
+        self.shared_tier = checkpointer.durable_tier if checkpointer.node_local else None
+        """With a node-local fast tier: the durable tier, the one location every pod shares."""
+        if self.shared_tier is not None:
+            self.records = RecordStore(
+                f"{self.shared_tier.url.rstrip('/')}/{RECORD_DIR}", dict(self.shared_tier.options)
+            )
+        else:
+            self.records = RecordStore(str(Path(checkpointer.directory) / RECORD_DIR))
         self.mode = "off" if steps <= 0 else "pending"
         """off, pending (before `load`), record, verify or done."""
         self.record: Record | None = None
@@ -174,27 +208,26 @@ class Preflight:
 
     # -- files ------------------------------------------------------------------------------------
 
-    def _record_path(self, rank: int) -> Path:
-        return self.directory / f"record-rank-{rank}.json"
+    @staticmethod
+    def _record_name(rank: int) -> str:
+        return f"record-rank-{rank}.json"
 
     @property
-    def _verdict_path(self) -> Path:
+    def _verdict_name(self) -> str:
         # One per rank: with node-local storage each node sees only its own.
-        return self.directory / f"passed-rank-{self.checkpointer.rank}.json"
-
-    def _write(self, path: Path, content: dict[str, Any]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(content, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        return f"passed-rank-{self.checkpointer.rank}.json"
 
     def _read_record(self) -> Record | None:
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            return Record(**json.loads(self._record_path(self.checkpointer.rank).read_text()))
+        content = self.records.read(self._record_name(self.checkpointer.rank))
+        with contextlib.suppress(TypeError):
+            return Record(**content) if content is not None else None
         return None
+
+    def _shared_steps(self) -> list[int]:
+        """Complete checkpoints in the location a restart with another rank 0 would read."""
+        if self.shared_tier is not None:
+            return tiers.complete_steps(self.shared_tier)
+        return durable.complete_steps(self.checkpointer.directory)
 
     # -- the three calls ----------------------------------------------------------------------------
 
@@ -210,7 +243,7 @@ class Preflight:
         # the recording) or in a group of another size, the recording starts again.
         recorded_world = record.world_size if record is not None else 0
         rows = group.all_gather_ints(
-            [int(self._verdict_path.exists()), int(record is not None), recorded_world]
+            [int(self.records.exists(self._verdict_name)), int(record is not None), recorded_world]
         )
         if any(row[0] for row in rows):
             self.mode = "done"
@@ -221,7 +254,7 @@ class Preflight:
             self._fail(
                 REASON_RESTORE,
                 f"after the restart, rank(s) {missing} found no record of the preflight's run in "
-                f"{self.directory}: the checkpoint location is not shared by the pods, or not durable",
+                f"{self.records}: the checkpoint location is not shared by the pods, or not durable",
             )
         if not complete:
             step = ckpt.load()
@@ -233,18 +266,21 @@ class Preflight:
         assert record is not None
         self.mode, self.record = "verify", record
         # Whoever is rank 0 after a restart reads the durable checkpoint: every pod must see it.
-        visible = record.checkpoint_step in durable.complete_steps(ckpt.directory)
+        visible = record.checkpoint_step in self._shared_steps()
         blind = [rank for rank, row in enumerate(group.all_gather_ints([int(visible)])) if not row[0]]
         if blind:
             self._fail(
                 REASON_RESTORE,
                 f"the durable checkpoint of step {record.checkpoint_step} is missing from the checkpoint location "
-                f"{ckpt.directory} of rank(s) {blind}: the location is not shared by the pods, so a restart with "
+                f"{self.shared_tier.url if self.shared_tier else ckpt.directory} of rank(s) {blind}: the location is "
+                "not shared by the pods, so a restart with "
                 "another rank 0 would find no checkpoint (use a ReadWriteMany claim, spec.checkpoint.claimName)",
             )
         # Only the durable copy of the checkpoint may serve the restore: no snapshot in any rank's memory,
-        # nothing newer on disk.
+        # nothing newer on disk, and with a node-local tier nothing on it either (as on a new node).
         ckpt.store.drop(lambda info: True)
+        if self.shared_tier is not None:
+            forget_local_tier(ckpt.directory)
         if ckpt.is_writer:
             ckpt.set_aside(lambda step, _manifest: step > record.checkpoint_step, SET_ASIDE_LABEL)
         group.barrier()
@@ -278,10 +314,10 @@ class Preflight:
                 record.digest, record.norm = model_fingerprint(self.model)
                 rank = self.checkpointer.rank
                 if rank != 0:
-                    self._write(self._record_path(rank), asdict(record))
+                    self.records.write(self._record_name(rank), asdict(record))
                 self.checkpointer.group.barrier()
                 if rank == 0:  # last: its record says every rank's is written
-                    self._write(self._record_path(rank), asdict(record))
+                    self.records.write(self._record_name(rank), asdict(record))
                 self._publish(
                     RUNNING, "", f"recorded steps to {step}; restarting from step {record.checkpoint_step}"
                 )
@@ -332,7 +368,7 @@ class Preflight:
                 + (" bitwise" if self._tolerance(record) == 0 else f" within {self._tolerance(record):g}")
             )
             self.verdict = {"passed": True, "reason": REASON_PASSED, "message": message}
-            self._write(self._verdict_path, self.verdict)
+            self.records.write(self._verdict_name, self.verdict)
             self._publish(PASSED, REASON_PASSED, message)
             return
         first = failing.index(1)
@@ -343,8 +379,8 @@ class Preflight:
         self.failure = (reason, message)
         self.verdict = {"passed": False, "reason": reason, "message": message}
         if self.checkpointer.is_writer:
-            with contextlib.suppress(OSError):
-                self._write(self.directory / "failed.json", self.verdict)
+            with contextlib.suppress(Exception):
+                self.records.write("failed.json", self.verdict)
         self._publish(FAILED, reason, message)
         self._exit(TrainerExit.PREFLIGHT_FAILED)
 
@@ -366,6 +402,14 @@ class Preflight:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(int(code))
+
+
+def forget_local_tier(directory: Path) -> list[int]:
+    """Remove this node's local-tier checkpoints (the restore must come from the durable tier); their steps."""
+    steps = durable.complete_steps(directory)
+    for step in steps:
+        shutil.rmtree(directory / layout.step_dir_name(step), ignore_errors=True)
+    return steps
 
 
 def _leave_process_group() -> None:

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -261,3 +262,30 @@ def set_aside(directory: Path, condemned: Callable[[int, dict[str, Any]], bool],
     if moved:
         fsync_path(directory)
     return sorted(moved)
+
+
+def probe_directory(directory: str | os.PathLike[str], payload_bytes: int = 1 << 16) -> str | None:
+    """Write, fsync, read back and remove a file in `directory` (created if needed); None when all of it
+    worked, else what failed."""
+    path = Path(directory)
+    probe = path / f".preflight-probe-{socket.gethostname()}-{os.getpid()}"
+    content = os.urandom(payload_bytes)
+    step = "create the directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        step = "write"
+        with open(probe, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            step = "fsync"
+            os.fsync(handle.fileno())
+        step = "read back"
+        if probe.read_bytes() != content:
+            return f"checkpoint location {path}: a file written there read back different"
+        step = "remove"
+        probe.unlink()
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        return f"checkpoint location {path}: cannot {step}: {error.strerror or error}"
+    return None

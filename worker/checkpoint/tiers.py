@@ -170,14 +170,26 @@ def _url_steps(fs: Any, root: str) -> list[int]:
     return layout.steps_newest_first(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
 
 
+def complete_steps(tier: DurableTier) -> list[int]:
+    """Steps of the durable tier's complete copies (with a manifest), newest first (not verified)."""
+    if tier.is_directory:
+        return durable.complete_steps(tier.directory)
+    fs, root = tier.filesystem()
+    return _url_complete(fs, root, _url_steps(fs, root))
+
+
+def _url_complete(fs: Any, root: str, steps: list[int]) -> list[int]:
+    return [
+        step for step in steps if fs.exists(f"{root}/{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}")
+    ]
+
+
 def purge_url(tier: DurableTier) -> list[int]:
     """Remove the durable copies beyond the newest `keep`, and copies cut short that are older than the
     newest complete one (a newer one without its manifest may still be being written)."""
     fs, root = tier.filesystem()
     steps = _url_steps(fs, root)
-    complete = [
-        step for step in steps if fs.exists(f"{root}/{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}")
-    ]
+    complete = _url_complete(fs, root, steps)
     newest = complete[0] if complete else -1
     doomed = set(layout.steps_to_purge(complete, tier.keep))
     doomed |= {step for step in steps if step < newest and step not in complete}
@@ -212,6 +224,28 @@ def set_aside(tier: DurableTier, condemned: Callable[[int, dict[str, Any]], bool
         fs.pipe_file(f"{target}/{layout.MANIFEST_NAME}", raw)
         moved.append(step)
     return sorted(moved)
+
+
+def probe(tier: DurableTier, payload_bytes: int = 1 << 16) -> str | None:
+    """Write, read back and remove an object (a file) on the durable tier; None when all of it worked, else
+    what failed."""
+    if tier.is_directory:
+        return durable.probe_directory(tier.directory, payload_bytes)
+    content = os.urandom(payload_bytes)
+    step = "reach it"
+    try:
+        fs, root = tier.filesystem()
+        target = f"{root}/.preflight-probe-{os.uname().nodename}-{os.getpid()}"
+        step = "write"
+        fs.pipe_file(target, content)
+        step = "read back"
+        if fs.cat_file(target) != content:
+            return f"durable tier {tier.url}: an object written there read back different"
+        step = "remove"
+        fs.rm_file(target)
+    except Exception as error:
+        return f"durable tier {tier.url}: cannot {step}: {type(error).__name__}: {error}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- reading

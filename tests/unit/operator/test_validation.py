@@ -48,11 +48,6 @@ def test_a_good_spec_passes(make_job: MakeJob) -> None:
             "differ",
         ),
         (
-            {"checkpoint": {"localTier": {"enabled": True}}, "preflight": {"enabled": True}},
-            "spec.preflight.enabled",
-            "localTier",
-        ),
-        (
             {"checkpoint": {"objectStore": {"url": "bucket/run"}}},
             "spec.checkpoint.objectStore.url",
             "pattern",

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from localjob import LocalJob
 
+from phalanx.worker.checkpoint import durable
+from phalanx.worker.checkpoint.durable import probe_directory as probe_storage
 from phalanx.worker.exitcodes import LauncherExit
-from phalanx.worker.preflight import probe_storage
 
 EXAMPLE = ["--steps", "16", "--global-batch", "16", "--micro-batch", "8", "--checkpoint-interval", "50"]
 PREFLIGHT = {"PHALANX_PREFLIGHT_STEPS": "8"}
@@ -58,6 +59,28 @@ def test_a_checkpoint_location_the_pods_do_not_share_fails_the_preflight(job: Lo
     verdicts = [json.loads(path.read_text()) for path in job.root.glob("local-*/preflight/failed.json")]
     (verdict,) = verdicts  # written by rank 0
     assert verdict["reason"] == "RestoreFailed" and "not shared by the pods" in verdict["message"]
+
+
+def test_with_a_node_local_tier_the_preflight_restores_from_the_durable_tier(job: LocalJob) -> None:
+    durable_dir = job.root / "durable"
+    tiered = {
+        **PREFLIGHT,
+        "PHALANX_CHECKPOINT_LOCAL_TIER": "1",
+        "PHALANX_CHECKPOINT_DURABLE_URL": str(durable_dir),
+        "PHALANX_CHECKPOINT_DURABLE_EVERY": "3",
+    }
+    for name in ("a", "b"):
+        job.start_node(name, [*EXAMPLE, "--checkpoint-dir", str(job.root / f"local-{name}")], env=tiered)
+    assert job.wait_node("a", 180) == 0, job.node_output("a")
+    assert job.wait_node("b", 180) == 0, job.node_output("b")
+    assert job.any_summary()["final_step"] == 16
+    # The records and verdicts live on the durable tier, the one place both pods share; the restart found
+    # nothing on its node-local tier and restored the half-way checkpoint fetched from the durable tier.
+    verdict = json.loads((durable_dir / "preflight" / "passed-rank-0.json").read_text())
+    assert verdict["passed"] and "bitwise" in verdict["message"]
+    from_disk = [event for event in job.restores() if event["step"] == 4]
+    assert {(event["rank"], event["source"]) for event in from_disk} == {(0, "disk"), (1, "disk")}
+    assert 4 in durable.complete_steps(durable_dir) and 16 in durable.complete_steps(durable_dir)
 
 
 def test_an_unusable_checkpoint_location_fails_the_preflight_before_training(
