@@ -18,7 +18,7 @@ from phalanx.worker.checkpoint import durable, layout, tiers
 from .conftest import Cluster, Operator, wait_for
 from .test_fault_scenarios import _checkpoint_claim, _claim_directory, _pod_processes, lease_annotations
 from .test_fault_tolerance import STEPS, fault_job, incidents_of, step_of
-from .test_operator import get_job, job_pods, wait_succeeded
+from .test_operator import get_job, has_condition, job_pods, wait_succeeded
 
 pytestmark = pytest.mark.e2e
 
@@ -90,13 +90,17 @@ def test_pods_lost_with_their_local_tier_restore_from_the_claim(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     cluster.apply(_checkpoint_claim(), namespace)
-    cluster.apply(tiered_job("tiered", claimName="checkpoints"), namespace)
+    job = tiered_job("tiered", claimName="checkpoints")
+    # The preflight rehearses the same restore: records on the claim, local tiers emptied, a fetch from it.
+    job["spec"]["preflight"] = {"enabled": True, "steps": 8}
+    cluster.apply(job, namespace)
     directory = wait_for(lambda: _claim_directory(cluster, namespace), 120, message="the claim's volume")
     local, on_durable = lose_every_pod_when_local_is_ahead(
         cluster, namespace, "tiered", lambda: durable.complete_steps(directory)
     )
     final = wait_succeeded(cluster, namespace, "tiered", timeout=600)
     assert_restored_from_durable(final, local, on_durable)
+    assert has_condition(final, "PreflightPassed", "True"), final["status"].get("conditions")
     # Only every third checkpoint reached the claim; the final save always does.
     complete = durable.complete_steps(directory)
     assert complete[0] == STEPS and len(complete) <= 3, complete
