@@ -174,14 +174,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--slow-from-step", type=int, default=0, help="--slow-pod is slow only from this step on (tests)")
     add(
-        "--slow-saves-from-step",
-        type=int,
-        default=0,
-        help="from this step on, the last rank reaches every durable save --slow-save-seconds late, so the "
-        "others block that much longer in it: a save that got costlier, as on slower storage (tests)",
-    )
-    add("--slow-save-seconds", type=float, default=0.5, help="see --slow-saves-from-step (tests)")
-    add(
         "--lr-spike-at-step", type=int, default=0, help="multiply the learning rate from this step on (tests)"
     )
     add("--lr-spike-factor", type=float, default=100.0, help="the factor of --lr-spike-at-step (tests)")
@@ -328,11 +320,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if args.step_delay:
                 time.sleep(args.step_delay)
             publisher.publish(phase="saving")
-            slow_save = (
-                args.slow_saves_from_step and step >= args.slow_saves_from_step and rank == world_size - 1
-            )
-            if slow_save and world_size > 1 and ckpt.durable_due(step):
-                time.sleep(args.slow_save_seconds)
             ckpt.save(step, force_durable=preflight.save_due(step))
             preflight.check(step, loss_value)
             timing = clock.stop()
