@@ -264,13 +264,22 @@ def to_metrics(report: dict[str, Any], samples: dict[str, Any]) -> list[Any]:
             f"{(stall_p50 - copy_p50) * 1e3:.1f} ms: the RNG gather, the snapshot header, handing the job to the "
             f"saver process), and at {size} MB the copy itself takes only {copy_p50 * 1e3:.2f} ms"
         )
-        storage_bound = (
-            f"a stall can never be shorter than the in-memory copy, and here a synchronous save of {size} MB "
-            f"takes only {sync_p50 / copy_p50:.1f}x that copy ({sync_p50 * 1e3:.0f} ms vs {copy_p50 * 1e3:.1f} "
-            "ms: the page cache and the local disk absorb it), so no stall can be 20x below it on this "
-            "machine; the target assumes storage far slower than memory (the DCP and DLRover figures are for "
-            "remote storage)"
-        )
+        sync_over_copy = sync_p50 / copy_p50
+        if sync_over_copy < 20:
+            storage_bound = (
+                f"a stall can never be shorter than the in-memory copy, and here a synchronous save of {size} MB "
+                f"takes only {sync_over_copy:.1f}x that copy ({sync_p50 * 1e3:.0f} ms vs {copy_p50 * 1e3:.1f} "
+                "ms: the page cache and the local disk absorb it), so no stall can be 20x below it on this "
+                "machine; the target assumes storage far slower than memory (the DCP and DLRover figures are "
+                "for remote storage)"
+            )
+        else:
+            storage_bound = (
+                f"a synchronous save of {size} MB takes {sync_over_copy:.1f}x the in-memory copy here, so 20x "
+                f"below it leaves a stall of at most {sync_over_copy / 20:.2f}x that copy; the saves stalled "
+                f"{stall_p50 / copy_p50:.2f}x it (the copy into shared memory plus the fixed cost of a save), "
+                "within the <= 2x target but not that close to a bare copy"
+            )
         metrics += [
             Metric(
                 name=f"stall / copy, {size} MB",
