@@ -364,9 +364,9 @@ def result_of(quiet: Quiet, done: list[Fault], spec: dict[str, Any], reconcile: 
         f"heartbeats seen in the saving phase; incidents opened: {len(quiet.false_alarms)}"
         + (f" ({'; '.join(str(i.get('message')) for i in quiet.false_alarms)})" if quiet.false_alarms else "")
         + ".",
-        f"The operator judges heartbeats when it reconciles: at each job, pod or heartbeat-phase change and "
-        f"every {reconcile:g} s otherwise (chart default), so a silent pod is noticed up to that much after its "
-        "timeout expires.",
+        f"The operator judges heartbeats when it reconciles: at each job, pod or heartbeat-phase change, at the "
+        f"job's next heartbeat or progress deadline (a wake-up), and every {reconcile:g} s otherwise (chart "
+        "default); the no-progress clock starts at the heartbeat's step-at, when the worker reached its step.",
         "Clocks: injection times are taken on this machine right before the request or signal; detectedAt is "
         "written to the second, so detection uses the end of that second or the moment the incident reached "
         "this process, whichever is earlier.",
