@@ -385,6 +385,21 @@ def tinygpt_job(
     }
 
 
+def endless_job(name: str, *, replicas: int, checkpoint_interval: int, **settings: Any) -> dict[str, Any]:
+    """A tiny GPT job for the fault benchmarks: it trains until deleted at `replicas` workers (never fewer),
+    keeps its durable checkpoints every `checkpoint_interval` steps and rank 0's step log on the shared claim.
+    `settings`: the rest of `tinygpt_job`'s (spares, step_delay, heartbeat, ...)."""
+    return tinygpt_job(
+        name,
+        replicas=replicas,
+        min_replicas=replicas,
+        steps=10**7,
+        checkpoint={"claimName": CLAIM, "path": CHECKPOINT_PATH, "intervalSteps": checkpoint_interval},
+        log_file=f"{CHECKPOINT_PATH}/{STEP_LOG_NAME}",
+        **settings,
+    )
+
+
 def checkpoint_claim(name: str) -> dict[str, Any]:
     """A claim of the local cluster's default StorageClass (a host folder every pod of the job shares)."""
     return {

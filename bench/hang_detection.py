@@ -140,20 +140,13 @@ class Quiet:
 
 class HangRun:
     def __init__(self, cluster: BenchCluster, log: Any) -> None:
-        job = faults.tinygpt_job(
+        job = faults.endless_job(
             "hang",
             replicas=REPLICAS,
+            checkpoint_interval=CHECKPOINT_INTERVAL,
             spares=SPARES,
-            min_replicas=REPLICAS,
-            steps=10**7,
             step_delay=STEP_DELAY,
             heartbeat=HEARTBEAT,
-            checkpoint={
-                "claimName": faults.CLAIM,
-                "path": faults.CHECKPOINT_PATH,
-                "intervalSteps": CHECKPOINT_INTERVAL,
-            },
-            log_file=f"{faults.CHECKPOINT_PATH}/{faults.STEP_LOG_NAME}",
             width=WIDTH,
             layers=LAYERS,
         )

@@ -325,21 +325,14 @@ class RunningJob:
 
     def __init__(self, cluster: BenchCluster, variant: Variant) -> None:
         self.variant = variant
-        job = faults.tinygpt_job(
+        job = faults.endless_job(
             "rec",
             replicas=REPLICAS,
+            checkpoint_interval=CHECKPOINT_INTERVAL,
             spares=variant.spares,
-            min_replicas=REPLICAS,
-            steps=10**7,
             step_delay=STEP_DELAY,
             heartbeat=HEARTBEAT,
-            checkpoint={
-                "claimName": faults.CLAIM,
-                "path": faults.CHECKPOINT_PATH,
-                "intervalSteps": CHECKPOINT_INTERVAL,
-            },
             failure_rules=[RESTART_RULE] if variant.restart_job else None,
-            log_file=f"{faults.CHECKPOINT_PATH}/{faults.STEP_LOG_NAME}",
         )
         self.run = faults.TrainingRun(cluster, f"bench-recovery-{variant.name}", job)
         # The first kill comes after the first durable checkpoint, so the baseline has one to resume from.

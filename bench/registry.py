@@ -75,7 +75,7 @@ BENCHMARKS: tuple[Entry, ...] = (
         "goodput",
         "phalanx.bench.goodput",
         True,
-        "30 min with a random failure every ~5 min: goodput three ways, every lost second attributed",
+        "30 min with a random failure every ~5 min beside an undisturbed twin: goodput, every lost second attributed",
     ),
 )
 

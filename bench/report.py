@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,14 @@ class Run(Model):
     """Benchmarks in the order they ran."""
 
 
-def rounded(value: Any, digits: int = 6) -> Any:
-    """Floats to `digits` significant digits, recursively: the JSON stays readable and small."""
+def rounded(value: Any, digits: int = 6, decimals: int = 3) -> Any:
+    """Floats to `digits` significant digits but never fewer than `decimals` decimals, recursively: the JSON
+    stays readable and small, and a Unix time (ten digits before the point) keeps its milliseconds."""
     if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
+        if not math.isfinite(value) or value == 0:
+            return value
+        magnitude = math.floor(math.log10(abs(value)))
+        return round(value, max(digits - 1 - magnitude, decimals))
     if isinstance(value, dict):
         return {key: rounded(item, digits) for key, item in value.items()}
     if isinstance(value, list):

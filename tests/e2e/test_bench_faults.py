@@ -48,11 +48,18 @@ def test_fault_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, tm
 
     good = results["goodput"]
     figures = metrics_of(good)
-    for name in ("goodput (step log)", "goodput (job status, window)", "goodput (Lease timeline)"):
+    for name in (
+        "goodput vs the undisturbed run",
+        "goodput (step log)",
+        "undisturbed twin: goodput (step log)",
+        "goodput (job status, window)",
+        "goodput (Lease timeline)",
+    ):
         assert len(figures[name]["samples"]) == 1, name
     assert len(good["details"]["failures"]) == 1
     assert good["details"]["failures"][0]["resumed"] is not None
-    assert {series["name"] for series in good["series"]} == {"loss", "kill"}
+    assert good["details"]["twin"]["steps"] > 0
+    assert {series["name"] for series in good["series"]} == {"loss", "kill", "job", "undisturbed twin"}
 
     text = (out / "report.md").read_text()
     for name in FAULT_BENCHMARKS:

@@ -124,3 +124,10 @@ def test_write_puts_json_markdown_and_a_png_per_benchmark(tmp_path: Path) -> Non
     assert {path.name for path in written} == {"results.json", "report.md", "gang-creation.png"}
     assert (tmp_path / "gang-creation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![flat]" not in (tmp_path / "report.md").read_text()
+
+
+def test_json_figures_keep_six_digits_and_unix_times_their_milliseconds() -> None:
+    assert report.rounded(1795500123.456789) == 1795500123.457
+    assert report.rounded(0.000123456789) == 0.000123457
+    assert report.rounded(12.3456789) == 12.3457
+    assert report.rounded({"a": [2.0, float("inf"), 0.0]}) == {"a": [2.0, float("inf"), 0.0]}

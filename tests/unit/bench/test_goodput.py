@@ -54,15 +54,31 @@ def test_checkpoint_stalls_are_the_excess_of_the_steps_that_saved() -> None:
     assert result.goodput == pytest.approx(10 / 10.5)
 
 
-def test_a_step_finishing_while_the_kill_is_delivered_still_counts() -> None:
+def test_a_step_finishing_while_the_kill_is_delivered_is_progress_inside_the_failure() -> None:
     # The kill request at 10.9 s; step 11 still completes at 11.0 s and is the one restored.
     before = steady_points(0, 11, T0)
     after = steady_points(12, 20, T0 + 20)
     failure = FailureTimes("kill", "w0", T0 + 10.9, detected=T0 + 11.2, group=T0 + 15, restored=T0 + 19)
     failure.resumed = T0 + 20
-    assert goodput.gap_of(before + after, failure) == (11, 12)
+    assert goodput.gap_of(before + after, failure) == (10, 12)
     result = goodput.attribute(before + after, [failure], checkpoint_interval=None)
-    assert result.lost["step in flight + replayed steps"] == pytest.approx(0.0)
+    # 0.9 s of the step in flight went before the kill, and step 11 is not done again: 0.1 s short of a step.
+    assert result.lost["step in flight + replayed steps"] == pytest.approx(0.9 - 1.0)
+    assert result.lost["detection"] == pytest.approx(0.3)
+    assert result.productive == pytest.approx(20.0)
+    assert sum(result.lost.values()) == pytest.approx(result.wall - result.productive)
+
+
+def test_a_step_held_by_a_hung_rank_until_the_detection_is_the_detections_time() -> None:
+    # A hang at 10.2 s holds step 11 in flight until the operator acts at 20.2 s; it completes then, and the
+    # new group restores it and goes on with step 12 at 23 s.
+    points = [*steady_points(0, 10, T0), Point(T0 + 20.2, 11), *steady_points(12, 20, T0 + 23)]
+    failure = FailureTimes("hang", "w1", T0 + 10.2, detected=T0 + 20.2, group=T0 + 21, restored=T0 + 22)
+    failure.resumed = T0 + 23
+    assert goodput.gap_of(points, failure) == (10, 12)
+    result = goodput.attribute(points, [failure], checkpoint_interval=None)
+    assert result.lost["detection"] == pytest.approx(10.0)
+    assert result.lost["step-time variation"] == pytest.approx(0.0)
     assert sum(result.lost.values()) == pytest.approx(result.wall - result.productive)
 
 
@@ -147,3 +163,53 @@ def test_the_restored_step_reported_after_the_failure_is_not_progress() -> None:
     result = goodput.attribute(points, [failure], checkpoint_interval=None, every_step=False)
     assert result.step_seconds == pytest.approx(1.0)
     assert result.wall - result.productive == pytest.approx(34 - 24)
+
+
+def test_against_the_twins_pace_goodput_is_the_ratio_of_steps_gained() -> None:
+    # The twin trains at 1.1 s a step (the machine is busy); the job at the same pace, but loses 10 s to a kill.
+    twin = steady_points(0, 100, T0, step_seconds=1.1)
+    pace = goodput.pace_of(twin)
+    assert pace == pytest.approx(1.1)
+    before = steady_points(0, 40, T0, step_seconds=1.1)
+    after = steady_points(40, 81, T0 + 44 + 10 - 1.1, step_seconds=1.1)
+    failure = FailureTimes("kill", "w0", T0 + 44.2, detected=T0 + 46, group=T0 + 50, restored=T0 + 52)
+    failure.resumed = T0 + 52.9
+    result = goodput.attribute(before + after, [failure], checkpoint_interval=None, pace=pace)
+    assert result.goodput == pytest.approx((81 * 1.1) / (result.wall))
+    parts = result.against_pace()
+    assert set(parts) == {*goodput.FAILURE_CATEGORIES, goodput.BETWEEN_FAILURES}
+    assert parts["detection"] == pytest.approx(1.8)
+    assert parts[goodput.BETWEEN_FAILURES] == pytest.approx(0.0, abs=1e-6)
+    assert sum(parts.values()) == pytest.approx(result.wall - result.productive)
+    # By its own median the job would be judged the same here: no noise between failures.
+    alone = goodput.attribute(before + after, [failure], checkpoint_interval=None)
+    assert alone.goodput == pytest.approx(result.goodput)
+
+
+def test_noise_both_runs_share_is_no_loss_against_the_twin() -> None:
+    # Every fifth step of both runs takes 2 s instead of 1 s: by its own median a run loses 1 s in five; the
+    # job against its twin loses nothing.
+    def noisy(start: float) -> list[Point]:
+        points, moment = [Point(start, 0)], start
+        for step in range(1, 101):
+            moment += 2.0 if step % 5 == 0 else 1.0
+            points.append(Point(moment, step))
+        return points
+
+    twin, job = noisy(T0), noisy(T0 + 0.3)
+    alone = goodput.attribute(job, [], checkpoint_interval=None)
+    assert alone.goodput == pytest.approx(100 / 120)
+    assert alone.lost["step-time variation"] == pytest.approx(20.0)
+    against = goodput.attribute(job, [], checkpoint_interval=None, pace=goodput.pace_of(twin))
+    assert against.goodput == pytest.approx(1.0)
+    assert against.against_pace()[goodput.BETWEEN_FAILURES] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_run_without_progress_has_no_pace() -> None:
+    assert goodput.pace_of([Point(T0, 3)]) is None
+    assert goodput.pace_of([Point(T0, 3), Point(T0 + 5, 3)]) is None
+
+
+def test_restarts_between_two_statuses() -> None:
+    assert goodput.restarts_between({}, {"restarts": {"total": 2}}) == 2
+    assert goodput.restarts_between({"restarts": {"total": 2}}, {"restarts": {"total": 2}}) == 0
