@@ -611,6 +611,10 @@ class RegroupRequest(ApiModel):
     departed: list[str] = Field(default_factory=list)
     """The failed or removed pods: launchers drop their nodes from the rendezvous at once instead of
     waiting for their keep-alives to expire."""
+    departed_uids: list[str] = Field(default_factory=list)
+    """Their UIDs: a launcher publishes its rendezvous node under its pod's UID, which, unlike a pod name, no
+    replacement pod reuses; so a departed node is dropped whatever it sent last (a frozen pod thawed to be
+    killed may still send one keep-alive)."""
 
 
 class HealthSignal(ApiModel):

@@ -79,6 +79,17 @@ class Observed:
     seconds after the failure, well beyond it."""
 
 
+@dataclass(frozen=True)
+class Regroup:
+    """One pod that leaves a running worker group (`_Builder.regroup`)."""
+
+    before: datetime
+    """When it failed (or was removed)."""
+    reason: str
+    pod: str
+    uid: str | None
+
+
 @dataclass
 class Plan:
     """Everything one reconcile wants done, in the order the handler applies it."""
@@ -132,7 +143,7 @@ class _Builder:
         self.status = api.TrainingJobStatus.model_validate(job.get("status") or {})
         self.previous_workers = {worker.name: worker for worker in self.status.workers}
         self.plan = Plan()
-        self.regroups: list[tuple[datetime, str, str]] = []
+        self.regroups: list[Regroup] = []
 
     def condition(
         self,
@@ -182,25 +193,26 @@ class _Builder:
                 track.done = True
                 track.kept = track.kept or kept
 
-    def regroup(self, before: datetime, reason: str, departed: str) -> None:
-        """Ask the launchers to re-form groups started before `before` without the pod `departed` (one
-        request per reconcile)."""
-        self.regroups.append((before, reason, departed))
+    def regroup(self, before: datetime, reason: str, departed: str, uid: str | None) -> None:
+        """Ask the launchers to re-form groups started before `before` without the pod `departed` (of UID
+        `uid`; one request per reconcile)."""
+        self.regroups.append(Regroup(before, reason, departed, uid))
 
     def _write_regroup(self) -> None:
         if not self.regroups:
             return
         previous = self.status.regroup.epoch if self.status.regroup is not None else 0
-        reason = "; ".join(dict.fromkeys(reason for _, reason, _ in self.regroups))
+        reason = "; ".join(dict.fromkeys(regroup.reason for regroup in self.regroups))
         if len(reason) > MAX_REGROUP_REASON:
             reason = reason[: MAX_REGROUP_REASON - 3] + "..."
         self.status.regroup = api.RegroupRequest(
             before=format_micro_time(
-                max(moment for moment, _, _ in self.regroups) + self.observed.clock_margin
+                max(regroup.before for regroup in self.regroups) + self.observed.clock_margin
             ),
             epoch=previous + 1,
             reason=reason,
-            departed=sorted({pod for _, _, pod in self.regroups}),
+            departed=sorted({regroup.pod for regroup in self.regroups}),
+            departed_uids=sorted({regroup.uid for regroup in self.regroups if regroup.uid}),
         )
 
     def finish(self) -> Plan:
@@ -454,7 +466,9 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
             return True
         disrupted = disrupted or not failure.spare
         if _in_group(pod, failure.spare, b):
-            b.regroup(failure.occurred_at or b.now, f"{failure.cause} of {failure.pod}", failure.pod)
+            b.regroup(
+                failure.occurred_at or b.now, f"{failure.cause} of {failure.pod}", failure.pod, failure.uid
+            )
         b.mark_done(failure.pod, failure.uid)
         if decision.action == "RestartJob":
             b.delete(trainers, force=failure.force)
@@ -767,7 +781,8 @@ def _scale_down(b: _Builder, live: list[dict[str, Any]], wanted: int, workers: b
     surplus = order[: len(live) - wanted]
     for pod in surplus:
         if workers and observe.is_running(pod) and _in_group(pod, False, b):
-            b.regroup(b.now, f"scale-down removed {observe.pod_name(pod)}", observe.pod_name(pod))
+            name = observe.pod_name(pod)
+            b.regroup(b.now, f"scale-down removed {name}", name, pod["metadata"].get("uid"))
     b.delete(surplus)
 
 

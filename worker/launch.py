@@ -124,12 +124,13 @@ class RendezvousClient:
     def publish_node(self, store: dist.TCPStore) -> None:
         """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
         with contextlib.suppress(*STORE_ERRORS, RuntimeError):
-            rendezvous.publish_node(store, self.settings.pod_name, self.handler._this_node)
+            key = self.settings.pod_uid or self.settings.pod_name
+            rendezvous.publish_node(store, key, self.handler._this_node)
 
-    def forget_departed(self, pods: tuple[str, ...], before: datetime) -> list[str]:
+    def forget_departed(self, pod_keys: tuple[str, ...]) -> list[str]:
         """Expire the departed pods' nodes in the rendezvous state (see `rendezvous.forget_departed`)."""
         backend = self.handler._state_holder._backend  # type: ignore[attr-defined]
-        return rendezvous.forget_departed(self.store, backend, pods, before)
+        return rendezvous.forget_departed(self.store, backend, pod_keys)
 
     def _connect_once(self) -> dist.TCPStore:
         return rendezvous.connect(

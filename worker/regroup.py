@@ -4,10 +4,13 @@ When a worker dies without closing a socket (a frozen pod, a lost node), its pee
 wait or in a collective that never errors until a timeout minutes later. The operator notices the silence
 through the heartbeat Leases and writes into the TrainingJob's status
 
-    status.regroup = {"before": "<RFC 3339 time>", "epoch": <int>, "reason": "<text>"}
+    status.regroup = {"before": "<RFC 3339 time>", "epoch": <int>, "reason": "<text>",
+                      "departed": ["<pod>", ...], "departedUids": ["<pod uid>", ...]}
 
 meaning "worker groups started before `before` include a worker that failed; re-form now". The epoch
-grows with every new request. Every launcher follows its TrainingJob (worker/jobwatch.py) and, for a
+grows with every new request. Every launcher also drops the departed pods' nodes from the rendezvous at once
+(each launcher publishes its node under its pod's UID), so the round that re-forms never waits for their
+keep-alives to lapse. Every launcher follows its TrainingJob (worker/jobwatch.py) and, for a
 request it has not settled yet:
 
 - a launcher whose worker group runs and started before `before` claims the request in the rendezvous
@@ -54,6 +57,8 @@ class RegroupRequest:
     """Why, for logs (e.g. the failed pod and what was seen)."""
     departed: tuple[str, ...] = ()
     """The failed or removed pods: their nodes are dropped from the rendezvous at once."""
+    departed_uids: tuple[str, ...] = ()
+    """Their UIDs, the keys under which their launchers published their rendezvous nodes."""
 
 
 def parse_time(text: str) -> datetime | None:
@@ -77,11 +82,18 @@ def regroup_of(job: Mapping[str, Any] | None) -> RegroupRequest | None:
     if before is None or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch <= 0:
         return None
     reason = raw.get("reason")
-    departed = raw.get("departed")
-    pods = tuple(pod for pod in departed if isinstance(pod, str)) if isinstance(departed, list) else ()
+    pods = _strings(raw.get("departed"))
     return RegroupRequest(
-        before=before, epoch=epoch, reason=reason if isinstance(reason, str) else "", departed=pods
+        before=before,
+        epoch=epoch,
+        reason=reason if isinstance(reason, str) else "",
+        departed=pods,
+        departed_uids=_strings(raw.get("departedUids")),
     )
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(item for item in value if isinstance(item, str)) if isinstance(value, list) else ()
 
 
 def regroup_due(request: RegroupRequest, group_started: float | None) -> bool:
@@ -153,7 +165,7 @@ class Regrouper(Ticker):
         group_started: Callable[[], float | None],
         writer: str,
         interval: float,
-        forget: Callable[[tuple[str, ...], datetime], list[str]] | None = None,
+        forget: Callable[[tuple[str, ...]], list[str]] | None = None,
     ) -> None:
         super().__init__(interval)
         self._forget = forget
@@ -224,7 +236,8 @@ class Regrouper(Ticker):
         # their own first), the round they form next waits for the departed nodes until they are dropped.
         if self._forget is None or not request.departed or request.epoch <= self.forgotten:
             return
-        dropped = self._forget(request.departed, request.before)
+        # By UID where the launchers published under it; by name where they run without one (no Kubernetes).
+        dropped = self._forget(request.departed_uids + request.departed)
         self.forgotten = request.epoch
         if dropped:
             logger.warning(

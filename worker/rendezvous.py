@@ -192,22 +192,23 @@ def install_sync_poll(interval: float) -> bool:
 # ------------------------------------------------------------------------------- departed workers
 
 NODE_KEY_PREFIX = "phalanx/rendezvous-node/"
-"""`<prefix><pod name>` in the store: that pod's node in torch's rendezvous (`addr pid local_id`)."""
+"""`<prefix><pod uid>` (or pod name) in the store: that pod's node in torch's rendezvous (`addr pid local_id`)."""
 EXPIRED = datetime(1970, 1, 1, tzinfo=UTC)
 """A keep-alive older than any timeout: torch's next read of the state removes the node."""
 
 
-def publish_node(store: dist.Store, pod_name: str, node: Any) -> None:
-    """Record which rendezvous node (torch's `_NodeDesc`) this pod's launcher is, for `forget_departed`."""
-    if pod_name:
-        store.set(NODE_KEY_PREFIX + pod_name, f"{node.addr} {node.pid} {node.local_id}")
+def publish_node(store: dist.Store, pod_key: str, node: Any) -> None:
+    """Record which rendezvous node (torch's `_NodeDesc`) this pod's launcher is, for `forget_departed`, under
+    its pod's UID (its name where it runs without one)."""
+    if pod_key:
+        store.set(NODE_KEY_PREFIX + pod_key, f"{node.addr} {node.pid} {node.local_id}")
 
 
-def departed_nodes(store: dist.Store, pods: Sequence[str]) -> set[tuple[str, int, int]]:
+def departed_nodes(store: dist.Store, pod_keys: Sequence[str]) -> set[tuple[str, int, int]]:
     """The rendezvous nodes the named pods' launchers published (pods that never published are skipped)."""
     found = set()
-    for pod in pods:
-        key = NODE_KEY_PREFIX + pod
+    for pod_key in pod_keys:
+        key = NODE_KEY_PREFIX + pod_key
         if not store.check([key]):
             continue
         addr, pid, local_id = store.get(key).decode().split()
@@ -215,18 +216,17 @@ def departed_nodes(store: dist.Store, pods: Sequence[str]) -> set[tuple[str, int
     return found
 
 
-def forget_departed(
-    store: dist.Store, backend: Any, pods: Sequence[str], before: datetime, attempts: int = 5
-) -> list[str]:
+def forget_departed(store: dist.Store, backend: Any, pod_keys: Sequence[str], attempts: int = 5) -> list[str]:
     """Expire, in torch's rendezvous state, the keep-alives of the departed pods' nodes.
 
     A node that died without leaving stays a participant of the finished round until its keep-alive
     expires (keep-alive interval x attempts: seconds), and no new round can form before: that wait was
-    most of a recovery. The operator names the failed pods in its regroup request, so their nodes are
-    expired at once (compare-and-set of the state, `attempts` tries) and torch's next read of the state
-    removes them. Only a keep-alive from before `before` (when the failure happened) is expired: a node
-    that spoke since is alive. Returns the addresses of the nodes expired."""
-    wanted = departed_nodes(store, pods)
+    most of a recovery. The operator names the failed pods in its regroup request, by UID, so their nodes
+    are expired at once (compare-and-set of the state, `attempts` tries) and torch's next read of the state
+    removes them. Whatever a departed node sent last does not save it: a pod UID is never reused, so the node
+    is the failed pod's own launcher, on its way out (a frozen one thawed to be killed still sends one
+    keep-alive). Returns the addresses of the nodes expired."""
+    wanted = departed_nodes(store, pod_keys)
     if not wanted:
         return []
     for _ in range(attempts):
@@ -238,7 +238,7 @@ def forget_departed(
         stale = [
             node
             for node, beat in state.last_heartbeats.items()
-            if (node.addr, node.pid, node.local_id) in wanted and EXPIRED < beat <= before
+            if (node.addr, node.pid, node.local_id) in wanted and beat > EXPIRED
         ]
         if not stale:
             return []

@@ -549,6 +549,7 @@ def test_a_failed_worker_asks_its_group_to_re_form_from_when_it_failed(
         "epoch": 1,
         "reason": "Killed of demo-worker-1",
         "departed": ["demo-worker-1"],
+        "departedUids": ["uid-demo-worker-1"],
     }
     assert killed.status["incidents"][0]["occurredAt"] == "2026-01-01T12:00:01.999999Z"
     # The operator's configured clock skew replaces the default margin.
@@ -581,6 +582,7 @@ def test_a_failed_worker_asks_its_group_to_re_form_from_when_it_failed(
         "epoch": 2,
         "reason": "HeartbeatTimeout of demo-worker-0",
         "departed": ["demo-worker-0"],
+        "departedUids": ["uid-demo-worker-0"],
     }
 
 
@@ -600,6 +602,7 @@ def test_several_failures_make_one_request_from_the_latest(
         "epoch": 1,
         "reason": "Killed of demo-worker-0; ExitCode of demo-worker-1",
         "departed": ["demo-worker-0", "demo-worker-1"],
+        "departedUids": ["uid-demo-worker-0", "uid-demo-worker-1"],
     }
 
 
@@ -656,6 +659,7 @@ def test_removing_a_training_worker_on_scale_down_asks_for_a_regroup(
         "epoch": 1,
         "reason": "scale-down removed demo-worker-2",
         "departed": ["demo-worker-2"],
+        "departedUids": ["uid-demo-worker-2"],
     }
 
 

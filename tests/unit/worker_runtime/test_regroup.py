@@ -293,40 +293,74 @@ def rendezvous_state(store: dist.Store, beats: dict[Any, datetime]) -> Any:
 def test_the_departed_pods_nodes_are_expired_and_only_theirs(store: dist.Store) -> None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
-    dead, alive, respoken = (
+    dead, alive, thawed = (
         _NodeDesc("10.0.0.1", 11, 0),
         _NodeDesc("10.0.0.2", 12, 0),
         _NodeDesc("10.0.0.3", 13, 0),
     )
-    rendezvous.publish_node(store, "w-0", dead)
-    rendezvous.publish_node(store, "w-1", alive)
-    rendezvous.publish_node(store, "w-2", respoken)
+    rendezvous.publish_node(store, "uid-0", dead)
+    rendezvous.publish_node(store, "uid-1", alive)
+    rendezvous.publish_node(store, "uid-2", thawed)
     failure = NOW
-    beats = {dead: failure - timedelta(seconds=1), alive: failure, respoken: failure + timedelta(seconds=2)}
+    # uid-2 froze, and was thawed to be killed: it sent one last keep-alive after the failure.
+    beats = {dead: failure - timedelta(seconds=1), alive: failure, thawed: failure + timedelta(seconds=4)}
     backend = rendezvous_state(store, beats)
 
-    # w-1 was not named; w-2 spoke after the failure (alive after all); w-9 never published its node.
-    dropped = rendezvous.forget_departed(store, backend, ("w-0", "w-2", "w-9"), before=failure)
+    # uid-1 was not named; uid-9 never published its node.
+    dropped = rendezvous.forget_departed(store, backend, ("uid-0", "uid-2", "uid-9"))
+    assert sorted(dropped) == ["10.0.0.1/11", "10.0.0.3/13"]
+    state = pickle.loads(backend.get_state()[0])
+    assert state.last_heartbeats == {**beats, dead: rendezvous.EXPIRED, thawed: rendezvous.EXPIRED}
+    # Done already: a second launcher acting on the same request writes nothing.
+    assert rendezvous.forget_departed(store, backend, ("uid-0",)) == []
+
+
+def test_a_reused_pod_name_keeps_its_new_node(store: dist.Store) -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    # w-0 failed; its replacement, a new pod of the same name, has joined the rendezvous meanwhile. The request
+    # names the failed one's UID: only its node goes.
+    old, new = _NodeDesc("10.0.0.1", 11, 0), _NodeDesc("10.0.0.5", 21, 0)
+    rendezvous.publish_node(store, "uid-old", old)
+    rendezvous.publish_node(store, "uid-new", new)
+    backend = rendezvous_state(store, {old: NOW, new: NOW + timedelta(seconds=9)})
+    request = regroup_of(
+        job_with(
+            {
+                "before": micro_time(NOW),
+                "epoch": 4,
+                "reason": "HeartbeatTimeout of w-0",
+                "departed": ["w-0"],
+                "departedUids": ["uid-old"],
+            }
+        )
+    )
+    assert request is not None and request.departed_uids == ("uid-old",)
+    dropped = rendezvous.forget_departed(store, backend, request.departed_uids + request.departed)
     assert dropped == ["10.0.0.1/11"]
     state = pickle.loads(backend.get_state()[0])
-    assert state.last_heartbeats == {**beats, dead: rendezvous.EXPIRED}
-    # Done already: a second launcher acting on the same request writes nothing.
-    assert rendezvous.forget_departed(store, backend, ("w-0",), before=failure) == []
+    assert state.last_heartbeats[new] == NOW + timedelta(seconds=9)
 
 
 def test_every_launcher_drops_the_departed_even_without_a_running_group(store: dist.Store) -> None:
-    asked: list[tuple[tuple[str, ...], datetime]] = []
+    asked: list[tuple[str, ...]] = []
 
-    def forget(pods: tuple[str, ...], before: datetime) -> list[str]:
-        asked.append((pods, before))
-        return list(pods)
+    def forget(pod_keys: tuple[str, ...]) -> list[str]:
+        asked.append(pod_keys)
+        return list(pod_keys)
 
     job = job_with(
-        {"before": micro_time(NOW), "epoch": 2, "reason": "PodDeleted of w-0", "departed": ["w-0"]}
+        {
+            "before": micro_time(NOW),
+            "epoch": 2,
+            "reason": "PodDeleted of w-0",
+            "departed": ["w-0"],
+            "departedUids": ["uid-0"],
+        }
     )
     regrouper = Regrouper(lambda: job, lambda: store, lambda: None, "w1", interval=60, forget=forget)
     assert regrouper.tick() is None  # no group runs: nothing to claim, but the departed are dropped
-    assert asked == [(("w-0",), NOW)]
+    assert asked == [("uid-0", "w-0")]
     regrouper.tick()
     assert len(asked) == 1  # once per request
-    assert regroup_of(job) == RegroupRequest(NOW, 2, "PodDeleted of w-0", ("w-0",))
+    assert regroup_of(job) == RegroupRequest(NOW, 2, "PodDeleted of w-0", ("w-0",), ("uid-0",))
