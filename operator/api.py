@@ -735,8 +735,8 @@ class PreflightStatus(ApiModel):
     state: PreflightState
     """Running until a worker's heartbeat tells the outcome, then Passed or Failed."""
     reason: str = Field(min_length=1)
-    """`PreflightRunning`, `Passed`, or what failed: `CheckpointStorageUnusable`, `RestoreFailed`,
-    `ResumeMismatch`."""
+    """`PreflightRunning`, `Passed`, or what failed: `CheckpointStorageUnusable`, `RendezvousUnreachable`,
+    `RestoreFailed`, `ResumeMismatch`."""
     message: str = Field(min_length=1)
     """What the preflight does, did or found (from the pod that told)."""
     pod: str | None = None

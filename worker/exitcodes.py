@@ -23,8 +23,9 @@ class LauncherExit(IntEnum):
     LOSS_DIVERGED = 5
     """A training process gave up after too many non-finite losses (see guards.NonFiniteLossGuard)."""
     PREFLIGHT_FAILED = 6
-    """The preflight failed: the checkpoint location is unusable, or a restart from a checkpoint does not
-    resume the run it was taken from (worker/preflight.py). The heartbeat says which and why."""
+    """The preflight failed: the checkpoint location is unusable, the rendezvous store cannot be reached, or a
+    restart from a checkpoint does not resume the run it was taken from (worker/preflight.py). The heartbeat
+    says which and why."""
     TERMINATED = 143
     """SIGTERM: training processes were asked to save, then stopped (128 + 15)."""
 

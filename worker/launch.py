@@ -822,7 +822,20 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
     )
     try:
         following.start_feed()
-        client = RendezvousClient(settings)
+        try:
+            client = RendezvousClient(settings)
+        except StoreUnreachableError as error:
+            job = following.view.current() if following.view is not None else None
+            if not preflight.pending(dict(os.environ), job):
+                raise
+            message = f"{settings.pod_name or settings.local_addr} cannot reach the job's rendezvous: {error}"
+            logger.error("preflight failed: %s", message)
+            reporter.preflight_failure = {
+                "preflight": preflight.FAILED,
+                "preflight_reason": preflight.REASON_RENDEZVOUS,
+                "preflight_message": message,
+            }
+            return int(LauncherExit.PREFLIGHT_FAILED)
         reporter.standby_probe = client.in_standby
         spec = WorkerSpec(
             role="trainer",

@@ -2,9 +2,10 @@
 
 With `spec.preflight.enabled` the operator sets `PHALANX_PREFLIGHT_STEPS` (and `..._TOLERANCE`) on every
 trainer pod. Each launcher first checks that the checkpoint location (and the durable tier, when there is one)
-can be written, synced, read back and removed (`durable.probe_directory`, `tiers.probe`); a pod that cannot
-fails the preflight before any training. The training loop then drives :class:`Preflight` (three calls, see
-worker/examples/tinygpt.py):
+can be written, synced, read back and removed (`durable.probe_directory`, `tiers.probe`), then that it reaches
+the job's rendezvous store within the join timeout; a pod that cannot fails the preflight before any training
+(`CheckpointStorageUnusable`, `RendezvousUnreachable`). The training loop then drives :class:`Preflight` (three
+calls, see worker/examples/tinygpt.py):
 
 1. record: train `steps` steps from wherever the job starts; half-way (step `k`) a durable checkpoint is
    forced and awaited; the losses of the steps after it and, at the end, a digest of every rank's model
@@ -65,11 +66,25 @@ FAILED = "failed"
 
 REASON_STORAGE = "CheckpointStorageUnusable"
 """The checkpoint location cannot be written, synced, read back or cleaned up."""
+REASON_RENDEZVOUS = "RendezvousUnreachable"
+"""A pod cannot reach the job's rendezvous store (its name does not resolve, or nothing answers there)."""
 REASON_RESTORE = "RestoreFailed"
 """The restart did not restore the preflight's checkpoint from the durable storage."""
 REASON_MISMATCH = "ResumeMismatch"
 """The resumed run's losses or model differ from the uninterrupted run's."""
 REASON_PASSED = "Passed"
+
+
+def pending(env: dict[str, str], job: dict[str, Any] | None) -> bool:
+    """Whether this pod starts as part of the job's preflight: it was given preflight steps and the job (when
+    known) does not say the preflight passed. Pods created after a pass get no steps; a pod given them
+    before the pass that starts again after it (a container restart) is no longer in the preflight."""
+    steps = env.get(STEPS_ENV, "")
+    if not steps.isdigit() or int(steps) <= 0:
+        return False
+    state = (((job or {}).get("status") or {}).get("preflight") or {}).get("state")
+    return state != "Passed"
+
 
 LOOSE_TOLERANCE = 1e-3
 """The least tolerance when the world size changed between the two runs (a failure during the preflight):

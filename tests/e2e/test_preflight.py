@@ -78,3 +78,20 @@ def test_checkpoints_the_pods_do_not_share_stop_the_job(
     stopped = wait_failed(cluster, namespace, "pf-local")
     message = assert_stopped_by_preflight(cluster, namespace, stopped, "RestoreFailed")
     assert "not shared by the pods" in message
+
+
+def test_pods_that_cannot_reach_the_rendezvous_stop_the_job(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # The pods' /etc/hosts sends the rendezvous service's name to an address where nothing listens, as a pod on
+    # a network that does not reach the store would see it.
+    name = "pf-nordzv"
+    endpoint = f"{name}-rdzv.{namespace}.svc"
+    job = trainingjob(name, spares=1, steps=40, preflight=PREFLIGHT)
+    job["spec"]["rendezvous"] = {"joinTimeoutSeconds": 15}
+    job["spec"]["template"]["spec"]["hostAliases"] = [{"ip": "127.0.0.3", "hostnames": [endpoint]}]
+    cluster.apply(job, namespace)
+    stopped = wait_failed(cluster, namespace, name)
+    message = assert_stopped_by_preflight(cluster, namespace, stopped, "RendezvousUnreachable")
+    assert endpoint in message and "cannot reach the job's rendezvous" in message
+    assert not stopped["status"].get("step")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from localjob import LocalJob
 
+from phalanx.worker import preflight
 from phalanx.worker.checkpoint import durable
 from phalanx.worker.checkpoint.durable import probe_directory as probe_storage
 from phalanx.worker.exitcodes import LauncherExit
@@ -94,6 +96,32 @@ def test_an_unusable_checkpoint_location_fails_the_preflight_before_training(
     output = job.node_output("a")
     assert "preflight failed" in output and "cannot create the directory" in output
     assert job.steps() == []
+
+
+@pytest.mark.parametrize("preflight_on", [True, False], ids=["preflight", "no-preflight"])
+def test_a_rendezvous_out_of_reach_fails_the_preflight_and_names_it(
+    job: LocalJob, preflight_on: bool
+) -> None:
+    job.stop_store()  # nothing listens at the job's rendezvous endpoint any more
+    env = PREFLIGHT if preflight_on else {}
+    job.start_node("a", EXAMPLE, nnodes="1", env=env, launcher_args=["--join-timeout", "3"])
+    code = job.wait_node("a", 60)
+    output = job.node_output("a")
+    if preflight_on:
+        assert code == LauncherExit.PREFLIGHT_FAILED, output
+        assert "preflight failed: a cannot reach the job's rendezvous" in output and job.endpoint in output
+    else:  # an infrastructure fault the operator replaces the pod for, as before
+        assert code == LauncherExit.RENDEZVOUS_UNREACHABLE, output
+    assert job.steps() == []
+
+
+def test_the_preflight_is_pending_until_the_job_says_it_passed() -> None:
+    steps = {"PHALANX_PREFLIGHT_STEPS": "8"}
+    assert preflight.pending(steps, None)
+    assert preflight.pending(steps, {"status": {"preflight": {"state": "Running"}}})
+    assert not preflight.pending(steps, {"status": {"preflight": {"state": "Passed"}}})
+    assert not preflight.pending({"PHALANX_PREFLIGHT_STEPS": "0"}, None)
+    assert not preflight.pending({}, None)
 
 
 def test_probing_storage_writes_reads_and_cleans_up(tmp_path: Path) -> None:
