@@ -67,6 +67,10 @@ class AutoIntervalSpec(ApiModel):
     """Durable saves no more often than this (seconds of training), however cheap they are."""
     max_interval_seconds: float = Field(default=14400.0, gt=0)
     """Durable saves at least this often (seconds of training), however rare failures are."""
+    cluster_history: bool = True
+    """Count the other TrainingJobs of the cluster as evidence too: their infrastructure failures (restarts not
+    charged to their users) over their workers' running time, scaled to this job's workers. A new job on a
+    cluster that fails often then saves often from its start, instead of trusting the prior alone."""
 
 
 class LocalTierSpec(ApiModel):
@@ -718,9 +722,13 @@ class CheckpointStatus(ApiModel):
     """Seconds per training step (median of the recent steps the heartbeats reported)."""
     mtbf_seconds: float | None = None
     """Mean time between failures: the prior (`autoInterval`) combined with the failures seen over the job's
-    running time."""
+    running time and, with `autoInterval.clusterHistory`, those of the cluster's other jobs."""
     failures_seen: int | None = None
     """Failures the job had when the interval was chosen (`restarts.total`)."""
+    cluster_failures_seen: int | None = None
+    """Infrastructure failures of the cluster's other TrainingJobs counted in the MTBF (`autoInterval.clusterHistory`)."""
+    cluster_worker_hours: float | None = None
+    """The running time of those jobs' workers (worker-hours) over which they saw those failures."""
     reason: str = ""
     """How the interval was reached, e.g. the Young/Daly figures, a bound, or the bootstrap before the first
     save cost was measured."""

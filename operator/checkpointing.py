@@ -11,7 +11,11 @@ Young/Daly: the interval that loses the least time to saves plus the work redone
 - MTBF: the job's own failures (`status.restarts.total`) over its running time (since `status.startTime`),
   combined with a prior of `priorFailures` failures in `priorFailures x priorMtbfSeconds` seconds:
   `(priorFailures x priorMtbfSeconds + running) / (priorFailures + failures)`. The prior keeps one early
-  failure from swinging the interval wildly; the job's own history takes over as it grows.
+  failure from swinging the interval wildly; the job's own history takes over as it grows. With
+  `clusterHistory` the cluster's other TrainingJobs add their evidence: their infrastructure failures (restarts
+  not charged to their users: a user's bug says nothing about this job) over their workers' running time,
+  which a job of W workers would live through in `worker-seconds / W` seconds. Failures strike per worker, so
+  a job of many workers fails more often than the same cluster's small jobs.
 
 The interval in seconds is kept within `[minIntervalSeconds, maxIntervalSeconds]`, then rounded to steps
 (at least 1). Until a save cost has been measured the workers save every `BOOTSTRAP_STEPS` steps (the first
@@ -23,10 +27,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from phalanx.operator import api
+from phalanx.operator.timeutil import parse_time
 
 BOOTSTRAP_STEPS = 10
 """Steps between durable saves under `auto` before the operator has chosen (the workers' own default too:
@@ -37,6 +44,68 @@ RECENT_STEPS = 20
 """Steps of the health history whose median step time is the step time."""
 REASON_CHECKPOINT_INTERVAL = "CheckpointInterval"
 """The Event reason of a changed interval."""
+
+
+@dataclass(frozen=True)
+class JobHistory:
+    """What one TrainingJob's status tells of the failures its infrastructure caused (`job_history`)."""
+
+    uid: str
+    failures: int
+    """Infrastructure failures: restarts not charged to the user's budget (`restarts.total - counted`)."""
+    workers: int
+    """Active workers (the job's size while it ran)."""
+    started: datetime | None
+    """`status.startTime` (None: never started)."""
+    ended: datetime | None
+    """`status.completionTime` (None: still running)."""
+
+    def worker_seconds(self, now: datetime) -> float:
+        if self.started is None:
+            return 0.0
+        return max(((self.ended or now) - self.started).total_seconds(), 0.0) * self.workers
+
+
+@dataclass(frozen=True)
+class ClusterHistory:
+    """The evidence of the cluster's other jobs (`cluster_history`)."""
+
+    failures: int
+    """Their infrastructure failures."""
+    worker_seconds: float
+    """The running time of their workers."""
+    jobs: int
+    """How many jobs had run."""
+
+
+def job_history(job: Mapping[str, Any]) -> JobHistory | None:
+    """A TrainingJob's failure history from its stored object (None: not one Phalanx ran)."""
+    metadata, spec, status = (job.get(key) or {} for key in ("metadata", "spec", "status"))
+    uid = metadata.get("uid")
+    if not uid:
+        return None
+    restarts = status.get("restarts") or {}
+    failures = int(restarts.get("total") or 0) - int(restarts.get("counted") or 0)
+    workers = int((status.get("replicas") or {}).get("desired") or spec.get("replicas") or 0)
+    return JobHistory(
+        uid=str(uid),
+        failures=max(failures, 0),
+        workers=max(workers, 0),
+        started=parse_time(status.get("startTime")),
+        ended=parse_time(status.get("completionTime")),
+    )
+
+
+def cluster_history(
+    histories: Iterable[JobHistory | None], exclude_uid: str | None, now: datetime
+) -> ClusterHistory:
+    """The other jobs' evidence, summed (the job `exclude_uid` itself left out)."""
+    others = [h for h in histories if h is not None and h.uid != exclude_uid and h.started is not None]
+    return ClusterHistory(
+        failures=sum(h.failures for h in others),
+        worker_seconds=sum(h.worker_seconds(now) for h in others),
+        jobs=len(others),
+    )
 
 
 @dataclass(frozen=True)
@@ -51,6 +120,10 @@ class Measurements:
     """Failures over the job's life (`restarts.total`)."""
     running_seconds: float
     """Seconds since the job's pods were first created."""
+    workers: int = 1
+    """The job's active workers."""
+    cluster: ClusterHistory | None = None
+    """The cluster's other jobs (None: not observed)."""
 
 
 @dataclass(frozen=True)
@@ -62,12 +135,22 @@ class Decision:
 
 
 def mtbf_seconds(
-    failures: int, running_seconds: float, prior_mtbf_seconds: float, prior_failures: float
+    failures: int,
+    running_seconds: float,
+    prior_mtbf_seconds: float,
+    prior_failures: float,
+    cluster: ClusterHistory | None = None,
+    workers: int = 1,
 ) -> float:
-    """Mean time between failures: the prior's pseudo-failures and pseudo-time added to the job's own."""
-    return (prior_failures * prior_mtbf_seconds + max(running_seconds, 0.0)) / (
-        prior_failures + max(failures, 0)
-    )
+    """Mean time between failures of a job of `workers` workers: the prior's pseudo-failures and pseudo-time
+    added to the job's own, and the cluster's other jobs' failures with their worker-time in this job's
+    seconds."""
+    evidence_seconds = prior_failures * prior_mtbf_seconds + max(running_seconds, 0.0)
+    evidence_failures = prior_failures + max(failures, 0)
+    if cluster is not None:
+        evidence_seconds += cluster.worker_seconds / max(workers, 1)
+        evidence_failures += cluster.failures
+    return evidence_seconds / evidence_failures
 
 
 def young_daly_seconds(save_seconds: float, mtbf: float) -> float:
@@ -151,6 +234,10 @@ def _inputs_changed(previous: api.CheckpointStatus, new: api.CheckpointStatus) -
             parts.append(f"{label} {_figure(old)}{unit} -> {_figure(value)}{unit}")
     if previous.failures_seen is not None and new.failures_seen != previous.failures_seen:
         parts.append(f"failures {previous.failures_seen} -> {new.failures_seen}")
+    if new.cluster_failures_seen is not None and new.cluster_failures_seen != previous.cluster_failures_seen:
+        parts.append(
+            f"other jobs' failures {previous.cluster_failures_seen or 0} -> {new.cluster_failures_seen}"
+        )
     return ", ".join(parts)
 
 
@@ -172,14 +259,29 @@ def choose(
     if save is None or step is None:
         return Decision(auto or bootstrap())
     settings = spec.auto_interval
+    cluster = (
+        measured.cluster if settings.cluster_history and measured.cluster and measured.cluster.jobs else None
+    )
     mtbf = mtbf_seconds(
-        measured.failures, measured.running_seconds, settings.prior_mtbf_seconds, settings.prior_failures
+        measured.failures,
+        measured.running_seconds,
+        settings.prior_mtbf_seconds,
+        settings.prior_failures,
+        cluster,
+        measured.workers,
     )
     ideal = young_daly_seconds(save, mtbf)
     seconds, bound = clamp_seconds(ideal, settings)
     steps = steps_for(seconds, step)
+    hours = cluster.worker_seconds / 3600 if cluster is not None else None
+    evidence = (
+        f" (the job's {measured.failures} failures and its other jobs' {cluster.failures} in "
+        f"{_figure(hours or 0.0)} worker-hours)"
+        if cluster is not None
+        else ""
+    )
     reason = (
-        f"Young/Daly: sqrt(2 x {_figure(save)} s save x {_figure(mtbf)} s MTBF) = {_figure(ideal)} s"
+        f"Young/Daly: sqrt(2 x {_figure(save)} s save x {_figure(mtbf)} s MTBF{evidence}) = {_figure(ideal)} s"
         + (f", {bound}" if bound else "")
         + f", / {_figure(step)} s per step = {steps} steps"
     )
@@ -190,6 +292,8 @@ def choose(
         step_seconds=_rounded(step),
         mtbf_seconds=_rounded(mtbf),
         failures_seen=measured.failures,
+        cluster_failures_seen=cluster.failures if cluster is not None else None,
+        cluster_worker_hours=_rounded(hours) if hours is not None else None,
         reason=reason,
     )
     if auto is None or auto.save_seconds is None:

@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import api, health, names, reconcile
+from phalanx.operator import api, checkpointing, health, names, reconcile
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
@@ -32,6 +32,8 @@ from phalanx.operator.timeutil import now
 from phalanx.operator.wakeups import Wakeups
 
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
+CLUSTER_KEY = "cluster"
+"""The one key of the job-history index: every TrainingJob's failure history under it."""
 STATUS_WRITE_ATTEMPTS = 4
 """Status writes per reconcile while only the job's metadata or spec moves under it (409 Conflict)."""
 
@@ -105,9 +107,10 @@ class JobReconciler:
         leases: Mapping[Any, Iterable[dict[str, Any]]],
         nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
+        histories: Iterable[checkpointing.JobHistory | None] = (),
     ) -> reconcile.Plan | None:
         """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
-        gone)."""
+        gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval)."""
         key = (namespace, name)
         with self._locks_guard:
             if key in self._queued:
@@ -137,13 +140,15 @@ class JobReconciler:
                 for node in {(pod.get("spec") or {}).get("nodeName") for pod in job_pods} - {None}
                 if (summary := _first(nodes.get(node))) is not None
             }
+            moment = now()
             observed = reconcile.Observed(
                 pods=job_pods,
-                now=now(),
+                now=moment,
                 leases=job_leases,
                 node_labels={node: summary["labels"] for node, summary in node_health.items()},
                 nodes=node_health,
                 health=self.health.snapshot(key),
+                cluster=checkpointing.cluster_history(list(histories), job["metadata"].get("uid"), moment),
                 clock_margin=self.clock_margin,
             )
             plan = reconcile.plan(job, observed)
@@ -298,11 +303,22 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
     def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
         return {name: observe.summarize_node(dict(body))}
 
+    @kopf.index(api.GROUP, api.VERSION, api.PLURAL, id="phalanx_job_histories", registry=registry)
+    def phalanx_job_histories(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        # Every job under one key: the automatic checkpoint interval weighs the cluster's failure history.
+        return {CLUSTER_KEY: checkpointing.job_history(dict(body))}
+
     wakeups = Wakeups(settings.reconcile_interval_seconds)
 
     def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
         plan = reconciler.reconcile(
-            namespace, name, kwargs["phalanx_pods"], kwargs["phalanx_leases"], kwargs["phalanx_nodes"], logger
+            namespace,
+            name,
+            kwargs["phalanx_pods"],
+            kwargs["phalanx_leases"],
+            kwargs["phalanx_nodes"],
+            logger,
+            histories=kwargs["phalanx_job_histories"].get(CLUSTER_KEY, ()),
         )
         if plan is not None:
             # The indexes in kwargs are live: the wake-up reconciles with what is observed then.

@@ -73,6 +73,8 @@ class Observed:
     health: health.History | None = None
     """The job's training-health history from its heartbeats (`health.HealthMonitor`). None: not observed
     (no health judgement; `status.health` and the `Healthy` condition stay as they are)."""
+    cluster: checkpointing.ClusterHistory | None = None
+    """The failure history of the cluster's other TrainingJobs (for `intervalSteps: auto`). None: not observed."""
     clock_margin: timedelta = REGROUP_CLOCK_MARGIN
     """Added to a regroup request's `before`: the failure time and a group's start come from different
     machines' clocks, so this is the skew tolerated between nodes. A group that re-formed by itself starts
@@ -602,6 +604,8 @@ def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
         ),
         failures=b.status.restarts.total,
         running_seconds=(b.now - started).total_seconds() if started is not None else 0.0,
+        workers=b.status.replicas.desired or spec.replicas,
+        cluster=b.observed.cluster,
     )
     decision = checkpointing.choose(spec.checkpoint, b.status.checkpoint, measured)
     b.status.checkpoint = decision.status

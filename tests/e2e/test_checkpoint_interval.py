@@ -4,8 +4,8 @@ The operator starts from the bootstrap interval, chooses one once the workers re
 costs, shows it with its inputs in `status.checkpoint`, and the workers' heartbeats say they save at it. Two
 workers killed one after the other raise the failure rate: the MTBF input falls and so does the interval, with
 an Event. The prior is small (600 s with a quarter of a failure's weight), so two failures cut the MTBF several
-times over: more than the measured save cost's noise on a busy machine (it can double) can make up for. The
-test checks directions, never values.
+times over: more than the measured save cost's noise on a busy machine (it can double) can make up for. Failures of
+another job on the cluster lower a new job's MTBF from its start. The tests check directions, never values.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ AUTO = {
     "volume": {"emptyDir": {}},
     "path": "/checkpoints",
     "intervalSteps": "auto",
-    "autoInterval": {"priorMtbfSeconds": 600, "priorFailures": 0.25, "minIntervalSeconds": 0},
+    # The job's own failures alone: other tests' jobs on the cluster would add theirs (clusterHistory).
+    "autoInterval": {
+        "priorMtbfSeconds": 600,
+        "priorFailures": 0.25,
+        "minIntervalSeconds": 0,
+        "clusterHistory": False,
+    },
 }
 
 
@@ -49,13 +55,13 @@ def training_intervals(cluster: Cluster, namespace: str) -> set[str]:
     return found
 
 
-def training_victim(cluster: Cluster, namespace: str, spared: list[str]) -> str | None:
+def training_victim(cluster: Cluster, namespace: str, spared: list[str], name: str = NAME) -> str | None:
     """A worker that trains now, once the job recovered from the failures before (none being recovered)."""
-    job = get_job(cluster, namespace, NAME)
+    job = get_job(cluster, namespace, name)
     recovering = [c for c in job["status"].get("conditions", []) if c["type"] == "Recovering"]
     if recovering and recovering[0]["status"] == "True":
         return None
-    for pod in job_pods(cluster, namespace, NAME, "phalanx.dev/role=worker"):
+    for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker"):
         if pod.metadata.name in spared or pod.metadata.deletion_timestamp is not None:
             continue
         lease = cluster.get_json("lease", pod.metadata.name, "-n", namespace)
@@ -140,3 +146,49 @@ def test_auto_interval_is_chosen_followed_and_falls_with_failures(
     final = wait_succeeded(cluster, namespace, NAME, timeout=400)
     assert final["status"]["step"] == STEPS
     assert final["status"]["checkpoint"]["mode"] == "auto"
+
+
+def test_another_jobs_failures_lower_a_new_jobs_mtbf(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # A job on this cluster loses two workers to deletions (infrastructure failures, not its user's).
+    flaky = trainingjob("flaky", replicas=2, spares=0, steps=2000, step_delay=0.1)
+    cluster.apply(flaky, namespace)
+    victims: list[str] = []
+    for count in (1, 2):
+        victim = wait_for(
+            lambda: training_victim(cluster, namespace, victims, "flaky"), 120, message="a training worker"
+        )
+        victims.append(victim)
+        cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+        wait_for(
+            lambda n=count: get_job(cluster, namespace, "flaky")["status"]["restarts"]["total"] >= n,
+            60,
+            message=f"failure {count} of the flaky job handled",
+        )
+    # A new job with a day's prior: alone it would save rarely; the cluster's history says otherwise.
+    checkpoint = {
+        **AUTO,
+        "autoInterval": {"priorMtbfSeconds": 86400, "priorFailures": 1, "minIntervalSeconds": 0},
+    }
+    cluster.apply(
+        trainingjob("newcomer", replicas=2, steps=60, step_delay=0.1, checkpoint=checkpoint), namespace
+    )
+    chosen = wait_for(
+        lambda: (
+            (status := get_job(cluster, namespace, "newcomer").get("status", {}).get("checkpoint") or {}).get(
+                "saveSeconds"
+            )
+            is not None
+            and status
+        ),
+        240,
+        message="the newcomer's interval chosen from a measured save cost",
+    )
+    print(f"newcomer: {chosen}")
+    assert chosen["failuresSeen"] == 0 and chosen["clusterFailuresSeen"] >= 2, chosen
+    assert chosen["clusterWorkerHours"] > 0
+    # Two failures in minutes of the other job's worker time outweigh the day of prior several times over.
+    assert chosen["mtbfSeconds"] < 86400 / 2, chosen
+    assert "other jobs'" in chosen["reason"]
+    wait_succeeded(cluster, namespace, "newcomer", timeout=300)

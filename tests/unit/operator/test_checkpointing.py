@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -63,6 +63,72 @@ def test_the_prior_weighs_like_failures_already_seen() -> None:
     # Failures only lower it; running time without failures raises it.
     assert checkpointing.mtbf_seconds(2, 600.0, **prior) < early
     assert checkpointing.mtbf_seconds(0, 86400.0, **prior) > 86400.0
+
+
+def test_the_clusters_other_jobs_count_in_this_jobs_worker_seconds() -> None:
+    prior = {"prior_mtbf_seconds": 86400.0, "prior_failures": 1.0}
+    # Other jobs: 5 infrastructure failures in 100 worker-hours. A job of 10 workers lives through those
+    # 100 worker-hours in 10 hours: the cluster says it fails about every 2 hours.
+    cluster = checkpointing.ClusterHistory(failures=5, worker_seconds=100 * 3600.0, jobs=2)
+    mtbf = checkpointing.mtbf_seconds(0, 0.0, **prior, cluster=cluster, workers=10)
+    assert mtbf == pytest.approx((86400.0 + 36000.0) / 6)
+    # Twice the workers, twice the failures per hour: half the seconds of evidence.
+    assert checkpointing.mtbf_seconds(0, 0.0, **prior, cluster=cluster, workers=20) < mtbf
+    # No failures anywhere in a long history: the cluster vouches for a long MTBF.
+    quiet = checkpointing.ClusterHistory(failures=0, worker_seconds=1000 * 3600.0, jobs=3)
+    assert checkpointing.mtbf_seconds(0, 0.0, **prior, cluster=quiet, workers=10) > 86400.0
+
+
+def test_a_jobs_history_is_its_infrastructure_failures_over_its_workers_running_time() -> None:
+    t0 = datetime(2027, 1, 1, 8, 0, 0, tzinfo=UTC)
+    job = {
+        "metadata": {"uid": "u1"},
+        "spec": {"replicas": 4},
+        "status": {
+            "startTime": format_time(t0),
+            "restarts": {"total": 5, "counted": 2},  # 2 were the user's: they say nothing of the cluster
+            "replicas": {"desired": 8},
+        },
+    }
+    history = checkpointing.job_history(job)
+    assert history is not None and (history.failures, history.workers, history.ended) == (3, 8, None)
+    assert history.worker_seconds(t0 + timedelta(hours=1)) == pytest.approx(8 * 3600.0)
+    finished = {
+        **job,
+        "metadata": {"uid": "u3"},
+        "status": {**job["status"], "completionTime": format_time(t0 + timedelta(hours=2))},
+    }
+    ended = checkpointing.job_history(finished)
+    assert ended is not None and ended.worker_seconds(t0 + timedelta(days=9)) == pytest.approx(16 * 3600.0)
+    never = checkpointing.job_history({"metadata": {"uid": "u2"}, "spec": {"replicas": 2}})
+    total = checkpointing.cluster_history([history, ended, never, None], "u1", t0 + timedelta(hours=1))
+    # The job itself and the one that never started are left out.
+    assert (total.failures, total.worker_seconds, total.jobs) == (3, 16 * 3600.0, 1)
+    assert checkpointing.job_history({"spec": {}}) is None
+
+
+def test_other_jobs_failures_lower_a_new_jobs_interval_and_the_status_says_so() -> None:
+    flaky = checkpointing.ClusterHistory(failures=6, worker_seconds=12 * 3600.0, jobs=2)
+    alone = choose(OPEN, None, _measured(running=60)).status
+    with_cluster = choose(OPEN, None, Measurements(0.02, 0.25, 0, 60.0, workers=2, cluster=flaky)).status
+    assert with_cluster.mtbf_seconds is not None and alone.mtbf_seconds is not None
+    assert with_cluster.mtbf_seconds < alone.mtbf_seconds
+    assert with_cluster.interval_steps < alone.interval_steps
+    assert (with_cluster.cluster_failures_seen, with_cluster.cluster_worker_hours) == (6, 12.0)
+    assert "other jobs' 6 in 12 worker-hours" in with_cluster.reason
+    # The spec can keep other jobs out of it.
+    own = api.CheckpointSpec.model_validate(
+        {
+            "intervalSteps": "auto",
+            "autoInterval": {"minIntervalSeconds": 0, "maxIntervalSeconds": 1e9, "clusterHistory": False},
+        }
+    )
+    ignored = choose(own, None, Measurements(0.02, 0.25, 0, 60.0, workers=2, cluster=flaky)).status
+    assert ignored.mtbf_seconds == alone.mtbf_seconds and ignored.cluster_failures_seen is None
+    # A change in the other jobs' failures is named in the Event.
+    more = checkpointing.ClusterHistory(failures=30, worker_seconds=13 * 3600.0, jobs=2)
+    after = choose(OPEN, with_cluster, Measurements(0.02, 0.25, 0, 90.0, workers=2, cluster=more))
+    assert after.event is not None and "other jobs' failures 6 -> 30" in after.event
 
 
 def test_bounds_clamp_the_interval_and_say_so() -> None:
@@ -251,9 +317,19 @@ def _auto_job(make_job: MakeJob, prior_mtbf: float, started: datetime) -> dict[s
     return job
 
 
-def _reconcile(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime, **leases: Any) -> Plan:
+def _reconcile(
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    now: datetime,
+    cluster: checkpointing.ClusterHistory | None = None,
+    **leases: Any,
+) -> Plan:
     observed = Observed(
-        pods=pods, now=now, leases=_leases(now, **leases), nodes={"node-a": {"ready": "True"}}
+        pods=pods,
+        now=now,
+        leases=_leases(now, **leases),
+        nodes={"node-a": {"ready": "True"}},
+        cluster=cluster,
     )
     return plan(job, observed)
 
@@ -297,6 +373,21 @@ def test_the_interval_falls_after_failures_in_the_reconcile(
     assert after.status["checkpoint"]["intervalSteps"] < first.status["checkpoint"]["intervalSteps"]
     (event,) = [e for e in after.events if e.reason == "CheckpointInterval"]
     assert event.type == "Normal" and "failures 0 -> 3" in event.message
+
+
+def test_the_reconcile_weighs_the_clusters_history_by_the_jobs_workers(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = _auto_job(make_job, prior_mtbf=3600, started=now - timedelta(seconds=120))
+    pods = _gang(make_pod)
+    cluster = checkpointing.ClusterHistory(failures=4, worker_seconds=7200.0, jobs=3)
+    alone = _reconcile(job, pods, now, step=12).status["checkpoint"]
+    weighed = _reconcile(job, pods, now, cluster=cluster, step=12).status["checkpoint"]
+    workers = job["spec"]["replicas"]
+    assert weighed["mtbfSeconds"] == pytest.approx((3600 + 120 + 7200 / workers) / 5, rel=1e-3)
+    assert weighed["mtbfSeconds"] < alone["mtbfSeconds"]
+    assert (weighed["clusterFailuresSeen"], weighed["clusterWorkerHours"]) == (4, 2.0)
+    assert "clusterFailuresSeen" not in alone
 
 
 def test_a_fixed_interval_job_shows_its_interval(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:

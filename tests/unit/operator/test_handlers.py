@@ -164,7 +164,13 @@ def test_all_handlers_register_with_ids_matching_their_kwargs() -> None:
     kube = FakeKube({})
     handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
     index_ids = {handler.id for handler in registry._indexing.get_all_handlers()}
-    assert index_ids == {"phalanx_pods", "phalanx_pod_jobs", "phalanx_leases", "phalanx_nodes"}
+    assert index_ids == {
+        "phalanx_pods",
+        "phalanx_pod_jobs",
+        "phalanx_leases",
+        "phalanx_nodes",
+        "phalanx_job_histories",
+    }
     resource_ids = {handler.id for handler in registry._changing.get_all_handlers()}
     assert {"created", "updated", "resumed", "deleted"} <= resource_ids
     assert {handler.id for handler in registry._spawning.get_all_handlers()} == {"tick"}
@@ -214,6 +220,7 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_pods={},
         phalanx_leases={},
         phalanx_nodes={},
+        phalanx_job_histories={},
     )
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
 
@@ -266,6 +273,7 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
             phalanx_pod_jobs={("ml", "demo-worker-0"): ["demo"]},
             phalanx_leases={},
             phalanx_nodes={},
+            phalanx_job_histories={},
         )
         return kube.calls.count(("get", "demo")) - before
 
