@@ -8,6 +8,7 @@ from the rest because they are per process, while the rest is identical on every
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,7 +55,9 @@ class TrainState:
     """The resumable state of a training process.
 
     ``data_cursor`` is any object with ``state_dict()``/``load_state_dict()`` (the data sampler); it is
-    treated like the model: the same on every rank. ``step`` is the last finished step.
+    treated like the model: the same on every rank. ``extra`` holds any further such objects a run must
+    resume with (EMA weights, a loss-scale tracker, a curriculum), saved and restored under their names.
+    ``step`` is the last finished step.
     """
 
     PARTS = ("model", "optimizer", "lr_scheduler", "grad_scaler", "data_cursor")
@@ -66,16 +69,23 @@ class TrainState:
         lr_scheduler: Stateful | None = None,
         grad_scaler: Stateful | None = None,
         data_cursor: Stateful | None = None,
+        extra: Mapping[str, Stateful] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.grad_scaler = grad_scaler
         self.data_cursor = data_cursor
+        self.extra = dict(extra or {})
+        taken = [name for name in self.extra if name in self.PARTS or name == "step"]
+        if taken:
+            raise ValueError(f"extra state names {', '.join(taken)} are taken by TrainState's own parts")
         self.step = 0
 
     def parts(self) -> dict[str, Stateful]:
-        return {name: part for name in self.PARTS if (part := getattr(self, name)) is not None}
+        """Every part that is saved, by name: the given ones of PARTS, then the extra ones."""
+        own = {name: part for name in self.PARTS if (part := getattr(self, name)) is not None}
+        return {**own, **self.extra}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the RNG: references to live tensors (copy before training goes on)."""

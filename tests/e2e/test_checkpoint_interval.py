@@ -4,8 +4,9 @@ The operator starts from the bootstrap interval, chooses one once the workers re
 costs, shows it with its inputs in `status.checkpoint`, and the workers' heartbeats say they save at it. Two
 workers killed one after the other raise the failure rate: the MTBF input falls and so does the interval, with
 an Event. The prior is small (600 s with a quarter of a failure's weight), so two failures cut the MTBF several
-times over: more than the measured save cost's noise on a busy machine (it can double) can make up for. Failures of
-another job on the cluster lower a new job's MTBF from its start. The tests check directions, never values.
+times over: more than the measured save cost's noise on a busy machine (it can double) can make up for. A state
+that grows mid-run makes every save copy more: the measured save cost rises and so does the interval. Failures
+of another job on the cluster lower a new job's MTBF from its start. The tests check directions, never values.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def restarts(cluster: Cluster, namespace: str) -> int:
     return get_job(cluster, namespace, NAME).get("status", {}).get("restarts", {}).get("total", 0)
 
 
-def training_intervals(cluster: Cluster, namespace: str) -> set[str]:
+def training_intervals(cluster: Cluster, namespace: str, name: str = NAME) -> set[str]:
     """The interval in force each training worker's heartbeat reports."""
     found = set()
-    for pod in job_pods(cluster, namespace, NAME, "phalanx.dev/role=worker"):
+    for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker"):
         annotations = cluster.get_json("lease", pod.metadata.name, "-n", namespace)["metadata"]["annotations"]
         if annotations.get("phalanx.dev/phase") == "training":
             found.add(annotations.get("phalanx.dev/checkpoint-interval", ""))
@@ -146,6 +147,55 @@ def test_auto_interval_is_chosen_followed_and_falls_with_failures(
     final = wait_succeeded(cluster, namespace, NAME, timeout=400)
     assert final["status"]["step"] == STEPS
     assert final["status"]["checkpoint"]["mode"] == "auto"
+
+
+def test_auto_interval_grows_when_saves_get_costlier(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # A prior of a million failures pins the MTBF at 600 s whatever the running time: only the save cost moves.
+    # From step `grow_at` the checkpointed state carries 128 MB more, so every save has that much more to copy.
+    name, grow_at, steps = "autocost", 100, 420
+    checkpoint = {
+        **AUTO,
+        "autoInterval": {"priorMtbfSeconds": 600, "priorFailures": 1e6, "minIntervalSeconds": 0},
+    }
+    job = trainingjob(name, replicas=2, spares=0, steps=steps, step_delay=0.15, checkpoint=checkpoint)
+    job["spec"]["heartbeat"] = HEARTBEAT
+    job["spec"]["template"]["spec"]["containers"][0]["args"] += [
+        "--grow-state-at-step", str(grow_at), "--grow-state-mb", "128",
+    ]  # fmt: skip
+    cluster.apply(job, namespace)
+
+    def status() -> dict[str, Any]:
+        found = get_job(cluster, namespace, name).get("status", {})
+        return {**(found.get("checkpoint") or {}), "step": found.get("step") or 0}
+
+    cheap = wait_for(
+        lambda: (s := status()).get("saveSeconds") is not None and s["step"] < grow_at and s,
+        240,
+        message="an interval chosen from cheap saves, before the state grows",
+    )
+    costly = wait_for(
+        lambda: (s := status()).get("saveSeconds", 0) > 3 * cheap["saveSeconds"] and s,
+        240,
+        message="the interval chosen again from the costlier saves",
+    )
+    print(f"cheap saves: {cheap}; costly saves: {costly}")
+    assert costly["failuresSeen"] == cheap["failuresSeen"] == 0
+    assert abs(costly["mtbfSeconds"] - cheap["mtbfSeconds"]) < 0.01 * cheap["mtbfSeconds"]
+    # Young/Daly: the interval grows with the square root of the save cost (the step time grew a little too).
+    assert costly["intervalSteps"] > cheap["intervalSteps"], (cheap, costly)
+    changes = [
+        e["message"] for e in events_for(cluster, namespace, name) if e["reason"] == "CheckpointInterval"
+    ]
+    assert any(f"-> {costly['intervalSteps']} steps" in m and "save " in m for m in changes), changes
+    wait_for(
+        lambda: training_intervals(cluster, namespace, name) == {str(status()["intervalSteps"])},
+        90,
+        message="the training workers' heartbeats to report the new interval",
+    )
+    final = wait_succeeded(cluster, namespace, name, timeout=400)
+    assert final["status"]["step"] == steps
 
 
 def test_another_jobs_failures_lower_a_new_jobs_mtbf(

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LOCAL_SHARD = "__phalanx_local_shard__"
+_DCP_PAIR = ("model", "optimizer")
+"""The parts DCP's state-dict helpers handle together (sharded model and optimizer); the rest are plain."""
 
 
 def dcp_state(state: TrainState) -> dict[str, Any]:
@@ -43,11 +45,11 @@ def dcp_state(state: TrainState) -> dict[str, Any]:
     if isinstance(state.model, torch.nn.Module) and isinstance(state.optimizer, torch.optim.Optimizer):
         result["model"], result["optimizer"] = get_state_dict(state.model, state.optimizer)
     else:
-        for name in ("model", "optimizer"):
+        for name in _DCP_PAIR:
             if (part := getattr(state, name)) is not None:
                 result[name] = part.state_dict()
-    for name in ("lr_scheduler", "grad_scaler", "data_cursor"):
-        if (part := getattr(state, name)) is not None:
+    for name, part in state.parts().items():
+        if name not in _DCP_PAIR:
             result[name] = part.state_dict()
     return result
 
@@ -61,11 +63,11 @@ def apply_dcp_state(state: TrainState, loaded: dict[str, Any]) -> None:
             optim_state_dict=loaded["optimizer"],
         )
     else:
-        for name in ("model", "optimizer"):
+        for name in _DCP_PAIR:
             if (part := getattr(state, name)) is not None:
                 part.load_state_dict(loaded[name])
-    for name in ("lr_scheduler", "grad_scaler", "data_cursor"):
-        if (part := getattr(state, name)) is not None:
+    for name, part in state.parts().items():
+        if name not in _DCP_PAIR:
             part.load_state_dict(loaded[name])
     state.step = int(loaded["step"])
 

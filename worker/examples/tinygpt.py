@@ -107,6 +107,27 @@ class CharDataset:
         return windows[:, :-1], windows[:, 1:]
 
 
+class GrownState:
+    """Checkpointed bytes that training never reads (the --grow-state-at-step knob): empty until `at_step`,
+    then `megabytes` of float32, as when a run unfreezes layers or an optimizer creates its state late. Every
+    save has that much more to copy from then on, so a durable save blocks training longer."""
+
+    def __init__(self, megabytes: int, at_step: int) -> None:
+        self.megabytes = megabytes
+        self.at_step = at_step
+        self.tensor = torch.zeros(0)
+
+    def follow(self, step: int) -> None:
+        if step >= self.at_step and self.tensor.numel() == 0:
+            self.tensor = torch.ones(self.megabytes * (1 << 20) // 4)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"values": self.tensor}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.tensor = state["values"].clone()
+
+
 # -- helpers ----------------------------------------------------------------------------------------
 
 
@@ -174,6 +195,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--slow-from-step", type=int, default=0, help="--slow-pod is slow only from this step on (tests)")
     add(
+        "--grow-state-at-step",
+        type=int,
+        default=0,
+        help="from this step on the checkpointed state carries --grow-state-mb more, so every save copies "
+        "more and a durable save blocks training longer: a save that got costlier (tests)",
+    )
+    add("--grow-state-mb", type=int, default=128, help="see --grow-state-at-step (tests)")
+    add(
         "--lr-spike-at-step", type=int, default=0, help="multiply the learning rate from this step on (tests)"
     )
     add("--lr-spike-factor", type=float, default=100.0, help="the factor of --lr-spike-at-step (tests)")
@@ -230,7 +259,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     sampler = ElasticSampler(len(dataset), args.global_batch, seed=args.seed)
     bad_batch = _batch_of_step(ElasticSampler(len(dataset), args.global_batch, seed=args.seed), args)
-    state = TrainState(model=model, optimizer=optimizer, lr_scheduler=scheduler, data_cursor=sampler)
+    grown = GrownState(args.grow_state_mb, args.grow_state_at_step) if args.grow_state_at_step else None
+    state = TrainState(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        data_cursor=sampler,
+        extra={"grown": grown} if grown is not None else None,
+    )
     ckpt = Checkpointer(
         state,
         directory=args.checkpoint_dir,
@@ -319,6 +355,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             loss_value = mean_loss
             if args.step_delay:
                 time.sleep(args.step_delay)
+            if grown is not None:
+                grown.follow(step)
             publisher.publish(phase="saving")
             ckpt.save(step, force_durable=preflight.save_due(step))
             preflight.check(step, loss_value)
