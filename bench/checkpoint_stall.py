@@ -5,7 +5,8 @@ Part of ``phalanx bench`` (``--only checkpoint-stall``); also runs on its own fr
 ``checkpoint_stall.json`` and ``checkpoint_stall.md`` into ``--out``.
 
 For each state size it measures, over repeated saves (p50/p95):
-- ``copy``: copying the state's tensors into a preallocated host buffer (the floor for any snapshot);
+- ``copy``: copying the state's tensors into a preallocated host buffer the way a snapshot copies them (the
+  floor for any snapshot);
 - ``sync``: ``torch.save`` to a file plus fsync (what a plain training loop blocks on);
 - ``async``: the training loop's stall in ``Checkpointer.save`` on a durable step (snapshot copy into
   shared memory and hand-off to the saver process), and how long the saver took to persist;
@@ -32,6 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from phalanx.worker import Checkpointer, TrainState, cleanup_snapshots
+from phalanx.worker.checkpoint import payload, shm_store
 
 MB = 1 << 20
 CHUNK_ELEMENTS = 4 * MB  # 16 MB float32 tensors, like the layers of a model
@@ -62,15 +64,19 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def measure_copy(model: Blob, repeats: int) -> list[float]:
+    """The floor: the state's tensors copied into a preallocated, already touched host buffer, the way a
+    snapshot copies them (`payload.copy_host`: memmove, shared with a helper thread from 32 MB)."""
     tensors = [parameter.detach() for parameter in model.parameters()]
     buffers = [torch.empty_like(tensor) for tensor in tensors]
-    for buffer, tensor in zip(buffers, tensors, strict=True):
-        buffer.copy_(tensor)  # first touch outside the timing, as a reused buffer would be
+    ranges = [
+        (buffer.data_ptr(), tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        for buffer, tensor in zip(buffers, tensors, strict=True)
+    ]
+    payload.copy_host(ranges)  # first touch outside the timing, as a reused buffer would be
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        for buffer, tensor in zip(buffers, tensors, strict=True):
-            buffer.copy_(tensor)
+        payload.copy_host(ranges)
         times.append(time.perf_counter() - started)
     return times
 
@@ -94,10 +100,11 @@ def measure_async(model: Blob, directory: Path, repeats: int) -> tuple[list[floa
     ckpt = Checkpointer(state, directory, interval_steps=1, keep=2, snapshot_every=1)
     stalls, persists = [], []
     try:
-        ckpt.save(0)  # warm-up: starts the saver process and touches the snapshot slots
-        ckpt.wait()
-        ckpt.save(0)
-        ckpt.wait()
+        # Warm-up: starts the saver process and writes every snapshot slot once. The first save into a slot
+        # also faults its pages in (about a second per GB here), once per slot for the life of the process.
+        for _ in range(shm_store.SLOT_COUNT + 1):
+            ckpt.save(0)
+            ckpt.wait()
         for step in range(1, repeats + 1):
             started = time.perf_counter()
             ckpt.save(step)
@@ -311,7 +318,7 @@ def to_metrics(report: dict[str, Any], samples: dict[str, Any]) -> list[Any]:
                 name=f"in-memory copy, {size} MB",
                 unit="ms",
                 samples=[value * 1e3 for value in raw["copy"]],
-                description="copy of the state into a preallocated buffer (the floor)",
+                description="copy of the state into a preallocated buffer, as a snapshot copies it (the floor)",
             ),
             Metric(
                 name=f"sync save, {size} MB",
