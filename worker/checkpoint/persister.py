@@ -228,13 +228,17 @@ class PersisterClient:
         }
         return self.submit_job(step, tmp, line)
 
-    def submit_job(self, step: int, source: Path, line: dict[str, Any]) -> PersistJob:
-        if self.in_flight is not None:
-            raise RuntimeError("a persist job is already in flight")
+    def ensure_started(self) -> None:
+        """Start the saver process if it does not run (again, after it died: counted in `restarts`)."""
         if not self.alive():
             if self._process is not None:
                 self.restarts += 1
             self._start()
+
+    def submit_job(self, step: int, source: Path, line: dict[str, Any]) -> PersistJob:
+        if self.in_flight is not None:
+            raise RuntimeError("a persist job is already in flight")
+        self.ensure_started()
         self._next_id += 1
         job = PersistJob(self._next_id, step, source)
         line = {**line, "id": job.id}
