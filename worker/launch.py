@@ -767,13 +767,7 @@ def run(settings: LaunchSettings) -> int:
     try:
         problem = _preflight_storage_problem(dict(os.environ))
         if problem is not None:
-            logger.error("preflight failed: %s", problem)
-            reporter.preflight_failure = {
-                "preflight": preflight.FAILED,
-                "preflight_reason": preflight.REASON_STORAGE,
-                "preflight_message": problem,
-            }
-            exit_code = int(LauncherExit.PREFLIGHT_FAILED)
+            exit_code = _fail_preflight(reporter, preflight.REASON_STORAGE, problem)
             return exit_code
         exit_code = _supervise(settings, reporter, log_dir)
         return exit_code
@@ -785,6 +779,17 @@ def run(settings: LaunchSettings) -> int:
 
 CHECKPOINT_DIR_ENV = "PHALANX_CHECKPOINT_DIR"
 """The checkpoint location the operator gives the trainers (`spec.checkpoint.path`)."""
+
+
+def _fail_preflight(reporter: PodReporter, reason: str, message: str) -> int:
+    """The pod fails the preflight before any training: its last heartbeat says why; the launcher's exit code."""
+    logger.error("preflight failed: %s", message)
+    reporter.preflight_failure = {
+        "preflight": preflight.FAILED,
+        "preflight_reason": reason,
+        "preflight_message": message,
+    }
+    return int(LauncherExit.PREFLIGHT_FAILED)
 
 
 def _preflight_storage_problem(env: dict[str, str]) -> str | None:
@@ -829,13 +834,7 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
             if not preflight.pending(dict(os.environ), job):
                 raise
             message = f"{settings.pod_name or settings.local_addr} cannot reach the job's rendezvous: {error}"
-            logger.error("preflight failed: %s", message)
-            reporter.preflight_failure = {
-                "preflight": preflight.FAILED,
-                "preflight_reason": preflight.REASON_RENDEZVOUS,
-                "preflight_message": message,
-            }
-            return int(LauncherExit.PREFLIGHT_FAILED)
+            return _fail_preflight(reporter, preflight.REASON_RENDEZVOUS, message)
         reporter.standby_probe = client.in_standby
         spec = WorkerSpec(
             role="trainer",
