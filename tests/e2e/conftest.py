@@ -96,8 +96,16 @@ class Cluster:
 NODE_TROUBLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.5, message: str = "") -> Any:
-    """Polls until `predicate` returns something truthy; fails the test with `message` after `timeout` seconds."""
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.5,
+    message: str | Callable[[], str] = "",
+) -> Any:
+    """Polls until `predicate` returns something truthy; fails the test with `message` after `timeout` seconds.
+
+    A callable `message` is called only then, so that it can say what was last seen.
+    """
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -108,6 +116,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.5
         except Exception as error:  # the object may not exist yet
             last_error = error
         time.sleep(interval)
+    if callable(message):
+        message = message()
     raise AssertionError(
         f"timed out after {timeout} s waiting for {message or predicate}"
         + (f" (last error: {last_error})" if last_error else "")

@@ -153,17 +153,19 @@ def test_auto_interval_grows_when_saves_get_costlier(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     # A prior of a million failures pins the MTBF at 600 s whatever the running time: only the save cost moves.
-    # From step `grow_at` the checkpointed state carries 512 MB more, so every save has that much more to copy:
-    # tens of milliseconds more than the small model's save (a few ms, up to 20 on a busy machine).
-    name, grow_at, steps = "autocost", 80, 300
+    # From step `grow_at` the checkpointed state carries 768 MB more, so every save has that much more to copy:
+    # tens of milliseconds more than the small model's save (a few ms, up to 30 on a busy machine). The step
+    # is mostly a fixed delay so that the persisting of the bigger state, which slows the steps on a machine
+    # of two cores, cannot hide the growth: the status follows only a change of more than a fifth.
+    name, grow_at, steps = "autocost", 60, 200
     checkpoint = {
         **AUTO,
         "autoInterval": {"priorMtbfSeconds": 600, "priorFailures": 1e6, "minIntervalSeconds": 0},
     }
-    job = trainingjob(name, replicas=2, spares=0, steps=steps, step_delay=0.15, checkpoint=checkpoint)
+    job = trainingjob(name, replicas=2, spares=0, steps=steps, step_delay=0.4, checkpoint=checkpoint)
     job["spec"]["heartbeat"] = HEARTBEAT
     job["spec"]["template"]["spec"]["containers"][0]["args"] += [
-        "--grow-state-at-step", str(grow_at), "--grow-state-mb", "512",
+        "--grow-state-at-step", str(grow_at), "--grow-state-mb", "768",
     ]  # fmt: skip
     cluster.apply(job, namespace)
 
@@ -177,9 +179,16 @@ def test_auto_interval_grows_when_saves_get_costlier(
         message="an interval chosen from cheap saves, before the state grows",
     )
     costly = wait_for(
-        lambda: (s := status()).get("saveSeconds", 0) > 2.5 * cheap["saveSeconds"] and s,
+        lambda: (
+            (s := status())["step"] > grow_at
+            and s.get("saveSeconds", 0) > 1.5 * cheap["saveSeconds"]
+            and s["intervalSteps"] != cheap["intervalSteps"]
+            and s
+        ),
         240,
-        message="the interval chosen again from the costlier saves",
+        message=lambda: (
+            f"the interval chosen again from the costlier saves (cheap: {cheap}, now: {status()})"
+        ),
     )
     print(f"cheap saves: {cheap}; costly saves: {costly}")
     assert costly["failuresSeen"] == cheap["failuresSeen"] == 0
