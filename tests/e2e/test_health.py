@@ -1,7 +1,8 @@
 """Training health end to end: real training on the local cluster, one anomaly per test.
 
-A learning-rate spike makes the loss diverge, a NaN loss trained through stays NaN, a worker slowed from a
-given step drifts the step time: each raises its signal (condition `Healthy`, one Event, `status.health`) and
+A learning-rate spike makes the loss diverge, a NaN loss trained through stays NaN, a burst of huge gradients
+spikes the gradient norm, a learning rate dropped to 0 stalls the loss, a worker slowed from a given step drifts
+the step time: each raises its signal (condition `Healthy`, one Event, `status.health`) and
 takes its action (`Pause`: the job is suspended and its workers save a checkpoint on the way out; `Rollback`:
 every worker restarts from a checkpoint before the anomaly and training goes on by itself).
 Every test turns the other signals off and uses small windows, so the jobs stay short.
@@ -133,6 +134,64 @@ def test_slowed_worker_raises_step_time_drift_and_the_job_goes_on(
     seen = reasons(cluster, namespace, "drift")
     assert seen.count("StepTimeDrift") == 1 and "HealthPause" not in seen, seen
     assert not final["spec"].get("suspend")
+
+
+def test_a_gradient_burst_raises_grad_norm_spike_until_it_is_behind_the_run(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # Steps 70-77 have their gradients multiplied by 1000 (the clipping keeps the weights from them).
+    spike = {"factor": 10, "windowSteps": 40, "recentSteps": 30}
+    job = trainingjob("gradspike", replicas=2, steps=150, step_delay=0.2, health=health(gradNormSpike=spike))
+    args_of(job).extend(["--grad-spike-at-step", "70", "--grad-spike-steps", "8"])
+    cluster.apply(job, namespace)
+
+    def spiking() -> dict[str, Any] | None:
+        found = get_job(cluster, namespace, "gradspike")
+        healthy = condition(found, "Healthy")
+        return found if healthy is not None and healthy["reason"] == "GradNormSpike" else None
+
+    during = wait_for(spiking, 240, message="the gradient-norm spike flagged while it is recent")
+    healthy = condition(during, "Healthy")
+    print(f"gradspike: {during['status'].get('health')} {healthy}")
+    assert healthy is not None and healthy["status"] == "False"
+    (record,) = during["status"]["health"]["signals"]
+    assert record["reason"] == "GradNormSpike" and record.get("action") is None
+    assert 70 <= record["sinceStep"] < 78, record
+    assert f"at step {record['sinceStep']}" in record["message"] and "threshold 10x" in record["message"]
+    # Thirty steps after the burst it is no longer recent: the job is healthy again, and trained to the end.
+    final = wait_succeeded(cluster, namespace, "gradspike", timeout=400)
+    healthy = condition(final, "Healthy")
+    assert healthy is not None and (healthy["status"], healthy["reason"]) == ("True", "TrainingHealthy"), (
+        healthy
+    )
+    assert final["status"]["health"]["signals"] == []
+    seen = reasons(cluster, namespace, "gradspike")
+    assert seen.count("GradNormSpike") == 1 and "HealthPause" not in seen, seen
+
+
+def test_a_loss_that_stops_falling_raises_loss_stagnation(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # The learning rate drops to 0 at step 60: the loss, falling until then, stays where it is.
+    stagnation = {"windowSteps": 100, "minImprovement": 0.05}
+    job = trainingjob(
+        "stagnant", replicas=2, steps=220, step_delay=0.2, health=health(lossStagnation=stagnation)
+    )
+    args_of(job).extend(["--lr-spike-at-step", "60", "--lr-spike-factor", "0"])
+    cluster.apply(job, namespace)
+    final = wait_succeeded(cluster, namespace, "stagnant", timeout=400)
+    status = final["status"]
+    print(f"stagnant: {status.get('health')} {condition(final, 'Healthy')}")
+    healthy = condition(final, "Healthy")
+    assert healthy is not None and healthy["status"] == "False" and healthy["reason"] == "LossStagnating"
+    (record,) = status["health"]["signals"]
+    assert record["reason"] == "LossStagnating" and record.get("action") is None
+    assert "under 5.00%" in record["message"], record
+    # The newest fifth of the window that shows it lies wholly after the learning rate went to 0.
+    latest_first = int(record["message"].split(" over steps ")[1].split("-")[0])
+    assert latest_first > 60, record
+    seen = reasons(cluster, namespace, "stagnant")
+    assert seen.count("LossStagnating") == 1 and "HealthPause" not in seen, seen
 
 
 def test_nan_loss_rollback_restores_a_checkpoint_before_it_and_training_finishes(

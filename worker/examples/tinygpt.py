@@ -207,6 +207,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--lr-spike-factor", type=float, default=100.0, help="the factor of --lr-spike-at-step (tests)")
     add(
+        "--grad-spike-at-step",
+        type=int,
+        default=0,
+        help="multiply the gradients by --grad-spike-factor for --grad-spike-steps steps from this step: a "
+        "burst of exploding gradients that the clipping keeps from the weights (tests)",
+    )
+    add("--grad-spike-factor", type=float, default=1000.0, help="see --grad-spike-at-step (tests)")
+    add("--grad-spike-steps", type=int, default=10, help="see --grad-spike-at-step (tests)")
+    add(
         "--no-loss-guard",
         action="store_true",
         help="train on through non-finite losses and publish them, as a script without the guard would (tests)",
@@ -325,6 +334,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             poisoned = args.nan_at_step == step + 1 and rank == 0 and nans_injected < args.nan_repeat
             poisoned = poisoned or (rank == 0 and bad_batch is not None and global_batch == bad_batch)
             nans_injected += int(poisoned)
+            gradient_factor = _grad_spike(args, step + 1)
             with watchdog.watch(f"step {step + 1}"):
                 for micro in micro_batches(batch, args.micro_batch, world_size, args.global_batch):
                     inputs, targets = (tensor.to(device) for tensor in dataset.batch(micro.indices))
@@ -340,7 +350,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                             # Before the backward that all-reduces the gradients: the time spent here is
                             # waiting for slower ranks, not this rank's own work.
                             clock.sync_point()
-                        scaled.backward()
+                        (scaled * gradient_factor if gradient_factor != 1.0 else scaled).backward()
                     local_loss = local_loss + scaled.detach()
                 mean_loss = global_mean_loss(local_loss)
             if not math.isfinite(mean_loss) and not args.no_loss_guard:
@@ -414,6 +424,13 @@ def _lr_spike(args: argparse.Namespace, step: int) -> float:
     """The learning-rate factor of training step `step` (1-based): the test knob of a divergence."""
     spiked = args.lr_spike_at_step and step >= args.lr_spike_at_step
     return args.lr_spike_factor if spiked else 1.0
+
+
+def _grad_spike(args: argparse.Namespace, step: int) -> float:
+    """The factor on the gradients of training step `step` (1-based): the test knob of a gradient burst."""
+    start = args.grad_spike_at_step
+    spiked = start and start <= step < start + args.grad_spike_steps
+    return args.grad_spike_factor if spiked else 1.0
 
 
 def _batch_of_step(fresh: ElasticSampler, args: argparse.Namespace) -> list[int] | None:
