@@ -484,6 +484,29 @@ def run(context: Any, quick: bool) -> BenchResult:
     return result
 
 
+def loss_reason(
+    parts: dict[str, float], kinds: list[str], window: float, mean_gap: float, heartbeat: dict[str, Any]
+) -> str:
+    """Why the goodput is what it is: the largest parts of the loss, and the detection floor that the
+    configured timeouts set for the failures the random draw brought."""
+    lost = sum(parts.values())
+    if lost <= 0:
+        return ""
+    largest = sorted(parts.items(), key=lambda item: -item[1])[:2]
+    share = ", ".join(f"{name} {value:.1f} s" for name, value in largest)
+    hangs = kinds.count("hang")
+    silent = kinds.count("freeze") + kinds.count("node-crash")
+    floor = hangs * float(heartbeat["progressTimeoutSeconds"]) + silent * float(heartbeat["timeoutSeconds"])
+    expected = window / mean_gap if mean_gap > 0 else 0.0
+    return (
+        f"{lost:.1f} s were lost, most of it {share}; the random draw brought {len(kinds)} failures "
+        f"({expected:.0f} expected), and a failure is seen only when its timeout runs out: {hangs} hangs after "
+        f"the progress timeout ({heartbeat['progressTimeoutSeconds']} s), {silent} frozen pods or crashed nodes "
+        f"after the heartbeat timeout ({heartbeat['timeoutSeconds']} s), {floor:.0f} s ({100 * floor / window:.1f}%"
+        " of the window) before any recovery could start; shorter timeouts lower that floor"
+    )
+
+
 def percent(fraction: float | None) -> list[float]:
     """A fraction as the one sample of a percent metric (none when unknown)."""
     return [] if fraction is None else [round(100 * float(fraction), 2)]
@@ -542,6 +565,9 @@ def result_of(
             "the twin's mean step time / wall time)",
             target=target,
             baseline=baseline,
+            why_missed=loss_reason(
+                by_twin.against_pace(), [f.kind for f in failures], window, sizes.mean_gap, HEARTBEAT
+            ),
         ),
         Metric(
             name="goodput (step log)",

@@ -213,3 +213,17 @@ def test_a_run_without_progress_has_no_pace() -> None:
 def test_restarts_between_two_statuses() -> None:
     assert goodput.restarts_between({}, {"restarts": {"total": 2}}) == 2
     assert goodput.restarts_between({"restarts": {"total": 2}}, {"restarts": {"total": 2}}) == 0
+
+
+def test_the_loss_reason_names_the_largest_parts_and_the_floor_the_timeouts_set() -> None:
+    parts = {"detection": 30.0, "replacement + rendezvous": 8.0, "first step overhead": 1.0}
+    heartbeat = {"timeoutSeconds": 5, "progressTimeoutSeconds": 10}
+    why = goodput.loss_reason(
+        parts, ["hang", "hang", "freeze", "kill", "node-crash"], 1800.0, 300.0, heartbeat
+    )
+    assert why.startswith("39.0 s were lost, most of it detection 30.0 s, replacement + rendezvous 8.0 s;")
+    assert "brought 5 failures (6 expected)" in why
+    # Two hangs wait out 10 s each, a frozen pod and a crashed node 5 s each; a kill is seen at once.
+    assert "2 hangs after the progress timeout (10 s), 2 frozen pods or crashed nodes" in why
+    assert "30 s (1.7% of the window)" in why
+    assert goodput.loss_reason({"detection": 0.0}, [], 1800.0, 300.0, heartbeat) == ""
