@@ -17,9 +17,11 @@ def free_port() -> int:
 
 
 def scrape(port: int) -> str | None:
+    """The endpoint's text; None when nothing answered, or the answer was cut off with no body (the
+    launcher exiting as it served: every gauge exists from the start, so a served page is never empty)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            return response.read().decode()
+            return response.read().decode() or None
     except OSError:
         return None
 
