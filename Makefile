@@ -18,18 +18,15 @@ $(BIN)/python:
 # Third-party dependencies change rarely: reinstall them only when pyproject.toml changes.
 $(VENV)/.deps-stamp: pyproject.toml | $(BIN)/python
 	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install --find-links $(PIP_FIND_LINKS) ".[dev]"
+	$(PIP) install --find-links $(PIP_FIND_LINKS) -e ".[dev]"
 	touch $@
 
 deps: $(VENV)/.deps-stamp
 
-# Phalanx itself runs from this checkout: `src/` goes on the path through a .pth file, and
-# src/phalanx/{operator,worker,devcluster} link to the top-level folders. `src/` holds nothing but
-# `phalanx`, so the operator/ folder can never shadow the standard library's `operator` module.
+# Phalanx itself: an editable install through pyproject's package mapping (edits stay live). It is redone
+# every time (a few seconds, no dependencies) so that new modules and data files are linked too.
 install: deps
-	@$(BIN)/python -c "import sysconfig, shutil, pathlib; site = pathlib.Path(sysconfig.get_paths()['purelib']); \
-	shutil.rmtree(site / 'phalanx', ignore_errors=True); \
-	(site / 'phalanx-source.pth').write_text(str(pathlib.Path('src').resolve()) + '\\n')"
+	$(PIP) install --no-deps --no-build-isolation -e .
 
 control-plane: install
 	$(BIN)/phalanx dev install
@@ -38,7 +35,8 @@ lint: install
 	$(BIN)/ruff check src operator worker devcluster tests bench examples
 	$(BIN)/ruff format --check src operator worker devcluster tests bench examples
 
-test: control-plane
+# CI (`.ci/run`) runs this: lint first, then every test.
+test: lint control-plane
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
@@ -56,7 +54,7 @@ demo: control-plane
 #   BENCH_ARGS="--quick" (smoke mode)   BENCH_ARGS="--only gang-creation operator-scale"   `phalanx bench --list`
 BENCH_ARGS ?=
 bench: control-plane
-	$(BIN)/phalanx bench $(BENCH_ARGS)
+	$(BIN)/phalanx bench --out bench/results $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info *.egg-info

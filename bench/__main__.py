@@ -1,4 +1,4 @@
-"""`python -m bench` from the repository root: the same as `phalanx bench`."""
+"""`python -m phalanx.bench`: the same as `phalanx bench`."""
 
 from __future__ import annotations
 

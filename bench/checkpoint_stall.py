@@ -1,7 +1,7 @@
 """Checkpoint stall per save: synchronous torch.save+fsync vs Phalanx's Checkpointer vs a bare copy.
 
-Part of ``phalanx bench`` (``--only checkpoint-stall``); also runs on its own from the repository root:
-``python -m bench.checkpoint_stall --quick --out /tmp/bench`` (or as a plain script), which writes
+Part of ``phalanx bench`` (``--only checkpoint-stall``); also runs on its own:
+``python -m phalanx.bench.checkpoint_stall --quick --out /tmp/bench``, which writes
 ``checkpoint_stall.json`` and ``checkpoint_stall.md`` into ``--out``.
 
 For each state size it measures, over repeated saves (p50/p95):
@@ -28,9 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from phalanx.worker import Checkpointer, TrainState, cleanup_snapshots
 from phalanx.worker.checkpoint import payload, shm_store
@@ -382,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 MB and 100 MB only (under 30 s)")
     parser.add_argument(
-        "--out", type=Path, default=Path("bench/results"), help="folder for JSON and Markdown"
+        "--out", type=Path, default=Path("bench-results"), help="folder for JSON and Markdown"
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(

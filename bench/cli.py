@@ -20,7 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke mode: small sizes, few repeats")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks")
     parser.add_argument(
-        "--out", type=Path, default=Path("bench/results"), help="folder for the report (default: %(default)s)"
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="folder for the report (default: %(default)s in the working directory; `make bench`: bench/results)",
     )
     parser.add_argument(
         "--state-dir", type=Path, default=None, help="use (or start) the local cluster in this state dir"

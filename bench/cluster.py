@@ -18,6 +18,7 @@ import psutil
 import yaml
 from kubernetes import client, config
 
+from phalanx import assets
 from phalanx.devcluster import controlplane
 
 REAL_NODES = 3
@@ -32,8 +33,6 @@ OPERATOR_VALUES: dict[str, Any] = {"logLevel": "INFO"}
 """Chart values the harness installs with; everything else keeps the chart's defaults (what users get)."""
 SIMULATED_LABEL = "phalanx.dev/simulated"
 SIMULATED_TOLERATION = {"key": SIMULATED_LABEL, "operator": "Exists", "effect": "NoSchedule"}
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CHART = REPO_ROOT / "charts" / "phalanx"
 
 
 class BenchError(Exception):
@@ -329,8 +328,7 @@ class BenchCluster:
             return self.operator
         installed_here = False
         if not any(is_ready(pod) for pod in self.operator_pods()):
-            if not CHART.is_dir():
-                raise BenchError(f"the Helm chart is not at {CHART}: run the benchmarks from a checkout")
+            chart = assets.chart_dir()
             self.log(f"installing the operator with Helm (values {OPERATOR_VALUES})")
             helm = self._helm()
             import helm_python
@@ -338,7 +336,7 @@ class BenchCluster:
             with contextlib.suppress(helm_python.HelmError):
                 helm.uninstall(OPERATOR_RELEASE, ignore_not_found=True, wait="watcher")
             helm.install(
-                str(CHART),
+                str(chart),
                 OPERATOR_RELEASE,
                 values=OPERATOR_VALUES,
                 namespace=OPERATOR_NAMESPACE,

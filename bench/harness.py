@@ -19,11 +19,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 
 from phalanx.bench import machine as machine_probe
 from phalanx.bench import registry, report
-from phalanx.bench.cluster import REPO_ROOT, BenchCluster
+from phalanx.bench.cluster import BenchCluster
 from phalanx.bench.core import BenchResult
 
 
@@ -73,11 +74,15 @@ class Context:
 
 
 def git_commit() -> str:
-    if not (REPO_ROOT / ".git").exists():
+    """The commit of the code being measured: that of the git checkout the running phalanx package lives in
+    (an editable install), or "" for an installed wheel, or where git is missing."""
+    package = Path(str(resources.files("phalanx"))).resolve()
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        )
+    except OSError:
         return ""
-    result = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    )
     return result.stdout.strip() if result.returncode == 0 else ""
 
 

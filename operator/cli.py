@@ -7,12 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+from phalanx.checkout import find_checkout
 from phalanx.errors import UserFacingError
 from phalanx.operator import crd
 from phalanx.operator.settings import settings_from
-
-# operator/ sits at the repository root, so this is the checkout when run from one.
-REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -32,7 +30,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def _crd(args: argparse.Namespace) -> int:
     if args.write:
-        root = Path(args.root) if args.root else REPOSITORY_ROOT
+        root = Path(args.root) if args.root else find_checkout(Path.cwd())
+        if root is None:
+            raise UserFacingError(
+                "--write updates crds/ and charts/phalanx/crds/ of a Phalanx checkout: run it inside one "
+                "or pass --root (without --write the CRD is printed)"
+            )
         if not (root / "charts").is_dir():
             raise UserFacingError(f"{root} is not a Phalanx checkout (no charts/): pass --root")
         for path in crd.write_crd(root):
@@ -59,5 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     generate = subparsers.add_parser("crd", help="print the TrainingJob CRD generated from the API model")
     generate.add_argument("--write", action="store_true", help="write it into crds/ and charts/phalanx/crds/")
-    generate.add_argument("--root", help="repository root for --write (default: this checkout)")
+    generate.add_argument(
+        "--root", help="repository root for --write (default: the checkout around the working directory)"
+    )
     generate.set_defaults(handler=_crd)

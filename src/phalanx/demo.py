@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
+from phalanx import assets
 from phalanx.devcluster import controlplane
 from phalanx.errors import UserFacingError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_NAMESPACE = "phalanx-demo"
 OPERATOR_NAMESPACE = "phalanx-system"
 RELEASE = "phalanx"
@@ -33,8 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--state-dir", type=Path, default=controlplane.default_state_dir())
     parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--example", type=Path, default=REPO_ROOT / "examples" / "tinygpt.yaml")
-    parser.add_argument("--chart", type=Path, default=REPO_ROOT / "charts" / "phalanx")
+    parser.add_argument(
+        "--example", type=Path, default=None, help="TrainingJob manifest (default: the shipped tinygpt.yaml)"
+    )
+    parser.add_argument(
+        "--chart", type=Path, default=None, help="the operator's Helm chart (default: the shipped one)"
+    )
     parser.add_argument(
         "--kill-at-fraction", type=float, default=0.35, help="kill a worker at this share of the steps"
     )
@@ -83,7 +87,10 @@ def wait(what: str, predicate: Any, timeout: float, interval: float = 1.0) -> An
 
 
 def install_operator(layout: controlplane.Layout, chart: Path) -> None:
-    import helm_python
+    try:
+        import helm_python
+    except ModuleNotFoundError:
+        raise UserFacingError("`phalanx demo` needs the demo extra: pip install 'phalanx[demo]'") from None
 
     config = helm_python.Config(kubeconfig_path=str(layout.kubeconfig), namespace=OPERATOR_NAMESPACE)
     installed = {release["name"] for release in config.list(name_filter=f"^{RELEASE}$")}
@@ -151,11 +158,13 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    example = args.example or assets.example("tinygpt.yaml")
+    chart = args.chart or assets.chart_dir()
     say("bringing up the local cluster")
     layout = controlplane.up(args.state_dir, nodes=args.nodes)
     kube = Kube(layout)
-    kube("apply", "-f", str(REPO_ROOT / "crds"))
-    install_operator(layout, args.chart)
+    kube("apply", "-f", str(assets.crds_dir()))
+    install_operator(layout, chart)
     wait(
         "the operator pod to be Ready",
         lambda: "True" in kube(
@@ -166,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     say("operator running")
 
-    manifest = list(yaml.safe_load_all(args.example.read_text()))
+    manifest = list(yaml.safe_load_all(example.read_text()))
     job_manifest = next(doc for doc in manifest if doc and doc.get("kind") == "TrainingJob")
     name = job_manifest["metadata"]["name"]
     kube("create", "namespace", DEMO_NAMESPACE, check=False)
@@ -182,10 +191,8 @@ def run(args: argparse.Namespace) -> int:
             "--ignore-not-found",
             "--wait=true",
         )
-    kube("apply", "-n", DEMO_NAMESPACE, "-f", str(args.example))
-    say(
-        f"applied {args.example.relative_to(REPO_ROOT) if args.example.is_relative_to(REPO_ROOT) else args.example}"
-    )
+    kube("apply", "-n", DEMO_NAMESPACE, "-f", str(example))
+    say(f"applied {example.name if args.example is None else example}")
 
     total_steps = _total_steps(job_manifest)
     kill_step = max(1, int(total_steps * args.kill_at_fraction))

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_quick_benchmark_writes_a_complete_report(tmp_path: Path) -> None:
     process = subprocess.run(
-        [sys.executable, "-m", "bench.checkpoint_stall", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "phalanx.bench.checkpoint_stall", "--quick", "--out", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
