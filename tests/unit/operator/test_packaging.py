@@ -1,16 +1,21 @@
-"""Examples are valid TrainingJobs; the Dockerfile stays in step with the Python install; `phalanx crd`."""
+"""Examples are valid TrainingJobs; the Dockerfile stays in step with the Python install; `phalanx crd`; the
+shipped files are found in the installed package and the checkout around the working directory is found."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import sysconfig
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from phalanx import assets
+from phalanx.checkout import find_checkout
 from phalanx.cli import main
 from phalanx.operator import crd
 from phalanx.operator.validation import check
@@ -50,19 +55,68 @@ def test_elastic_example_has_bounds_and_pack_topology() -> None:
     assert spec.effective_min_replicas < spec.replicas < spec.effective_max_replicas
 
 
-def test_dockerfile_is_multi_stage_non_root_and_installs_from_pyproject() -> None:
+def dockerfile_stages() -> dict[str, str]:
+    """Each stage of the Dockerfile by name, with its instructions."""
     text = (ROOT / "Dockerfile").read_text()
-    assert len(re.findall(r"^FROM ", text, re.MULTILINE)) >= 2
-    assert re.search(r"^USER 10001", text, re.MULTILINE)
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
-    assert "COPY pyproject.toml" in text and "pip install --no-deps ." in text
-    # The image can write checkpoints to object storage.
-    assert "['optional-dependencies']['s3']" in text
-    # Every top-level package folder that pyproject maps must be copied into the build.
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    for folder in set(re.findall(r'^"phalanx[.\w]*" = "([\w/]+)"', pyproject, re.MULTILINE)):
-        top = folder.split("/")[0]
-        assert f"COPY {top} " in text, top
+    return dict(re.findall(r"^FROM \S+ AS ([\w-]+)\n(.*?)(?=^FROM |\Z)", text, re.MULTILINE | re.DOTALL))
+
+
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
+
+
+def test_dependencies_are_split_so_the_operator_gets_no_torch_and_the_worker_no_kopf() -> None:
+    project = pyproject()["project"]
+    core = requirement_names(project["dependencies"])
+    extras = {name: requirement_names(reqs) for name, reqs in project["optional-dependencies"].items()}
+    assert "torch" not in core | extras["operator"] and "kopf" not in core | extras["worker"]
+    assert "torch" in extras["worker"] and "kopf" in extras["operator"]
+    (torch,) = [r for r in project["optional-dependencies"]["worker"] if r.startswith("torch")]
+    assert ">=" in torch and "<" in torch and "==" not in torch, torch
+
+
+def test_dockerfile_builds_a_torch_free_operator_and_a_kopf_free_worker_from_pyproject() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = dockerfile_stages()
+    assert list(stages)[-1] == "operator", "the default target is the operator"
+    for image, extras in (("operator", "operator"), ("worker", "worker s3")):
+        build = stages[f"{image}-build"]
+        assert f"python /tmp/requirements.py {extras} >" in build
+        assert "pip install --no-deps ." in build
+        assert f"COPY --from={image}-build /opt/phalanx /opt/phalanx" in stages[image]
+        assert re.search(r"^USER 10001", stages[image], re.MULTILINE)
+        # Every folder pyproject maps must be copied into the build.
+        for folder in pyproject()["tool"]["setuptools"]["package-dir"].values():
+            top = folder.split("/")[0]
+            assert f"COPY {top} " in build, (image, top)
+    # Only the worker pulls torch, from the index chosen at build time.
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in stages["worker-build"]
+    assert "TORCH_INDEX_URL" not in stages["operator-build"]
+    assert "COPY pyproject.toml" in text
+
+
+def test_the_dockerfiles_requirements_script_names_the_extras_requirements(tmp_path: Path) -> None:
+    # The script is written by printf in the Dockerfile: run it on this pyproject as the build would.
+    (body,) = re.findall(
+        r"printf '%s\\n' \\\n(.*?)> /tmp/requirements.py", dockerfile_stages()["base-build"], re.DOTALL
+    )
+    lines = re.findall(r"'(.*)'", body)
+    (tmp_path / "requirements.py").write_text("\n".join(lines) + "\n")
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    printed = subprocess.run(
+        [sys.executable, "requirements.py", "worker", "s3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    project = pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert printed == project["dependencies"] + extras["worker"] + extras["s3"]
 
 
 def test_phalanx_crd_prints_the_generated_crd(capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,6 +130,67 @@ def test_phalanx_crd_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for relative in crd.CRD_PATHS:
         assert (tmp_path / relative).read_text() == crd.render_crd()
     assert main(["crd", "--write", "--root", str(tmp_path / "nowhere")]) == 2
+
+
+def fake_checkout(folder: Path, project: str = "phalanx") -> Path:
+    (folder / "operator").mkdir(parents=True)
+    (folder / "operator" / "api.py").write_text("")
+    (folder / "charts").mkdir()
+    (folder / "pyproject.toml").write_text(f'[project]\nname = "{project}"\n')
+    return folder
+
+
+def test_the_checkout_is_found_from_the_working_directory_up(tmp_path: Path) -> None:
+    assert find_checkout(ROOT / "operator") == ROOT
+    checkout = fake_checkout(tmp_path / "checkout")
+    (checkout / "docs" / "deep").mkdir(parents=True)
+    assert find_checkout(checkout / "docs" / "deep") == checkout.resolve()
+    assert find_checkout(tmp_path) is None
+    assert find_checkout(fake_checkout(tmp_path / "other", project="not-phalanx")) is None
+
+
+def test_phalanx_crd_write_defaults_to_the_checkout_it_runs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkout = fake_checkout(tmp_path / "checkout")
+    (checkout / "docs").mkdir()
+    monkeypatch.chdir(checkout / "docs")
+    assert main(["crd", "--write"]) == 0
+    for relative in crd.CRD_PATHS:
+        assert (checkout / relative).read_text() == crd.render_crd()
+    monkeypatch.chdir(tmp_path)
+    assert main(["crd", "--write"]) == 2
+    assert "run it inside one or pass --root" in capsys.readouterr().err
+
+
+def test_the_shipped_files_come_from_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed editable, the package's files are this checkout's, whatever the working directory.
+    monkeypatch.chdir("/")
+    for path, original in (
+        (assets.crds_dir() / crd.CRD_FILE, ROOT / "crds" / crd.CRD_FILE),
+        (
+            assets.chart_dir() / "templates" / "deployment.yaml",
+            ROOT / "charts/phalanx/templates/deployment.yaml",
+        ),
+        (assets.example("tinygpt.yaml"), ROOT / "examples" / "tinygpt.yaml"),
+    ):
+        assert path.is_absolute() and path.read_text() == original.read_text()
+    assert {p.name for p in assets.crds_dir().glob("*.yaml")} == {
+        p.name for p in (ROOT / "crds").glob("*.yaml")
+    }
+
+
+def test_operator_is_never_the_top_level_module_from_the_checkout() -> None:
+    # -S: the standard library's operator is not loaded at startup, so a top-level operator/ package would win.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", "import operator, sysconfig; print(operator.__file__)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert Path(result.stdout.strip()).parent == Path(sysconfig.get_paths()["stdlib"])
 
 
 def test_the_operator_process_never_loads_torch() -> None:
