@@ -73,10 +73,10 @@ class Context:
             self._cluster = None
 
 
-def git_commit() -> str:
-    """The commit of the code being measured: that of the git checkout the running phalanx package lives in
-    (an editable install), or "" for an installed wheel, or where git is missing."""
-    package = Path(str(resources.files("phalanx"))).resolve()
+def git_commit(package: Path | None = None) -> str:
+    """The commit of the code being measured: that of the git checkout the running phalanx package (or
+    `package`) lives in, as with an editable install; "" for an installed wheel, or where git is missing."""
+    package = package or Path(str(resources.files("phalanx"))).resolve()
     try:
         result = subprocess.run(
             ["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True, check=False

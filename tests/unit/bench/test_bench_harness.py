@@ -6,12 +6,16 @@ The cluster benchmarks' smoke runs are in tests/e2e/test_bench.py. Nothing here 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from phalanx.bench import checkpoint_stall, registry
-from phalanx.cli import main
+from phalanx.bench.harness import git_commit
+from phalanx.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_registered_benchmark_loads_with_its_name() -> None:
@@ -94,3 +98,17 @@ def test_local_benchmarks_in_smoke_mode_write_a_complete_report(tmp_path: Path) 
     assert main(["bench", "--quick", "--only", "kill-during-save", "--out", str(out)]) == 0
     kept = [result["name"] for result in json.loads((out / "results.json").read_text())["results"]]
     assert kept == ["checkpoint-stall", "kill-during-save"]
+
+
+def test_the_report_names_the_commit_of_an_editable_install_and_none_without_a_checkout(
+    tmp_path: Path,
+) -> None:
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
+    assert git_commit() == head.stdout.strip()
+    assert git_commit(tmp_path) == ""
+
+
+def test_the_report_goes_to_the_working_directory_by_default_never_into_the_package() -> None:
+    assert build_parser().parse_args(["bench"]).out == Path("bench-results")
