@@ -100,13 +100,10 @@ def test_dockerfile_builds_a_torch_free_operator_and_a_kopf_free_worker_from_pyp
 
 
 def test_the_dockerfiles_requirements_script_names_the_extras_requirements(tmp_path: Path) -> None:
-    # The script is written by printf in the Dockerfile: run it on this pyproject as the build would.
-    (body,) = re.findall(
-        r"printf '%s\\n' \\\n(.*?)> /tmp/requirements.py", dockerfile_stages()["base-build"], re.DOTALL
-    )
-    lines = re.findall(r"'(.*)'", body)
-    (tmp_path / "requirements.py").write_text("\n".join(lines) + "\n")
+    # The script is written by the Dockerfile's shell (printf): write and run it here as the build does.
+    (write,) = re.findall(r"(printf .*?> /tmp/requirements.py)", dockerfile_stages()["base-build"], re.DOTALL)
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    subprocess.run(["sh", "-c", write.replace("/tmp/", "./")], cwd=tmp_path, check=True)
     printed = subprocess.run(
         [sys.executable, "requirements.py", "worker", "s3"],
         cwd=tmp_path,
