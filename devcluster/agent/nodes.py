@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from phalanx.devcluster.agent.config import AgentConfig
+from phalanx.devcluster.agent.envresolve import parse_quantity
 from phalanx.devcluster.agent.kube import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -78,10 +80,29 @@ def node_labels(spec: NodeSpec) -> dict[str, str]:
     return labels
 
 
+def machine_memory_bytes() -> int | None:
+    """Physical memory of this machine (None where the platform does not tell)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def node_memory(spec: NodeSpec, config: AgentConfig) -> str:
+    """A node's memory capacity: `nodeMemory`, but for a real node at most its share of the machine (its pods
+    are processes here), so pods that request memory stay Pending rather than exhaust the machine."""
+    if spec.simulated or not config.machine_memory or not config.nodes:
+        return config.node_memory
+    share = config.machine_memory // config.nodes
+    if parse_quantity(config.node_memory) <= share:
+        return config.node_memory
+    return f"{share // 2**20}Mi"
+
+
 def capacity(spec: NodeSpec, config: AgentConfig) -> dict[str, str]:
     resources = {
         "cpu": config.node_cpu,
-        "memory": config.node_memory,
+        "memory": node_memory(spec, config),
         "pods": "250" if spec.simulated else "110",
         "ephemeral-storage": "100Gi",
     }
