@@ -119,6 +119,11 @@ def _used(bound: Iterable[Mapping[str, str]]) -> dict[str, Decimal]:
 
 
 def _describe(amount: Decimal, resource: str) -> str:
+    if resource == "memory" or resource.endswith("storage"):
+        for unit, size in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+            if amount >= size:
+                return f"{(amount / size).quantize(Decimal('0.01')).normalize():f}{unit} {resource}"
+        return f"{amount:f} bytes of {resource}"
     return f"{amount.normalize():f} {resource}"
 
 
