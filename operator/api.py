@@ -768,7 +768,8 @@ class TrainingJobStatus(ApiModel):
     observed_generation: int | None = None
     """The `metadata.generation` the status was computed from."""
     state: str | None = None
-    """A readable word: Pending, Scheduling, Running, Succeeded, Failed, Suspended or Invalid."""
+    """A readable word: Pending, Scheduling, Unschedulable (held: the cluster cannot hold the gang), Backoff,
+    Running, Finishing, Succeeded, Failed, Suspended or Invalid."""
     replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
     """Worker counts (`active` feeds the scale subresource)."""
     ready_workers: str | None = None
