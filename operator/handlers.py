@@ -290,7 +290,9 @@ class JobReconciler:
 def _gang_unplaced(job: dict[str, Any], job_pods: list[dict[str, Any]]) -> bool:
     """Whether the job's gang was never placed and no attempt at it is under way: only then does the plan
     judge it against the cluster's capacity (observing every node is not free)."""
-    if ((job.get("status") or {}).get("gang") or {}).get("scheduledTime"):
+    if ((job.get("status") or {}).get("gang") or {}).get("scheduledTime") or (job.get("spec") or {}).get(
+        "suspend"
+    ):
         return False
     return not any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in job_pods)
 

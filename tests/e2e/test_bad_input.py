@@ -92,7 +92,8 @@ def test_absurd_jobs_are_refused_or_held_without_pods_while_a_running_job_trains
         message="an InsufficientCapacity Event",
     )
     table = cluster.kubectl("get", "tj", "-n", namespace, "--no-headers").stdout
-    states = {line.split()[0]: line.split()[5] for line in table.splitlines()}
+    # STATE is next to last (AGE last); an empty STEP column leaves no field of its own.
+    states = {line.split()[0]: line.split()[-2] for line in table.splitlines()}
     assert states["typo"] == "Invalid" and states["oversized"] == "Unschedulable", table
 
     # Several reconciles later: still not one pod of either, and the steady job kept training.

@@ -482,3 +482,25 @@ def test_throttled_creations_pause_the_job_and_resume_after_the_backoff(make_job
     reconcile()
     assert len([call for call in kube.calls if call[0] == "create"]) == 7
     assert creations.paused_for(("ml", "demo")) == 0.0
+
+
+def test_the_cluster_view_counts_other_jobs_live_pods_and_is_taken_only_before_a_gang_is_placed(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    own = make_pod("demo-worker-0", node="node-a")
+    other = {
+        **make_pod("demo-worker-0", node="node-a"),
+        "spec": {"nodeName": "node-a", "requests": {"cpu": "2"}},
+    }
+    finished = make_pod("demo-worker-1", node="node-b", phase="Succeeded")
+    unbound = make_pod("demo-worker-2", node=None)
+    pods = {("ml", "demo"): [own], ("ml", "other"): [other, finished, unbound]}
+    nodes = {"node-a": [{"ready": "True"}], "node-b": [{"ready": "True"}]}
+    view = handlers.cluster_view(("ml", "demo"), pods, nodes)
+    assert set(view.nodes) == {"node-a", "node-b"}
+    assert view.bound == {"node-a": [{"pods": "1", "cpu": "2"}]}
+    job = make_job()
+    assert handlers._gang_unplaced(job, [])
+    assert not handlers._gang_unplaced(job, [own])  # an attempt is under way
+    assert not handlers._gang_unplaced({**job, "status": {"gang": {"scheduledTime": "t"}}}, [])
+    assert not handlers._gang_unplaced(make_job(suspend=True), [])
