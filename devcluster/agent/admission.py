@@ -12,11 +12,16 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from phalanx.devcluster.agent.envresolve import parse_quantity
 
 CHECKED = ("pods", "memory", "cpu")
+MIN_FREE_FRACTION = 0.05
+MIN_FREE_BYTES = 1 << 30
+"""A real pod starts only while the machine has this much memory available: its processes are the
+machine's, and other clusters (or programs) may share it whatever the nodes advertise."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,31 @@ def refusal(
                 f"capacity: {capacity:f}",
             )
     return None
+
+
+def available_memory() -> tuple[int, int] | None:
+    """(available, total) bytes of the machine's memory from /proc/meminfo (None where there is none)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024, int(fields["MemTotal"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def machine_refusal(memory: tuple[int, int] | None) -> Refusal | None:
+    """The refusal of a real pod while the machine runs low on memory (None: enough is available)."""
+    if memory is None:
+        return None
+    available, total = memory
+    floor = max(MIN_FREE_BYTES, int(total * MIN_FREE_FRACTION))
+    if available >= floor:
+        return None
+    return Refusal(
+        "OutOfmemory",
+        f"Node didn't have enough resource: memory, the machine has {available >> 20}Mi available, "
+        f"below the {floor >> 20}Mi kept free",
+    )
 
 
 class Ledger:

@@ -165,8 +165,12 @@ class Agent:
             # Admitted before this agent (re)started: it holds its share, whatever the order of the listing.
             self.admitted.admit(node, uid, {}, pod["spec"])
             return True
-        allocatable = capacity(self.ctx.nodes[node], self.config)
-        refused = self.admitted.admit(node, uid, allocatable, pod["spec"])
+        refused = None
+        if not self.ctx.nodes[node].simulated:
+            refused = admission.machine_refusal(admission.available_memory())
+        if refused is None:
+            allocatable = capacity(self.ctx.nodes[node], self.config)
+            refused = self.admitted.admit(node, uid, allocatable, pod["spec"])
         if refused is None:
             return True
         self.refused.add(uid)

@@ -24,6 +24,9 @@ CRASH_ANNOTATION = "phalanx.dev/crash"
 KUBELET_VERSION = "v1.20.2"
 HOST_IP = "127.0.0.1"
 LEASE_SECONDS = 40
+REAL_POD_MEMORY = 768 * 2**20
+"""What a real node's pod is taken to need, whatever it requests: a trainer pod is the launcher and a torch
+process, about 350 MB each."""
 
 
 @dataclass(frozen=True)
@@ -99,11 +102,23 @@ def node_memory(spec: NodeSpec, config: AgentConfig) -> str:
     return f"{share // 2**20}Mi"
 
 
+def node_pods(spec: NodeSpec, config: AgentConfig) -> str:
+    """A node's pod capacity: 110 as a kubelet's default (simulated: 250); a real node at most as many pods
+    as its share of the machine's memory holds at `REAL_POD_MEMORY` each. Pods that request little or no
+    memory still run as processes of real size, so the pod count is what bounds the machine's memory."""
+    if spec.simulated:
+        return "250"
+    if not config.machine_memory or not config.nodes:
+        return "110"
+    share = config.machine_memory // config.nodes
+    return str(max(1, min(110, share // REAL_POD_MEMORY)))
+
+
 def capacity(spec: NodeSpec, config: AgentConfig) -> dict[str, str]:
     resources = {
         "cpu": config.node_cpu,
         "memory": node_memory(spec, config),
-        "pods": "250" if spec.simulated else "110",
+        "pods": node_pods(spec, config),
         "ephemeral-storage": "100Gi",
     }
     if config.gpus_per_node:
