@@ -6,12 +6,16 @@ worker at the jobs' heartbeat interval, as launchers would. Then:
   seconds) give the writes per second by resource; the operator's process (a local process on this
   cluster) gives its resident memory and CPU time; heartbeats must not turn into Events or status churn;
 - event -> action: a worker pod is deleted, and the latency is from the pod's DELETED watch event to the
-  ADDED event of the replacement pod the operator creates, both seen by the same watch in this process.
+  ADDED event of the replacement pod the operator creates, both seen by the same watch in this process;
+- the same trials again beside absurd jobs: one asking for 100,000 workers (a typo: the operator refuses it
+  over its gang limit) and one over what the simulated nodes hold but under that limit (held for capacity);
+  the healthy jobs' latency must not move, and the absurd jobs must never get a pod.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import threading
 import time
@@ -339,6 +343,82 @@ def event_to_action(
     return latencies, timed_out, skipped
 
 
+ABSURD_REPLICAS = 100_000
+ABSURD_SETTLE = 60.0
+"""Seconds the absurd jobs have to be refused or held."""
+
+
+def absurd_manifests(simulated_pod_slots: int) -> list[dict[str, Any]]:
+    """A 100,000-worker typo, and a job one pod over what the simulated nodes hold (the capacity check's
+    case while that is under the operator's gang limit; the limit's otherwise)."""
+    typo = job_manifest("absurd-typo", ABSURD_REPLICAS)
+    typo["spec"]["maxReplicas"] = ABSURD_REPLICAS
+    return [typo, job_manifest("absurd-oversized", simulated_pod_slots + 1)]
+
+
+def stopped_without_pods(job: dict[str, Any]) -> bool:
+    """Whether an absurd job was refused (InvalidSpec) or held (InsufficientCapacity)."""
+    found = {
+        (condition.get("type"), condition.get("status"), condition.get("reason"))
+        for condition in (job.get("status") or {}).get("conditions") or []
+    }
+    return ("Failed", "True", "InvalidSpec") in found or (
+        "GangScheduled",
+        "False",
+        "InsufficientCapacity",
+    ) in found
+
+
+def pods_of(events: list[PodEvent], jobs: list[str]) -> int:
+    """Pods of `jobs` that ever appeared (ADDED events)."""
+    return len(
+        {event.uid for event in events if event.type == "ADDED" and event.labels.get(JOB_LABEL) in jobs}
+    )
+
+
+def simulated_pod_slots(cluster: BenchCluster) -> int:
+    nodes = cluster.core.list_node(label_selector="phalanx.dev/simulated=true").items
+    return sum(int(node.status.allocatable.get("pods", 0)) for node in nodes)
+
+
+def beside_absurd_jobs(
+    cluster: BenchCluster, pods: Watch[PodEvent], jobs: list[str], scale: Scale, namespace: str
+) -> tuple[list[float], tuple[int, int], dict[str, Any]]:
+    """The event -> action trials again while the absurd jobs are in the cluster."""
+    manifests = absurd_manifests(simulated_pod_slots(cluster))
+    names = [manifest["metadata"]["name"] for manifest in manifests]
+    for manifest in manifests:
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    started = time.monotonic()
+
+    def settled() -> bool:
+        return all(
+            stopped_without_pods(
+                cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            )
+            for name in names
+        )
+
+    wait_for(settled, ABSURD_SETTLE, interval=0.5, message="the absurd jobs refused or held")
+    to_stopped = time.monotonic() - started
+    latencies, timed_out, skipped = event_to_action(cluster, pods, jobs, scale, namespace)
+    reasons = {}
+    for name in names:
+        job = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        reasons[name] = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in (job.get("status") or {}).get("conditions") or []
+            if c.get("reason") in ("InvalidSpec", "InsufficientCapacity") and c.get("type") != "SpecValid"
+        ]
+    details = {
+        "jobs": {name: manifest["spec"]["replicas"] for name, manifest in zip(names, manifests, strict=True)},
+        "seconds_to_refused_or_held": round(to_stopped, 2),
+        "pods": pods_of(pods.events(), names),
+        "conditions": reasons,
+    }
+    return latencies, (timed_out, skipped), details
+
+
 def all_running(cluster: BenchCluster, namespace: str, count: int) -> bool:
     """Whether `count` TrainingJobs in `namespace` have their `Running` condition True."""
     listed = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
@@ -397,6 +477,8 @@ def run(context: Any, quick: bool) -> BenchResult:
                 rss_steady = sampler.rss[rss_from:]
                 log(f"event -> action: {scale.trials} worker pods deleted one at a time")
                 latencies, timed_out, skipped = event_to_action(cluster, pods, jobs, scale, namespace)
+                log("event -> action again, beside a 100,000-worker job and one over the nodes' capacity")
+                beside, beside_missed, absurd = beside_absurd_jobs(cluster, pods, jobs, scale, namespace)
             finally:
                 # Jobs go first: heartbeats that stop while their jobs live would be judged as failures.
                 cluster.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
@@ -412,6 +494,7 @@ def run(context: Any, quick: bool) -> BenchResult:
         steady,
         latencies,
         (timed_out, skipped),
+        (beside, beside_missed, absurd),
         sampler,
         rss_steady,
         heartbeats,
@@ -428,6 +511,7 @@ def result(
     steady: dict[str, Any],
     latencies: list[float],
     missed: tuple[int, int],
+    absurd_run: tuple[list[float], tuple[int, int], dict[str, Any]],
     sampler: ProcessSampler,
     rss_steady: list[float],
     heartbeats: HeartbeatSimulator,
@@ -435,6 +519,7 @@ def result(
     torch_loaded: bool,
     cleanup: Cleanup,
 ) -> BenchResult:
+    beside, beside_missed, absurd = absurd_run
     windows = steady["per_window"]
     reconcile_interval = cluster.operator.reconcile_interval if cluster.operator else 5.0
     by_resource = steady["writes_per_second_by_resource"]
@@ -472,6 +557,7 @@ def result(
         f"and count as {REPLACE_WAIT:g} s; {missed[1]} trials skipped (no running worker, or it was gone "
         "before the delete); latency from the pod's DELETED watch event to the replacement's ADDED event, "
         "both seen by this process.",
+        absurd_note(latencies, *absurd_run),
         *heartbeat_false_alarms(steady["operator_event_reasons"], heartbeats.max_gap),
         *(f"Operator log: {line}" for line in warning_summary(log_lines)),
         *([note] if (note := cleanup.note("Cleanup")) else []),
@@ -487,6 +573,21 @@ def result(
                 description="worker pod deleted -> the operator's replacement pod created",
                 target=Target(op="<=", value=1.0, stat="p99", text="event -> action p99 <= 1 s"),
                 baseline=Baseline(text="Kubernetes API SLO: p99 <= 1 s per call", value=1.0),
+            ),
+            Metric(
+                name="event -> action latency beside absurd jobs",
+                unit="s",
+                samples=beside,
+                description="the same trials while a 100,000-worker job and one over the nodes' capacity exist",
+                target=Target(op="<=", value=1.0, stat="p99", text="event -> action p99 <= 1 s beside them"),
+                baseline=Baseline(text="Kubernetes API SLO: p99 <= 1 s per call", value=1.0),
+            ),
+            Metric(
+                name="pods of the absurd jobs",
+                unit="count",
+                samples=[float(absurd["pods"])],
+                description="pods the refused or held jobs ever had",
+                target=Target(op="<=", value=0, stat="max", text="an absurd job never gets a pod"),
             ),
             Metric(
                 name="operator RSS",
@@ -571,7 +672,32 @@ def result(
             "missed": sum(missed),
             "timed_out": missed[0],
             "skipped": missed[1],
+            "absurd": {**absurd, "timed_out": beside_missed[0], "skipped": beside_missed[1]},
         },
+    )
+
+
+def _quantile(samples: list[float], fraction: float) -> float | None:
+    # Nearest rank: the smallest sample with at least `fraction` of them at or below it.
+    ordered = sorted(samples)
+    return ordered[max(math.ceil(fraction * len(ordered)) - 1, 0)] if ordered else None
+
+
+def absurd_note(
+    alone: list[float], beside: list[float], missed: tuple[int, int], absurd: dict[str, Any]
+) -> str:
+    """Event -> action with and without the absurd jobs, and what became of them."""
+
+    def figures(samples: list[float]) -> str:
+        return f"p50 {fmt_seconds(_quantile(samples, 0.5))}, p99 {fmt_seconds(_quantile(samples, 0.99))}"
+
+    jobs = ", ".join(f"{name} ({replicas} workers)" for name, replicas in absurd["jobs"].items())
+    conditions = "; ".join(line for lines in absurd["conditions"].values() for line in lines)
+    return (
+        f"Beside absurd jobs ({jobs}): event -> action {figures(beside)} against {figures(alone)} without them "
+        f"({missed[0]} replacements past {REPLACE_WAIT:g} s, {missed[1]} trials skipped). They were refused or "
+        f"held {absurd['seconds_to_refused_or_held']:.1f} s after creation and had {absurd['pods']} pods: "
+        f"{conditions or 'no condition said why'}."
     )
 
 

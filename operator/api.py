@@ -3,8 +3,9 @@
 Field docstrings become the CRD's descriptions, `Field(ge=..., le=...)` its ranges, `Literal[...]` its enums
 and defaults its structural defaults (see `phalanx.operator.crd`). Python names are snake_case; the wire
 format is camelCase through aliases. Cross-field rules that Kubernetes 1.20 cannot express live in
-`phalanx.operator.validation`, so several counts here deliberately carry no range: a bad value must reach
-the operator and come back as an `InvalidSpec` condition naming the field, not as an apply-time error.
+`phalanx.operator.validation` and come back as an `InvalidSpec` condition naming the field. A value that can
+never be valid on its own (a negative count, a port beyond 65535) carries its range here, so the API server
+refuses it at apply time and no reconcile ever sees it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ AUTO_INTERVAL = "auto"
 IntervalSteps = Annotated[int, Field(ge=1)] | Literal["auto"]
 """A positive number of steps or `auto` (the CRD: an int-or-string with `minimum` and `pattern`)."""
 CheckpointMode = Literal["auto", "fixed"]
+ExitCode = Annotated[int, Field(ge=0, le=255)]
+"""A process exit status as a container reports it (128 + n for a signal n)."""
 
 
 class ApiModel(BaseModel):
@@ -165,7 +168,7 @@ class HeartbeatSpec(ApiModel):
 class FailureMatch(ApiModel):
     """Which failures a rule applies to; a failure matches when any listed criterion matches."""
 
-    exit_codes: list[int] | None = None
+    exit_codes: list[ExitCode] | None = None
     """Exit codes of the trainer container."""
     pod_conditions: list[str] | None = None
     """Pod condition types or reasons, e.g. `DisruptionTarget`, `Evicted`, `OOMKilled`."""
@@ -394,13 +397,13 @@ class PreflightSpec(ApiModel):
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
 
-    replicas: int = 1
+    replicas: int = Field(default=1, ge=1)
     """Active workers (pods, one per node). Scaled by `kubectl scale` within `minReplicas`..`maxReplicas`."""
-    min_replicas: int | None = None
+    min_replicas: int | None = Field(default=None, ge=1)
     """Fewest active workers training may continue with (elastic lower bound). Unset: `replicas`."""
-    max_replicas: int | None = None
+    max_replicas: int | None = Field(default=None, ge=1)
     """Most active workers `replicas` may be scaled to (elastic upper bound). Unset: `replicas`."""
-    spares: int = 0
+    spares: int = Field(default=0, ge=0)
     """Hot-spare worker pods: scheduled, running and waiting in the rendezvous to replace a failed worker."""
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
     """Training processes per worker pod (usually the GPUs per node)."""
@@ -765,7 +768,8 @@ class TrainingJobStatus(ApiModel):
     observed_generation: int | None = None
     """The `metadata.generation` the status was computed from."""
     state: str | None = None
-    """A readable word: Pending, Scheduling, Running, Succeeded, Failed, Suspended or Invalid."""
+    """A readable word: Pending, Scheduling, Unschedulable (held: the cluster cannot hold the gang), Backoff,
+    Running, Finishing, Succeeded, Failed, Suspended or Invalid."""
     replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
     """Worker counts (`active` feeds the scale subresource)."""
     ready_workers: str | None = None

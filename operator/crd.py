@@ -66,6 +66,14 @@ def schema_for_annotation(annotation: Any, *, with_defaults: bool) -> dict[str, 
         return int_or_string
     annotation = _strip_optional(annotation)
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        # A constrained item type, e.g. `list[Annotated[int, Field(ge=0)]]`: its range belongs to the items.
+        base, *extras = typing.get_args(annotation)
+        schema = schema_for_annotation(base, with_defaults=with_defaults)
+        for extra in extras:
+            if isinstance(extra, FieldInfo):
+                _apply_constraints(schema, extra)
+        return schema
     if origin is Literal:
         values = list(typing.get_args(annotation))
         return {"type": "string", "enum": values}

@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import api, checkpointing, health, names, reconcile
+from phalanx.operator import api, capacity, checkpointing, health, names, reconcile, throttle
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
@@ -70,10 +70,17 @@ class JobReconciler:
         metrics: OperatorMetrics,
         api_concurrency: int = 1,
         clock_margin: timedelta = reconcile.REGROUP_CLOCK_MARGIN,
+        max_gang_pods: int | None = None,
+        create_batch: int | None = None,
+        creations: throttle.CreationThrottle | None = None,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.clock_margin = clock_margin
+        self.max_gang_pods = max_gang_pods
+        self.create_batch = create_batch
+        # Per job: pauses of its pod creations after the API server refused some.
+        self.creations = creations or throttle.CreationThrottle()
         # Training-health histories per job, fed by every heartbeat event (`lease_changed`).
         self.health = health.HealthMonitor()
         # Shared by all jobs: bounds the operator's parallel requests however many jobs reconcile at once.
@@ -94,6 +101,7 @@ class JobReconciler:
     def forget(self, namespace: str, name: str, uid: str) -> None:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+        self.creations.forget((namespace, name))
         self.health.forget((namespace, name))
         self.metrics.forget_job_health(namespace, name)
         self.metrics.job_checkpoint_interval(namespace, name, None)
@@ -150,6 +158,9 @@ class JobReconciler:
                 health=self.health.snapshot(key),
                 cluster=checkpointing.cluster_history(list(histories), job["metadata"].get("uid"), moment),
                 clock_margin=self.clock_margin,
+                capacity=cluster_view(key, pods, nodes) if _gang_unplaced(job, job_pods) else None,
+                max_gang_pods=self.max_gang_pods,
+                create_batch=self.create_batch,
             )
             plan = reconcile.plan(job, observed)
             self._settle_health(key, plan)
@@ -173,7 +184,14 @@ class JobReconciler:
         namespace = job["metadata"]["namespace"]
         for child in plan.ensure:
             self._guarded("ensure", self.kube.ensure, child)
-        created = self._each("create", self.kube.create, [(pod,) for pod in plan.create_pods])
+        key = (namespace, job["metadata"]["name"])
+        created = self._each("create", self._create_pod, [(key, pod, logger) for pod in plan.create_pods])
+        paused = self.creations.paused_for(key)
+        if paused:
+            # Wake the job when its creations may go on, rather than at the next periodic reconcile.
+            plan.wake_after = paused if plan.wake_after is None else min(plan.wake_after, paused)
+        elif plan.create_pods:
+            self.creations.succeeded(key)
         for pod, was_created in zip(plan.create_pods, created, strict=True):
             if was_created:
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
@@ -201,6 +219,22 @@ class JobReconciler:
             )
             for event in plan.events:
                 self._guarded("event", self.kube.post_event, job, event)
+
+    def _create_pod(self, key: tuple[str, str], pod: dict[str, Any], logger: Any) -> bool | None:
+        """Create one of the job's pods unless its creations pause; a throttled or failing answer starts (or
+        lengthens) the pause, so the rest of the batch is not sent."""
+        if self.creations.paused_for(key):
+            return None
+        try:
+            return self.kube.create(pod)
+        except ApiException as error:
+            self.metrics.api_errors.labels(operation="create").inc()
+            if not throttle.is_refusal(error.status):
+                logger.warning(f"create failed: {error.status} {error.reason}")
+                return None
+            pause = self.creations.refused(key, throttle.retry_after_seconds(error.headers))
+            logger.info(f"pod creations refused ({error.status} {error.reason}); pausing them {pause:.1f}s")
+            return None
 
     def _suspend(self, job: dict[str, Any], logger: Any) -> bool:
         """Set `spec.suspend` (a training-health Pause); False when the API refused it."""
@@ -251,6 +285,36 @@ class JobReconciler:
             self.metrics.api_errors.labels(operation=operation).inc()
             logging.getLogger(__name__).warning(f"{operation} failed: {error.status} {error.reason}")
             return None
+
+
+def _gang_unplaced(job: dict[str, Any], job_pods: list[dict[str, Any]]) -> bool:
+    """Whether the job's gang was never placed and no attempt at it is under way: only then does the plan
+    judge it against the cluster's capacity (observing every node is not free)."""
+    if ((job.get("status") or {}).get("gang") or {}).get("scheduledTime") or (job.get("spec") or {}).get(
+        "suspend"
+    ):
+        return False
+    return not any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in job_pods)
+
+
+def cluster_view(
+    key: tuple[str, str],
+    pods: Mapping[Any, Iterable[dict[str, Any]]],
+    nodes: Mapping[Any, Iterable[dict[str, Any]]],
+) -> capacity.ClusterView:
+    """Every node, and what the live pods of the other TrainingJobs request on the nodes they are bound to
+    (the job's own pods are the gang itself, never counted against it)."""
+    every_node = {name: summary for name, store in nodes.items() if (summary := _first(store)) is not None}
+    bound: dict[str, list[dict[str, str]]] = {}
+    for job_key, store in pods.items():
+        if job_key == key:
+            continue
+        for pod in store:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and observe.phase(pod) not in observe.FINISHED_PHASES:
+                requests = (pod.get("spec") or {}).get("requests") or {}
+                bound.setdefault(node, []).append({capacity.PODS: "1", **requests})
+    return capacity.ClusterView(every_node, bound)
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:

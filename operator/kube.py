@@ -67,9 +67,12 @@ class Kube:
         response = self.client.call_api(method, url, headers, payload, post)
         data = response.read()
         if not 200 <= response.status < 300:
-            raise ApiException(
+            error = ApiException(
                 status=response.status, reason=response.reason, body=data.decode(errors="replace")
             )
+            # A throttled answer's Retry-After tells how long to hold further requests.
+            error.headers = getattr(response, "headers", None)
+            raise error
         return json.loads(data) if data else None
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from phalanx.operator import handlers
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
+from phalanx.operator.throttle import CreationThrottle
 
 
 def peering_priority(settings: OperatorSettings) -> int:
@@ -37,7 +38,13 @@ def run(settings: OperatorSettings) -> int:
         load_client(settings.api_concurrency + settings.max_workers), settings.recheck_children_seconds
     )
     reconciler = handlers.JobReconciler(
-        kube, metrics, settings.api_concurrency, timedelta(seconds=settings.clock_skew_seconds)
+        kube,
+        metrics,
+        settings.api_concurrency,
+        timedelta(seconds=settings.clock_skew_seconds),
+        max_gang_pods=settings.max_gang_pods,
+        create_batch=settings.create_batch,
+        creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings, reconciler)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from phalanx.operator import (
     api,
     builders,
+    capacity,
     checkpointing,
     conditions,
     detection,
@@ -43,6 +44,8 @@ SUSPECT_NODE_SECONDS = 120
 # A running pod whose heartbeat missed this many renewals (and at least this many seconds) marks its node quiet.
 QUIET_RENEWALS = 2
 MIN_QUIET_SECONDS = 2.0
+# Seconds until the next reconcile of a job whose missing pods did not all fit in one batch.
+NEXT_BATCH_SECONDS = 0.5
 # Added to a regroup request's `before` unless the operator is configured otherwise (`Observed.clock_margin`).
 REGROUP_CLOCK_MARGIN = timedelta(milliseconds=250)
 
@@ -79,6 +82,13 @@ class Observed:
     """Added to a regroup request's `before`: the failure time and a group's start come from different
     machines' clocks, so this is the skew tolerated between nodes. A group that re-formed by itself starts
     seconds after the failure, well beyond it."""
+    capacity: capacity.ClusterView | None = None
+    """Every node and what other TrainingJobs' pods hold on them, observed while the job's gang has no live
+    pod (`capacity.gang_fit`). None: not observed (no capacity check)."""
+    max_gang_pods: int | None = None
+    """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
+    create_batch: int | None = None
+    """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
 
 
 @dataclass(frozen=True)
@@ -790,10 +800,35 @@ def _scale_down(b: _Builder, live: list[dict[str, Any]], wanted: int, workers: b
     b.delete(surplus)
 
 
+def _held_for_capacity(b: _Builder, spec: api.TrainingJobSpec) -> bool:
+    """Hold a gang that the cluster's schedulable capacity cannot hold (before any of its pods exists): no pod
+    is created, `GangScheduled` says what is short, and every reconcile looks again."""
+    view = b.observed.capacity
+    if view is None or b.status.gang.scheduled_time is not None:
+        return False
+    if any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in b.observed.pods):
+        # An attempt is under way: its pods are the gang's, and the gang timeout judges it.
+        return False
+    expected = spec.replicas + spec.spares
+    pod_spec = builders.build_worker_pod(b.job, spec, 0, names.ROLE_WORKER)["spec"]
+    fit = capacity.gang_fit(view, pod_spec, expected)
+    if fit.fits:
+        return False
+    previous = conditions.find(b.status.conditions, conditions.GANG_SCHEDULED)
+    if previous is None or previous.reason != conditions.REASON_INSUFFICIENT_CAPACITY:
+        b.event("Warning", conditions.REASON_INSUFFICIENT_CAPACITY, f"{fit.message}; holding the job")
+    b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_INSUFFICIENT_CAPACITY, fit.message)
+    b.status.state = "Unschedulable"
+    return True
+
+
 def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     """Rendezvous pod, worker and spare pods, under the gang's all-or-nothing rule."""
     job, job_name = b.job, b.job["metadata"]["name"]
     rendezvous = [pod for pod in b.observed.pods if observe.is_rendezvous(pod)]
+    if _held_for_capacity(b, spec):
+        b.delete(rendezvous)
+        return
     lost_nodes = _lost_nodes(b, spec)
     _release_unschedulable(b, lost_nodes)
     # A rendezvous pod released above is created again once it is gone (the name is the same).
@@ -852,6 +887,14 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     taken_by_spares = min(kept_spares, vacated)
     missing_workers = min(max(spec.replicas - kept_workers - taken_by_spares, 0), missing)
     missing_spares = missing - missing_workers
+    batch = b.observed.create_batch
+    if batch is not None and missing_workers + missing_spares > batch:
+        # The rest in the next reconciles: one job's creations never hold the API server for long. The new
+        # pods' events wake the job; this wake-up only covers a quiet watch.
+        missing_workers = min(missing_workers, batch)
+        missing_spares = batch - missing_workers
+        wake = b.plan.wake_after
+        b.plan.wake_after = NEXT_BATCH_SECONDS if wake is None else min(wake, NEXT_BATCH_SECONDS)
     indices = _free_indices(b.observed.pods, job_name, missing_workers + missing_spares)
     roles: list[names.Role] = [names.ROLE_WORKER] * missing_workers + [names.ROLE_SPARE] * missing_spares
     # A spare refilling the pool goes where the failed worker was (its domain), so the group stays close.
@@ -1036,7 +1079,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     """Decide one reconcile of `job`."""
     b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
-    spec, issues = validation.check(job.get("spec"), job_name)
+    spec, issues = validation.check(job.get("spec"), job_name, observed.max_gang_pods)
     trainer = _trainer_name(spec, job)
     accepted_replicas = spec.replicas if spec is not None else b.status.replicas.desired
     _observe_into_status(b, spec, trainer, accepted_replicas)

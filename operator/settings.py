@@ -47,6 +47,20 @@ class OperatorSettings(BaseModel):
     api_concurrency: int = Field(default=32, ge=1, le=512)
     """Requests of one reconcile's kind (pod creations, deletions) sent to the API server at once: a gang of
     a thousand pods is created in parallel instead of one request after another."""
+    max_gang_pods: int = Field(default=2000, ge=1, le=100000)
+    """Most pods one TrainingJob may ask for (`replicas` + `spares`, and `maxReplicas` + `spares`); a larger
+    job is refused with `InvalidSpec` before any of its pods exists. A gang is one pod per node, and few
+    clusters have more than a couple of thousand nodes, so a larger number is almost always a typo whose pods
+    would only fill the API server's storage. 2000 leaves room for the 1,000-pod gangs this operator is
+    measured with; raise it on a cluster that really runs larger gangs."""
+    create_batch: int = Field(default=100, ge=1, le=10000)
+    """Pods of one job created per reconcile: a large gang is created over several reconciles, so one job's
+    creations never queue ahead of every other job's requests for long."""
+    create_backoff_seconds: float = Field(default=1.0, gt=0, le=60)
+    """First pause of a job's pod creations after the API server answered one with 429 (throttled) or a 5xx;
+    doubles with each further refusal (up to `createMaxBackoffSeconds`), or follows its `Retry-After`."""
+    create_max_backoff_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """Longest pause of a job's pod creations after refusals by the API server."""
     log_level: str = "INFO"
     """Python log level of the operator."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.operator import api, names, topology
+from phalanx.operator import api, capacity, names, topology
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
@@ -47,6 +47,15 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
             for key, value in (
                 ("nodeName", spec.get("nodeName")),
                 ("avoidNodes", sorted(topology.avoided_nodes(spec))),
+                # What the pod holds on its node, for other jobs' capacity checks.
+                (
+                    "requests",
+                    {
+                        name: str(amount)
+                        for name, amount in capacity.pod_requests(spec).items()
+                        if name != capacity.PODS
+                    },
+                ),
             )
             if value
         },
@@ -98,6 +107,14 @@ def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
         "noExecute": [taint.get("key") for taint in no_execute],
         "noExecuteSince": added[0] if added else None,
         "drillCrash": (meta.get("annotations") or {}).get(DRILL_CRASH_ANNOTATION),
+        # What the gang capacity check needs (`capacity.gang_fit`).
+        "allocatable": dict((body.get("status") or {}).get("allocatable") or {}),
+        "unschedulable": bool((body.get("spec") or {}).get("unschedulable")),
+        "taints": [
+            {key: taint.get(key) for key in ("key", "value", "effect")}
+            for taint in (body.get("spec") or {}).get("taints") or []
+            if taint.get("effect") in capacity.SCHEDULE_EFFECTS
+        ],
     }
 
 

@@ -52,19 +52,15 @@ def trainer_container_index(template: dict[str, Any]) -> int | None:
 
 
 def _replica_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
+    # Each count's own range (replicas >= 1, spares >= 0) is the schema's: the API server and `parse_spec`
+    # refuse a value outside it before these rules run.
     issues = []
-    if spec.replicas < 1:
-        issues.append(SpecIssue("spec.replicas", f"must be at least 1, got {spec.replicas}"))
-    if spec.spares < 0:
-        issues.append(SpecIssue("spec.spares", f"must be 0 or more, got {spec.spares}"))
-    if spec.min_replicas is not None and spec.min_replicas < 1:
-        issues.append(SpecIssue("spec.minReplicas", f"must be at least 1, got {spec.min_replicas}"))
     low, high = spec.effective_min_replicas, spec.effective_max_replicas
     if spec.min_replicas is not None and spec.max_replicas is not None and low > high:
         issues.append(
             SpecIssue("spec.minReplicas", f"minReplicas ({low}) is greater than maxReplicas ({high})")
         )
-    elif spec.replicas >= 1 and not low <= spec.replicas <= high:
+    elif not low <= spec.replicas <= high:
         issues.append(
             SpecIssue(
                 "spec.replicas",
@@ -72,6 +68,31 @@ def _replica_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
             )
         )
     return issues
+
+
+def _gang_size_issues(spec: api.TrainingJobSpec, max_gang_pods: int | None) -> list[SpecIssue]:
+    """The operator-wide limit on pods per job (`maxGangPods`): what the spec asks for now, and what
+    `maxReplicas` lets it be scaled to."""
+    if max_gang_pods is None:
+        return []
+    asked = spec.replicas + spec.spares
+    if asked > max_gang_pods:
+        return [
+            SpecIssue(
+                "spec.replicas",
+                f"replicas + spares ({asked}) exceeds the operator's limit of {max_gang_pods} pods per "
+                "job (maxGangPods)",
+            )
+        ]
+    if spec.max_replicas is not None and spec.max_replicas + spec.spares > max_gang_pods:
+        return [
+            SpecIssue(
+                "spec.maxReplicas",
+                f"maxReplicas + spares ({spec.max_replicas + spec.spares}) exceeds the operator's limit of "
+                f"{max_gang_pods} pods per job (maxGangPods)",
+            )
+        ]
+    return []
 
 
 def _template_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
@@ -120,9 +141,13 @@ def _checkpoint_tier_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     return issues
 
 
-def validate_spec(spec: api.TrainingJobSpec, job_name: str = "") -> list[SpecIssue]:
-    """Every cross-field problem of a parsed spec (empty when the spec is usable)."""
-    issues = _replica_issues(spec) + _template_issues(spec) + _failure_policy_issues(spec)
+def validate_spec(
+    spec: api.TrainingJobSpec, job_name: str = "", max_gang_pods: int | None = None
+) -> list[SpecIssue]:
+    """Every cross-field problem of a parsed spec (empty when the spec is usable). `max_gang_pods`: the
+    operator's limit on pods per job (None: no limit)."""
+    issues = _replica_issues(spec) + _gang_size_issues(spec, max_gang_pods)
+    issues += _template_issues(spec) + _failure_policy_issues(spec)
     if spec.checkpoint.claim_name and spec.checkpoint.volume:
         issues.append(
             SpecIssue("spec.checkpoint.volume", "set either checkpoint.claimName or checkpoint.volume")
@@ -155,11 +180,11 @@ def validate_spec(spec: api.TrainingJobSpec, job_name: str = "") -> list[SpecIss
 
 
 def check(
-    raw_spec: dict[str, Any] | None, job_name: str = ""
+    raw_spec: dict[str, Any] | None, job_name: str = "", max_gang_pods: int | None = None
 ) -> tuple[api.TrainingJobSpec | None, list[SpecIssue]]:
     """Parse and validate; the spec is returned only when there is no issue."""
     spec, issues = parse_spec(raw_spec)
     if spec is None:
         return None, issues
-    issues = validate_spec(spec, job_name)
+    issues = validate_spec(spec, job_name, max_gang_pods)
     return (None, issues) if issues else (spec, [])

@@ -9,17 +9,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from phalanx.devcluster.agent import ipam
+from phalanx.devcluster.agent import admission, ipam
 from phalanx.devcluster.agent.config import AgentConfig, parse_config
 from phalanx.devcluster.agent.context import AgentContext
 from phalanx.devcluster.agent.dnsserver import DnsServer
 from phalanx.devcluster.agent.dnstable import DnsTable
-from phalanx.devcluster.agent.kube import Informer, KubeClient
+from phalanx.devcluster.agent.kube import ApiError, Informer, KubeClient, with_retry
 from phalanx.devcluster.agent.logserver import LogServer
-from phalanx.devcluster.agent.nodes import CRASH_ANNOTATION, NodeHeartbeats, all_nodes
+from phalanx.devcluster.agent.nodes import (
+    CRASH_ANNOTATION,
+    NodeHeartbeats,
+    all_nodes,
+    capacity,
+    machine_memory_bytes,
+)
 from phalanx.devcluster.agent.podworker import PodWorker
 from phalanx.devcluster.agent.provisioner import Provisioner
 from phalanx.devcluster.agent.runtime import kill_orphans, probe_namespaces
@@ -50,6 +57,10 @@ class Agent:
         self.dns = DnsTable()
         self.workers: dict[str, PodWorker] = {}
         self.workers_lock = threading.Lock()
+        # What each node has admitted: a pod beyond a node's allocatable pods or memory never starts.
+        self.admitted = admission.Ledger()
+        self.refused: set[str] = set()
+        self.refusals = ThreadPoolExecutor(max_workers=2, thread_name_prefix="refusals")
 
     def run(self) -> None:
         config = self.config
@@ -111,7 +122,9 @@ class Agent:
         self.dns.set_pod(pod, kind != "DELETED")
         node = (pod.get("spec") or {}).get("nodeName")
         spec = self.ctx.nodes.get(node or "")
-        if spec is None:
+        if spec is None or node is None:
+            return
+        if not self._admit(kind, node, pod):
             return
         if spec.simulated:
             self.simulated.handle(kind, pod)
@@ -134,6 +147,50 @@ class Agent:
         with self.ctx.registry_lock:
             self.ctx.registry[(worker.namespace, worker.name)] = worker
         worker.start()
+
+    def _admit(self, kind: str, node: str, pod: dict[str, Any]) -> bool:
+        """The kubelet's admission: False for a pod this node refused (its Failed status is on its way)."""
+        uid = pod["metadata"]["uid"]
+        phase = (pod.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in ("Succeeded", "Failed"):
+            # An ended pod holds nothing on its node.
+            self.admitted.release(node, uid)
+            if kind == "DELETED":
+                self.refused.discard(uid)
+        if uid in self.refused:
+            return False
+        if kind == "DELETED" or phase in ("Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
+            return True
+        if phase == "Running":
+            # Admitted before this agent (re)started: it holds its share, whatever the order of the listing.
+            self.admitted.admit(node, uid, {}, pod["spec"])
+            return True
+        refused = None
+        if not self.ctx.nodes[node].simulated:
+            refused = admission.machine_refusal(admission.available_memory())
+        if refused is None:
+            allocatable = capacity(self.ctx.nodes[node], self.config)
+            refused = self.admitted.admit(node, uid, allocatable, pod["spec"])
+        if refused is None:
+            return True
+        self.refused.add(uid)
+        log.warning("node %s refused pod %s: %s", node, pod["metadata"]["name"], refused.message)
+        self.refusals.submit(self._refuse, pod, refused)
+        return False
+
+    def _refuse(self, pod: dict[str, Any], refused: admission.Refusal) -> None:
+        meta = pod["metadata"]
+        status = {"phase": "Failed", "reason": refused.reason, "message": f"Pod {refused.message}"}
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        try:
+            with_retry(
+                lambda: self.ctx.kube.merge_patch(path, {"status": status}),
+                f"refusal of {meta['namespace']}/{meta['name']}",
+                self.stop,
+            )
+        except ApiError as error:
+            if error.status != 404:
+                log.warning("refusal of %s/%s not written: %s", meta["namespace"], meta["name"], error)
 
     def _on_node(self, kind: str, node: dict[str, Any]) -> None:
         name = node["metadata"]["name"]
@@ -186,6 +243,7 @@ class Agent:
     # ---- shutdown -----------------------------------------------------------------------------------------
     def _shutdown(self, dns: DnsServer, logs: LogServer) -> None:
         log.info("stopping: ending every pod process")
+        self.refusals.shutdown(wait=False, cancel_futures=True)
         self.simulated.shutdown()
         with self.workers_lock:
             workers = list(self.workers.values())
@@ -208,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     config = parse_config(argv)
+    config = config.model_copy(update={"machine_memory": machine_memory_bytes()})
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: Any) -> None:

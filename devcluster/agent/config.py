@@ -32,6 +32,10 @@ class AgentConfig(BaseModel):
     """CPU capacity of each node."""
     node_memory: str = "16Gi"
     """Memory capacity of each node."""
+    machine_memory: int | None = Field(default=None, ge=1)
+    """Bytes of memory of the machine the real nodes' pods run on (set by the agent at start): each real node
+    advertises at most an equal share of it, so the scheduler never binds more memory than the machine has.
+    None: `nodeMemory` as it is."""
     gpus_per_node: int = Field(default=0, ge=0)
     """`nvidia.com/gpu` capacity of each node (0: the resource is not advertised)."""
     zones: int = Field(default=2, ge=1)

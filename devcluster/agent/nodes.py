@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from phalanx.devcluster.agent.config import AgentConfig
+from phalanx.devcluster.agent.envresolve import parse_quantity
 from phalanx.devcluster.agent.kube import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,9 @@ CRASH_ANNOTATION = "phalanx.dev/crash"
 KUBELET_VERSION = "v1.20.2"
 HOST_IP = "127.0.0.1"
 LEASE_SECONDS = 40
+REAL_POD_MEMORY = 768 * 2**20
+"""What a real node's pod is taken to need, whatever it requests: a trainer pod is the launcher and a torch
+process, about 350 MB each."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +83,42 @@ def node_labels(spec: NodeSpec) -> dict[str, str]:
     return labels
 
 
+def machine_memory_bytes() -> int | None:
+    """Physical memory of this machine (None where the platform does not tell)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def node_memory(spec: NodeSpec, config: AgentConfig) -> str:
+    """A node's memory capacity: `nodeMemory`, but for a real node at most its share of the machine (its pods
+    are processes here), so pods that request memory stay Pending rather than exhaust the machine."""
+    if spec.simulated or not config.machine_memory or not config.nodes:
+        return config.node_memory
+    share = config.machine_memory // config.nodes
+    if parse_quantity(config.node_memory) <= share:
+        return config.node_memory
+    return f"{share // 2**20}Mi"
+
+
+def node_pods(spec: NodeSpec, config: AgentConfig) -> str:
+    """A node's pod capacity: 110 as a kubelet's default (simulated: 250); a real node at most as many pods
+    as its share of the machine's memory holds at `REAL_POD_MEMORY` each. Pods that request little or no
+    memory still run as processes of real size, so the pod count is what bounds the machine's memory."""
+    if spec.simulated:
+        return "250"
+    if not config.machine_memory or not config.nodes:
+        return "110"
+    share = config.machine_memory // config.nodes
+    return str(max(1, min(110, share // REAL_POD_MEMORY)))
+
+
 def capacity(spec: NodeSpec, config: AgentConfig) -> dict[str, str]:
     resources = {
         "cpu": config.node_cpu,
-        "memory": config.node_memory,
-        "pods": "250" if spec.simulated else "110",
+        "memory": node_memory(spec, config),
+        "pods": node_pods(spec, config),
         "ephemeral-storage": "100Gi",
     }
     if config.gpus_per_node:

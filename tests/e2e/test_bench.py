@@ -42,6 +42,10 @@ def test_cluster_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, 
     # every trial deleted a worker (one not replaced in time counts with the wait's length)
     assert len(scale["event -> action latency"]["samples"]) == 5
     assert results["operator-scale"]["details"]["skipped"] == 0
+    # the same trials beside a 100,000-worker job and one over the nodes' capacity, which never got a pod
+    assert len(scale["event -> action latency beside absurd jobs"]["samples"]) == 5
+    assert scale["pods of the absurd jobs"]["samples"] == [0.0]
+    assert results["operator-scale"]["details"]["absurd"]["skipped"] == 0
     assert min(scale["operator RSS"]["samples"]) > 0
     assert scale["operator API writes per second"]["samples"]
 

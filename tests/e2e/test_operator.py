@@ -142,10 +142,9 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     ("mutation", "field"),
     [
         ({"minReplicas": 3, "maxReplicas": 2}, "minReplicas"),
-        ({"spares": -1}, "spares"),
         ({"template": {"spec": {"containers": [{"name": "trainer", "image": "phalanx:test"}]}}}, "command"),
     ],
-    ids=["min-above-max", "negative-spares", "missing-command"],
+    ids=["min-above-max", "missing-command"],
 )
 def test_invalid_spec_is_reported_and_creates_no_pods(
     cluster: Cluster, operator: Operator, namespace: str, mutation: dict[str, Any], field: str
@@ -176,12 +175,23 @@ def test_invalid_spec_is_reported_and_creates_no_pods(
     assert not job_pods(cluster, namespace, "bad")
 
 
-def test_wrong_types_are_refused_at_apply_time(cluster: Cluster, operator: Operator, namespace: str) -> None:
+@pytest.mark.parametrize(
+    ("mutation", "field", "words"),
+    [
+        ({"replicas": "two"}, "spec.replicas", "integer"),
+        ({"spares": -1}, "spec.spares", "greater than or equal to 0"),
+        ({"replicas": 0}, "spec.replicas", "greater than or equal to 1"),
+    ],
+    ids=["wrong-type", "negative-spares", "zero-replicas"],
+)
+def test_values_that_can_never_be_valid_are_refused_at_apply_time(
+    cluster: Cluster, operator: Operator, namespace: str, mutation: dict[str, Any], field: str, words: str
+) -> None:
     job = trainingjob("typo")
-    job["spec"]["replicas"] = "two"
+    job["spec"].update(mutation)
     result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False)
     assert result.returncode != 0
-    assert "spec.replicas" in result.stderr and "integer" in result.stderr
+    assert field in result.stderr and words in result.stderr, result.stderr
 
 
 def test_gang_is_all_or_nothing_and_starts_when_capacity_appears(

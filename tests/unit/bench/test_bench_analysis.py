@@ -142,6 +142,43 @@ def test_replacement_latency_from_the_deleted_event_to_a_new_pod_of_the_job() ->
     assert operator_scale.replacement_latency(events[:3], "job-1", "w0", since=10.0) is None
 
 
+def test_absurd_jobs_ask_for_a_typo_and_one_pod_over_the_simulated_nodes() -> None:
+    typo, oversized = operator_scale.absurd_manifests(1250)
+    assert typo["spec"]["replicas"] == typo["spec"]["maxReplicas"] == 100_000
+    assert oversized["spec"]["replicas"] == 1251
+    assert oversized["spec"]["template"]["spec"]["nodeSelector"] == {"phalanx.dev/simulated": "true"}
+    refused = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec"}]}}
+    held = {
+        "status": {
+            "conditions": [{"type": "GangScheduled", "status": "False", "reason": "InsufficientCapacity"}]
+        }
+    }
+    scheduling = {
+        "status": {"conditions": [{"type": "GangScheduled", "status": "False", "reason": "Scheduling"}]}
+    }
+    assert operator_scale.stopped_without_pods(refused) and operator_scale.stopped_without_pods(held)
+    assert not operator_scale.stopped_without_pods(scheduling) and not operator_scale.stopped_without_pods({})
+    events = [
+        event(1.0, "ADDED", "a", **{"phalanx.dev/job-name": "absurd-typo"}),
+        event(1.1, "MODIFIED", "a", **{"phalanx.dev/job-name": "absurd-typo"}),
+        event(1.2, "ADDED", "b", **{"phalanx.dev/job-name": "job-000"}),
+    ]
+    assert operator_scale.pods_of(events, ["absurd-typo", "absurd-oversized"]) == 1
+    note = operator_scale.absurd_note(
+        [0.1, 0.2],
+        [0.3, 0.4],
+        (0, 0),
+        {
+            "jobs": {"absurd-typo": 100_000},
+            "seconds_to_refused_or_held": 1.5,
+            "pods": 0,
+            "conditions": {"absurd-typo": ["Failed=True InvalidSpec: spec.replicas: over maxGangPods"]},
+        },
+    )
+    assert "p50 300 ms, p99 400 ms against p50 100 ms, p99 200 ms" in note
+    assert "had 0 pods" in note and "maxGangPods" in note
+
+
 def test_histogram_quantile_interpolates_inside_buckets() -> None:
     buckets = {0.01: 50.0, 0.1: 90.0, 1.0: 100.0, float("inf"): 100.0}
     assert operator_scale.histogram_quantile(buckets, 0.5) == pytest.approx(0.01)

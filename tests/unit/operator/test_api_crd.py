@@ -92,8 +92,13 @@ def test_spec_defaults_are_the_models_defaults() -> None:
     ]
     assert properties["topology"]["properties"]["policy"]["enum"] == ["Pack", "Spread"]
     assert properties["nprocPerNode"]["minimum"] == 1
-    # Cross-field rules are the operator's: no range may make the API server refuse a negative spare count.
-    assert "minimum" not in properties["spares"]
+    # A count that can never be valid is refused at apply time; cross-field rules stay the operator's.
+    assert properties["spares"]["minimum"] == 0
+    assert properties["replicas"]["minimum"] == 1
+    assert properties["minReplicas"]["minimum"] == 1 and properties["maxReplicas"]["minimum"] == 1
+    assert "maximum" not in properties["replicas"]  # the operator's maxGangPods decides, with a condition
+    exit_codes = properties["failurePolicy"]["properties"]["rules"]["items"]["properties"]["match"]
+    assert exit_codes["properties"]["exitCodes"]["items"] == {"type": "integer", "minimum": 0, "maximum": 255}
     assert "default" not in properties["template"]
     for path, node in _walk(spec_schema):
         if "default" in node and node.get("type") == "object":

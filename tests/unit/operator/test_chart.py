@@ -86,6 +86,23 @@ def test_deployment_runs_the_operator_non_root_with_a_liveness_probe() -> None:
     assert "PHALANX_OPERATOR_NAMESPACES" not in env and "PHALANX_OPERATOR_PEERING" not in env
 
 
+def test_the_gang_limits_reach_the_operator_and_their_defaults_agree() -> None:
+    from phalanx.operator.settings import OperatorSettings, settings_from
+
+    def env_of(values: dict[str, Any] | None = None) -> dict[str, str]:
+        (container,) = _one(_render(values), "Deployment")["spec"]["template"]["spec"]["containers"]
+        return {entry["name"]: entry["value"] for entry in container["env"] if "value" in entry}
+
+    chart = {key: value for key, value in env_of().items() if "GANG" in key or "CREATE" in key}
+    defaults = OperatorSettings()
+    settings = settings_from(chart)
+    assert settings.max_gang_pods == defaults.max_gang_pods == 2000
+    assert settings.create_batch == defaults.create_batch
+    assert settings.create_backoff_seconds == defaults.create_backoff_seconds
+    assert settings.create_max_backoff_seconds == defaults.create_max_backoff_seconds
+    assert env_of({"maxGangPods": 64})["PHALANX_OPERATOR_MAX_GANG_PODS"] == "64"
+
+
 def test_a_lost_node_holds_the_operator_seconds_not_minutes() -> None:
     extra = {"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}
     pod = _one(_render({"tolerations": [extra]}), "Deployment")["spec"]["template"]["spec"]
@@ -166,3 +183,5 @@ def test_values_schema_refuses_bad_values() -> None:
         chart.validate_schema({"scope": "galaxy"})
     with pytest.raises(helm_python.HelmValuesError):
         chart.validate_schema({"replicaCount": 0})
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"maxGangPods": 0})

@@ -374,6 +374,13 @@ def test_summaries_keep_when_things_ended() -> None:
         "noExecute": ["a", "b"],
         "noExecuteSince": "t4",
         "drillCrash": None,
+        "allocatable": {},
+        "unschedulable": False,
+        "taints": [
+            {"key": "a", "value": None, "effect": "NoExecute"},
+            {"key": "b", "value": None, "effect": "NoExecute"},
+            {"key": "c", "value": None, "effect": "NoSchedule"},
+        ],
     }
 
 
@@ -427,3 +434,73 @@ def test_triggers_arriving_while_a_reconcile_waits_for_the_job_are_covered_by_it
     assert metrics.registry.get_sample_value("phalanx_reconciles_coalesced_total") == 5
     trigger()  # nothing waits any more: a new trigger runs
     assert len([call for call in kube.calls if call[0] == "get"]) == 2
+
+
+class ThrottlingKube(FakeKube):
+    """The API server throttles: the `refuse_from`-th creation and the next `refusals` answer 429."""
+
+    def __init__(self, job: dict[str, Any], refuse_from: int, refusals: int) -> None:
+        super().__init__(job)
+        self.sent = 0
+        self.refuse = range(refuse_from, refuse_from + refusals)
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        self.sent += 1
+        if self.sent in self.refuse:
+            self.calls.append(("refused", obj["metadata"]["name"]))
+            raise ApiException(status=429, reason="Too Many Requests")
+        return super().create(obj)
+
+
+def test_throttled_creations_pause_the_job_and_resume_after_the_backoff(make_job: Callable[..., Any]) -> None:
+    from phalanx.operator.throttle import CreationThrottle
+
+    moment = [0.0]
+    kube = ThrottlingKube(make_job(replicas=6, spares=0), refuse_from=3, refusals=1)
+    metrics = OperatorMetrics()
+    creations = CreationThrottle(first=2.0, longest=30.0, clock=lambda: moment[0])
+    reconciler = handlers.JobReconciler(kube, metrics, creations=creations)  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def reconcile() -> Any:
+        return reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+
+    plan = reconcile()
+    # Two creations went through, the third was refused, and the other four were never sent.
+    assert [kind for kind, _ in kube.calls if kind in ("create", "refused")] == [
+        "create",
+        "create",
+        "refused",
+    ]
+    assert plan.wake_after == 2.0  # woken when the pause ends, not at the next periodic reconcile
+    assert metrics.registry.get_sample_value("phalanx_api_errors_total", {"operation": "create"}) == 1
+    kube.calls.clear()
+    moment[0] = 1.0
+    reconcile()
+    assert not [call for call in kube.calls if call[0] in ("create", "refused")]
+    moment[0] = 2.5
+    reconcile()
+    assert len([call for call in kube.calls if call[0] == "create"]) == 7
+    assert creations.paused_for(("ml", "demo")) == 0.0
+
+
+def test_the_cluster_view_counts_other_jobs_live_pods_and_is_taken_only_before_a_gang_is_placed(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    own = make_pod("demo-worker-0", node="node-a")
+    other = {
+        **make_pod("demo-worker-0", node="node-a"),
+        "spec": {"nodeName": "node-a", "requests": {"cpu": "2"}},
+    }
+    finished = make_pod("demo-worker-1", node="node-b", phase="Succeeded")
+    unbound = make_pod("demo-worker-2", node=None)
+    pods = {("ml", "demo"): [own], ("ml", "other"): [other, finished, unbound]}
+    nodes = {"node-a": [{"ready": "True"}], "node-b": [{"ready": "True"}]}
+    view = handlers.cluster_view(("ml", "demo"), pods, nodes)
+    assert set(view.nodes) == {"node-a", "node-b"}
+    assert view.bound == {"node-a": [{"pods": "1", "cpu": "2"}]}
+    job = make_job()
+    assert handlers._gang_unplaced(job, [])
+    assert not handlers._gang_unplaced(job, [own])  # an attempt is under way
+    assert not handlers._gang_unplaced({**job, "status": {"gang": {"scheduledTime": "t"}}}, [])
+    assert not handlers._gang_unplaced(make_job(suspend=True), [])
