@@ -218,10 +218,8 @@ class WarmPool:
 def install(pool: WarmPool) -> Callable[[], None]:
     """Make torch's agent hand training commands to `pool` where it can (see the module docstring).
     Returns what undoes it."""
-    from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
-        SubprocessHandler,
-    )
+    from phalanx.worker import torch_elastic
+    from phalanx.worker.torch_elastic import SubprocessHandler
 
     class WarmSubprocessHandler(SubprocessHandler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -254,15 +252,15 @@ def install(pool: WarmPool) -> Callable[[], None]:
                     return process
             return super()._popen(args, env)
 
-    original = api.get_subprocess_handler
+    original = torch_elastic.subprocess_handler_factory()
 
     def get_subprocess_handler(**kwargs: Any) -> SubprocessHandler:
         return WarmSubprocessHandler(**kwargs)
 
-    api.get_subprocess_handler = get_subprocess_handler
+    torch_elastic.set_subprocess_handler_factory(get_subprocess_handler)
 
     def undo() -> None:
-        api.get_subprocess_handler = original
+        torch_elastic.set_subprocess_handler_factory(original)
 
     return undo
 
