@@ -521,7 +521,15 @@ class PodReporter:
             group_restarts=self.group_restarts,
             exit_code=self.exit_code,
         )
-        return status if self.preflight_failure is None else replace(status, **self.preflight_failure)
+        failure = self.preflight_failure
+        if failure is None:
+            return status
+        return replace(
+            status,
+            preflight=failure["preflight"],
+            preflight_reason=failure["preflight_reason"],
+            preflight_message=failure["preflight_message"],
+        )
 
     def start(self) -> None:
         from phalanx.worker.lease import LeaseClient

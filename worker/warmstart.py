@@ -115,10 +115,12 @@ def take_over(order: Mapping[str, Any]) -> None:
         sys.argv = [module, *args]
         sys.path[0] = os.getcwd()  # as `python -m`: the working directory first
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
+    elif script:
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script`: its folder first
         runpy.run_path(script, run_name="__main__")
+    else:
+        raise ValueError(f"the order names neither a module nor a script: {order.get('argv')}")
 
 
 def main() -> int:
