@@ -169,7 +169,7 @@ def measure_all(quick: bool, workdir: Path) -> tuple[dict[str, Any], dict[str, A
         copy = measure_copy(model, copy_n)
         sync = measure_sync(model, workdir, sync_n)
         stalls, persists = measure_async(model, workdir / f"async-{size_mb}", async_n)
-        row = {
+        row: dict[str, Any] = {
             "size_mb": size_mb,
             "copy": summary(copy),
             "sync": summary(sync),

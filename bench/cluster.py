@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client, config
 
 from phalanx import assets
+from phalanx.bench.kubeobjects import custom_object, is_terminating, labels_of, uid_of
 from phalanx.devcluster import controlplane
 
 REAL_NODES = 3
@@ -63,7 +64,7 @@ def is_ready(pod: client.V1Pod) -> bool:
     return (
         pod.status is not None
         and pod.status.phase == "Running"
-        and pod.metadata.deletion_timestamp is None
+        and not is_terminating(pod)
         and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
     )
 
@@ -184,7 +185,7 @@ class BenchCluster:
     def describe(self) -> dict[str, Any]:
         """What the report says about the cluster."""
         nodes = self.core.list_node().items
-        simulated = [n for n in nodes if (n.metadata.labels or {}).get(SIMULATED_LABEL) == "true"]
+        simulated = [n for n in nodes if labels_of(n).get(SIMULATED_LABEL) == "true"]
         facts: dict[str, Any] = {
             "state dir": str(self.state_dir) + (" (started for this run)" if self.owned else " (reused)"),
             "nodes": f"{len(nodes) - len(simulated)} agent nodes (pods run as processes), "
@@ -288,8 +289,10 @@ class BenchCluster:
     def release_finalizers(self, namespace: str) -> int:
         released = 0
         try:
-            jobs = self.custom.list_namespaced_custom_object(
-                "phalanx.dev", "v1alpha1", namespace, "trainingjobs"
+            jobs = custom_object(
+                self.custom.list_namespaced_custom_object(
+                    "phalanx.dev", "v1alpha1", namespace, "trainingjobs"
+                )
             )
         except client.ApiException:
             return 0
@@ -317,14 +320,12 @@ class BenchCluster:
             for pod in self.core.list_namespaced_pod(
                 OPERATOR_NAMESPACE, label_selector=OPERATOR_SELECTOR
             ).items
-            if pod.metadata.deletion_timestamp is None
+            if not is_terminating(pod)
         ]
 
     def ensure_operator(self) -> OperatorInfo:
         """The running operator; installed from the chart with Helm's SDK when none runs."""
-        if self.operator is not None and any(
-            p.metadata.uid == self.operator.uid for p in self.operator_pods()
-        ):
+        if self.operator is not None and any(uid_of(p) == self.operator.uid for p in self.operator_pods()):
             return self.operator
         installed_here = False
         if not any(is_ready(pod) for pod in self.operator_pods()):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.bench.core import Timeout
+from phalanx.bench.kubeobjects import custom_object, is_terminating, labels_of
 
 GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
 PREFIX = "phalanx.dev/"
@@ -510,8 +511,10 @@ def _patch_annotations(
     signal_all(trainers, signum)
     if kind == "node":
         core.patch_node(name, body)
-    else:
+    elif namespace is not None:
         core.patch_namespaced_pod(name, namespace, body)
+    else:
+        raise ValueError(f"pod {name} named without its namespace")
     return moment
 
 
@@ -621,8 +624,10 @@ def incident_first_seen(
 def get_job(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
     from kubernetes import client
 
-    return client.CustomObjectsApi(cluster.api).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
+    return custom_object(
+        client.CustomObjectsApi(cluster.api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name
+        )
     )
 
 
@@ -633,11 +638,11 @@ def job_pods(cluster: Any, namespace: str, name: str) -> list[Any]:
     pods = client.CoreV1Api(cluster.api).list_namespaced_pod(
         namespace, label_selector=f"phalanx.dev/job-name={name},phalanx.dev/component=trainer"
     )
-    return [pod for pod in pods.items if pod.metadata.deletion_timestamp is None]
+    return [pod for pod in pods.items if not is_terminating(pod)]
 
 
 def role_of(pod: Any) -> str:
-    return (pod.metadata.labels or {}).get("phalanx.dev/role", "")
+    return labels_of(pod).get("phalanx.dev/role", "")
 
 
 def claim_path(cluster: Any, namespace: str, claim: str) -> Path | None:
@@ -646,10 +651,12 @@ def claim_path(cluster: Any, namespace: str, claim: str) -> Path | None:
 
     core = client.CoreV1Api(cluster.api)
     bound = core.read_namespaced_persistent_volume_claim(claim, namespace)
-    if not bound.spec.volume_name:
+    volume_name = bound.spec.volume_name if bound.spec is not None else None
+    if not volume_name:
         return None
-    volume = core.read_persistent_volume(bound.spec.volume_name)
-    return Path(volume.spec.host_path.path) if volume.spec.host_path else None
+    volume = core.read_persistent_volume(volume_name)
+    host_path = volume.spec.host_path if volume.spec is not None else None
+    return Path(host_path.path) if host_path is not None else None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from phalanx.bench.cluster import (
     warning_summary,
 )
 from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Timeout
+from phalanx.bench.kubeobjects import custom_object, is_terminating, name_of, node_of, phase_of
 from phalanx.bench.watch import (
     bound,
     created,
@@ -243,7 +244,7 @@ class Probes:
 
 
 def job_status(cluster: BenchCluster, namespace: str, name: str) -> dict[str, Any]:
-    job = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    job = custom_object(cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
     return job.get("status") or {}
 
 
@@ -257,7 +258,7 @@ def wait_no_terminating(cluster: BenchCluster, nodes: list[str], timeout: float 
     def settled() -> bool:
         for node in nodes:
             pods = cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
-            if any(pod.metadata.deletion_timestamp for pod in pods):
+            if any(is_terminating(pod) for pod in pods):
                 return False
         return True
 
@@ -267,10 +268,8 @@ def wait_no_terminating(cluster: BenchCluster, nodes: list[str], timeout: float 
 def rooms(cluster: BenchCluster) -> list[NodeRoom]:
     found = []
     for node in cluster.simulated_nodes():
-        pods = cluster.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node.metadata.name}"
-        ).items
-        live = [pod for pod in pods if pod.status.phase not in ("Succeeded", "Failed")]
+        pods = cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name_of(node)}").items
+        live = [pod for pod in pods if phase_of(pod) not in ("Succeeded", "Failed")]
         found.append(node_room(node, live))
     return found
 
@@ -353,7 +352,7 @@ def short_timeout(sizes: Sizes, all_bound_seconds: float | None) -> int:
 
 def run_short(cluster: BenchCluster, sizes: Sizes, timeout: int, log: Any) -> dict[str, Any]:
     """Run 2: room for one pod less than the gang; returns the figures."""
-    simulated = [node.metadata.name for node in cluster.simulated_nodes()]
+    simulated = [name_of(node) for node in cluster.simulated_nodes()]
     wait_no_terminating(cluster, simulated)
     blockers = plan_blockers(rooms(cluster), sizes.gang - 1, POD_MEMORY, RENDEZVOUS_CPU_MILLI)
     nodes = [blocker.node for blocker in blockers]
@@ -363,7 +362,7 @@ def run_short(cluster: BenchCluster, sizes: Sizes, timeout: int, log: Any) -> di
         cluster.apply([blocker_pod(blocker, index) for index, blocker in enumerate(blockers)], namespace)
         wait_for(
             lambda: all(
-                pod.status.phase == "Running"
+                phase_of(pod) == "Running"
                 for pod in cluster.core.list_namespaced_pod(
                     namespace, label_selector="app=bench-blocker"
                 ).items
@@ -390,7 +389,7 @@ def run_short(cluster: BenchCluster, sizes: Sizes, timeout: int, log: Any) -> di
                     for pod in cluster.core.list_namespaced_pod(
                         namespace, label_selector=TRAINER_SELECTOR
                     ).items
-                    if pod.spec.node_name and pod.metadata.deletion_timestamp is None
+                    if node_of(pod) and not is_terminating(pod)
                 ]
                 return gang.get("reason") == "ScheduleTimeout" and not live
 
@@ -407,9 +406,9 @@ def run_short(cluster: BenchCluster, sizes: Sizes, timeout: int, log: Any) -> di
         status = job_status(cluster, namespace, name)
         states.append(str(status.get("state")))
         left = [
-            pod.metadata.name
+            name_of(pod)
             for pod in cluster.core.list_namespaced_pod(namespace, label_selector=TRAINER_SELECTOR).items
-            if pod.spec.node_name and pod.metadata.deletion_timestamp is None
+            if node_of(pod) and not is_terminating(pod)
         ]
     finally:
         cleanup = cluster.delete_namespace(namespace, timeout=900)

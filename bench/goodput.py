@@ -40,6 +40,7 @@ from typing import Any
 from phalanx.bench import faults
 from phalanx.bench.cluster import OPERATOR_NAMESPACE, BenchCluster, BenchError, wait_for
 from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target
+from phalanx.bench.kubeobjects import node_of
 
 NAME = "goodput"
 TITLE = "Goodput with a random failure every few minutes (kills, hangs, node crashes)"
@@ -217,10 +218,10 @@ def attribute(
     intervals: list[tuple[Point, Point, FailureTimes | None]] = []
     index = 0
     while index < len(points) - 1:
-        end, failure = spans.get(index, (index + 1, None))
-        intervals.append((points[index], points[end], failure))
+        end, interrupted_by = spans.get(index, (index + 1, None))
+        intervals.append((points[index], points[end], interrupted_by))
         index = end
-    normal = [(p, q) for p, q, failure in intervals if failure is None and q.step > p.step]
+    normal = [(p, q) for p, q, interrupted_by in intervals if interrupted_by is None and q.step > p.step]
     if not normal:
         return result
     if pace is not None:
@@ -233,12 +234,12 @@ def attribute(
     result.wall = points[-1].time - points[0].time
     result.steps = points[-1].step - points[0].step
     result.productive = result.steps * m
-    for p, q, failure in intervals:
-        if failure is not None:
-            parts = split_gap(p, q, failure, m)
+    for p, q, interrupted_by in intervals:
+        if interrupted_by is not None:
+            parts = split_gap(p, q, interrupted_by, m)
             for key, value in parts.items():
                 result.lost[key] += value
-            result.per_failure.append({"injected": failure.injected, **parts})
+            result.per_failure.append({"injected": interrupted_by.injected, **parts})
             continue
         excess = (q.time - p.time) - m * (q.step - p.step)
         if q.step <= p.step:
@@ -261,7 +262,8 @@ def failure_incident(incidents: list[dict[str, Any]], failure: FailureTimes) -> 
     ]
     after.sort(key=lambda incident: incident.get("detectedAt") or "")
     mine = [incident for incident in after if incident.get("worker") == failure.victim]
-    return (mine or after or [None])[0]
+    found = mine or after
+    return found[0] if found else None
 
 
 def log_points(log: faults.StepLog, start: float, end: float) -> list[Point]:
@@ -343,7 +345,7 @@ class GoodputRun:
         from kubernetes import client
 
         core = client.CoreV1Api(self.cluster.api)
-        return next((pod.spec.node_name for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE).items), None)
+        return next((node_of(pod) for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE).items), None)
 
     def protected_nodes(self) -> set[str]:
         """Nodes whose crash would take down more than a worker: the operator's, the rendezvous pod's and the
@@ -351,12 +353,12 @@ class GoodputRun:
         from kubernetes import client
 
         core = client.CoreV1Api(self.cluster.api)
-        nodes = {pod.spec.node_name for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE).items}
+        nodes = {node_of(pod) for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE).items}
         rendezvous = core.list_namespaced_pod(
             self.run.namespace, label_selector="phalanx.dev/role=rendezvous"
         )
-        nodes |= {pod.spec.node_name for pod in rendezvous.items}
-        nodes |= {pod.spec.node_name for pod in self.twin.pods()}
+        nodes |= {node_of(pod) for pod in rendezvous.items}
+        nodes |= {node_of(pod) for pod in self.twin.pods()}
         return {node for node in nodes if node}
 
     def inject(self, kind: str, rng: random.Random) -> tuple[FailureTimes, Any]:

@@ -7,6 +7,7 @@ by Helm. A benchmark that fails is reported with its error; the others still run
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
@@ -153,7 +154,7 @@ def run_benchmarks(
     return final
 
 
-def main(args: object) -> int:
+def main(args: argparse.Namespace) -> int:
     """Handler of `phalanx bench` (arguments from `phalanx.bench.cli`)."""
     from phalanx.errors import UserFacingError
 

@@ -36,6 +36,7 @@ from phalanx.bench.cluster import (
 )
 from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Timeout
 from phalanx.bench.heartbeats import HeartbeatSimulator
+from phalanx.bench.kubeobjects import custom_object, is_terminating, name_of, phase_of, uid_of
 from phalanx.bench.watch import PodEvent, Watch, churn, custom_watch, first_times, pod_watch, running, thin
 
 NAME = "operator-scale"
@@ -298,7 +299,7 @@ def steady_window(cluster: BenchCluster, scale: Scale, namespace: str) -> dict[s
 
 def event_to_action(
     cluster: BenchCluster, pods: Watch[PodEvent], jobs: list[str], scale: Scale, namespace: str
-) -> tuple[list[float], int]:
+) -> tuple[list[float], int, int]:
     """Delete one worker pod per trial; the latency until the operator's replacement pod appears. A
     replacement that does not come within `REPLACE_WAIT` counts as that long (the tail stays honest).
     Returns (latencies, trials that hit the wait, trials skipped: no running worker, or it went first)."""
@@ -313,23 +314,21 @@ def event_to_action(
         live = cluster.core.list_namespaced_pod(
             namespace, label_selector=f"{JOB_LABEL}={job},phalanx.dev/role=worker"
         ).items
-        live = [
-            pod for pod in live if pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
-        ]
+        live = [pod for pod in live if phase_of(pod) == "Running" and not is_terminating(pod)]
         if not live:
             skipped += 1
             continue
         victim = rng.choice(live)
         since = time.monotonic()
         try:
-            cluster.core.delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
+            cluster.core.delete_namespaced_pod(name_of(victim), namespace, grace_period_seconds=0)
         except ApiException as error:
             if error.status != 404:  # the operator replaced it meanwhile: no trial
                 raise
             skipped += 1
             continue
 
-        def replaced(job: str = job, uid: str = victim.metadata.uid, since: float = since) -> float | None:
+        def replaced(job: str = job, uid: str = uid_of(victim), since: float = since) -> float | None:
             return replacement_latency(pods.events(), job, uid, since)
 
         try:
@@ -421,7 +420,9 @@ def beside_absurd_jobs(
 
 def all_running(cluster: BenchCluster, namespace: str, count: int) -> bool:
     """Whether `count` TrainingJobs in `namespace` have their `Running` condition True."""
-    listed = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    listed = custom_object(cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL))[
+        "items"
+    ]
     running = [
         job
         for job in listed

@@ -158,6 +158,7 @@ def analyse(
     resumed = max(resumed_by_pod.values()) if len(resumed_by_pod) >= min(group_size, len(starts)) else None
     left = faults.left_training(timeline, survivors, kill)
     restores = restores_between(log, min(starts.values()), resumed) if starts and resumed else []
+    restored: float | None
     if restores:
         restored = max(line.time for line in restores)
         load = max(line.seconds for line in restores)
@@ -301,8 +302,7 @@ def milestone_series(variant: Variant, trials: list[Trial]) -> list[Series]:
     names = ("detected", "group started", "state restored", "first step")
     series = []
     for milestone in names:
-        points = [(t.number, t.milestones.get(milestone)) for t in done]
-        points = [(x, y) for x, y in points if y is not None]
+        points = [(t.number, seconds) for t in done if (seconds := t.milestones.get(milestone)) is not None]
         if points:
             series.append(
                 Series(

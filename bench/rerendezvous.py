@@ -19,6 +19,7 @@ from typing import Any
 from phalanx.bench import prom
 from phalanx.bench.cluster import BenchCluster, BenchError, wait_for
 from phalanx.bench.core import Baseline, BenchResult, Metric, Target, Timeout
+from phalanx.bench.kubeobjects import is_terminating, name_of, phase_of, pod_ip_of
 
 NAME = "rerendezvous"
 TITLE = "Re-rendezvous after a membership change"
@@ -129,9 +130,9 @@ def active_workers(cluster: BenchCluster, namespace: str) -> dict[str, str]:
         namespace, label_selector=f"phalanx.dev/job-name={JOB},phalanx.dev/role=worker"
     ).items
     return {
-        pod.metadata.name: pod.status.pod_ip
+        name_of(pod): ip
         for pod in pods
-        if pod.metadata.deletion_timestamp is None and pod.status.phase == "Running" and pod.status.pod_ip
+        if not is_terminating(pod) and phase_of(pod) == "Running" and (ip := pod_ip_of(pod))
     }
 
 

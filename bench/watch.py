@@ -215,7 +215,8 @@ def changed_fields(before: ObjectEvent, after: ObjectEvent) -> list[str]:
 def churn(events: Iterable[ObjectEvent], start: float, end: float) -> tuple[int, dict[str, int]]:
     """Updates of the objects between `start` and `end`, and how often each field changed in them."""
     latest: dict[str, ObjectEvent] = {}
-    updates, counts = 0, {}
+    updates = 0
+    counts: dict[str, int] = {}
     for event in sorted(events, key=lambda e: e.t):
         previous = latest.get(event.name)
         latest[event.name] = event

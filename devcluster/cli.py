@@ -31,15 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--gpus-per-node", type=int, default=0, help="advertise nvidia.com/gpu capacity on each node"
     )
-    up.set_defaults(
-        handler=lambda a: controlplane.up(a.state_dir, a.nodes, a.simulated_nodes, a.gpus_per_node) and 0
-    )
+    up.set_defaults(handler=_up)
 
     down = with_state_dir(commands.add_parser("down", help="stop everything the cluster started"))
     down.add_argument(
         "--purge", action="store_true", help="also delete the state dir (etcd data, volumes, logs)"
     )
-    down.set_defaults(handler=lambda a: controlplane.down(a.state_dir, purge=a.purge) or 0)
+    down.set_defaults(handler=_down)
 
     status = with_state_dir(commands.add_parser("status", help="say what runs"))
     status.set_defaults(handler=lambda a: controlplane.status(a.state_dir))
@@ -48,11 +46,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "install", help="find or build the control-plane binaries (once, 7-10 minutes)"
     )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
-    install.set_defaults(handler=lambda a: binaries.install(force=a.force) and 0)
+    install.set_defaults(handler=_install)
 
     kubectl = with_state_dir(commands.add_parser("kubectl", help="run the cluster's kubectl against it"))
     kubectl.add_argument("args", nargs=argparse.REMAINDER)
     kubectl.set_defaults(handler=_kubectl)
+
+
+def _up(args: argparse.Namespace) -> int:
+    controlplane.up(args.state_dir, args.nodes, args.simulated_nodes, args.gpus_per_node)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    controlplane.down(args.state_dir, purge=args.purge)
+    return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    binaries.install(force=args.force)
+    return 0
 
 
 def _kubectl(args: argparse.Namespace) -> int:

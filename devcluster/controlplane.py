@@ -476,7 +476,7 @@ def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
     for name in reversed(COMPONENT_ORDER):
         record = records[name]
         process = record.process() if record else None
-        if process is not None:
+        if record is not None and process is not None:
             processes.stop_processes([process], STOP_GRACE_SECONDS.get(name, 10.0))
             say(f"  stopped {name} (pid {record.pid})")
         layout.pid_file(name).unlink(missing_ok=True)

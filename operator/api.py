@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 GROUP = "phalanx.dev"
 VERSION = "v1alpha1"
@@ -25,8 +26,8 @@ SINGULAR = "trainingjob"
 SHORT_NAMES = ("tj",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-PRESERVE_UNKNOWN = {"x-kubernetes-preserve-unknown-fields": True}
-DATE_TIME = {"format": "date-time"}
+PRESERVE_UNKNOWN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+DATE_TIME: JsonDict = {"format": "date-time"}
 
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]

@@ -45,7 +45,7 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     operator = subparsers.add_parser("operator", help="the TrainingJob operator")
     commands = operator.add_subparsers(dest="operator_command", metavar="COMMAND", required=True)
     run = commands.add_parser(

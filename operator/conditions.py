@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from phalanx.operator.api import Condition
 from phalanx.operator.timeutil import format_time
@@ -77,7 +78,7 @@ def set_condition(
     `lastTransitionTime` moves only when the status changes, so reasons and messages can be refined without
     losing when the condition became true.
     """
-    wanted = "True" if status else "False"
+    wanted: Literal["True", "False"] = "True" if status else "False"
     previous = find(conditions, condition_type)
     changed = previous is None or previous.status != wanted
     transition = format_time(now) if changed or previous is None else previous.last_transition_time

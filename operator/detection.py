@@ -13,7 +13,7 @@ re-form only worker groups started before it (`status.regroup`), and recovery is
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -513,7 +513,12 @@ def detect(
         # A hung rank stalls every rank in the next collective: all look hung. Replacing one makes the
         # group re-form; the lowest step (then the lowest index) is the likeliest culprit.
         steps = {track.pod: track.step for track in tracks}
-        failures.append(min(stalled, key=lambda f: steps.get(f.pod) if steps.get(f.pod) is not None else -1))
+
+        def step_of(failure: Failure) -> int:
+            step = steps.get(failure.pod)
+            return step if step is not None else -1
+
+        failures.append(min(stalled, key=step_of))
     for key, track in by_key.items():
         if key not in observed and key in known and not track.done:
             message = f"{track.pod} disappeared (deleted by someone other than the operator)"
@@ -547,35 +552,35 @@ def rendezvous_failure(
     if memory is None:
         return None
     pod = next((p for p in pods if observe.is_rendezvous(p) and p["metadata"].get("uid") == memory.uid), None)
-    base = {"cause": RENDEZVOUS_LOST, "pod": memory.pod, "uid": memory.uid, "node": memory.node}
+    base = Failure(RENDEZVOUS_LOST, pod=memory.pod, uid=memory.uid, node=memory.node, message="")
     if pod is None:
         message = f"rendezvous pod {memory.pod} disappeared"
-        return Failure(message=message, occurred_at=now, **base)
+        return replace(base, message=message, occurred_at=now)
     problem = node_problem(memory.node, nodes)
     if problem is not None:
         message = f"rendezvous pod {memory.pod}: its node {memory.node} is lost ({problem})"
         health = (nodes or {}).get(memory.node or "")
-        return Failure(
+        return replace(
+            base,
             message=message,
             node_conditions=frozenset({problem}),
             force=True,
             occurred_at=node_lost_at(problem, health, None, now),
-            **base,
         )
     terminated = _terminated(pod, container)
     if observe.phase(pod) in observe.FINISHED_PHASES or terminated:
         code = terminated.get("exitCode")
         message = f"rendezvous pod {memory.pod} ended" + (f" (exit code {code})" if code is not None else "")
         finished = _at_most(parse_time_end(terminated.get("finishedAt")), now)
-        return Failure(message=message, exit_code=code, occurred_at=finished, **base)
+        return replace(base, message=message, exit_code=code, occurred_at=finished)
     if observe.is_terminating(pod):
         message = f"rendezvous pod {memory.pod} was deleted by someone other than the operator"
-        return Failure(message=message, occurred_at=now, **base)
+        return replace(base, message=message, occurred_at=now)
     restarts, last_code = _trainer_restarts(pod, container)
     if restarts > memory.restarts:
         message = f"rendezvous store of {memory.pod} restarted (exit code {last_code}): its state is gone"
         occurred = _at_most(parse_time_end(_last_finished(pod, container)), now)
-        return Failure(message=message, exit_code=last_code, occurred_at=occurred, **base)
+        return replace(base, message=message, exit_code=last_code, occurred_at=occurred)
     return None
 
 

@@ -27,6 +27,7 @@ from phalanx.operator import api, capacity, checkpointing, health, names, reconc
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
+from phalanx.operator.reconcile import Plan
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
 from phalanx.operator.timeutil import now
 from phalanx.operator.wakeups import Wakeups
@@ -40,6 +41,14 @@ STATUS_WRITE_ATTEMPTS = 4
 
 def _first(store: Iterable[Any] | None) -> Any:
     return next(iter(store or ()), None)
+
+
+def namespaced(namespace: str | None) -> str:
+    """The namespace kopf passes a handler: its types allow None (cluster-scoped resources); every resource
+    handled here is namespaced."""
+    if namespace is None:
+        raise kopf.PermanentError("a namespaced resource arrived without a namespace")
+    return namespace
 
 
 class HeartbeatSignals:
@@ -116,7 +125,7 @@ class JobReconciler:
         nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
         histories: Iterable[checkpointing.JobHistory | None] = (),
-    ) -> reconcile.Plan | None:
+    ) -> Plan | None:
         """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
         gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval)."""
         key = (namespace, name)
@@ -143,9 +152,11 @@ class JobReconciler:
                 pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
             }
             # Every node is indexed: a bound node missing from the index was deleted.
+            bound = ((pod.get("spec") or {}).get("nodeName") for pod in job_pods)
+            bound_nodes: set[str] = {node for node in bound if node}
             node_health = {
                 node: observe.node_for_job(summary, namespace, name)
-                for node in {(pod.get("spec") or {}).get("nodeName") for pod in job_pods} - {None}
+                for node in bound_nodes
                 if (summary := _first(nodes.get(node))) is not None
             }
             moment = now()
@@ -168,15 +179,16 @@ class JobReconciler:
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         return plan
 
-    def _settle_health(self, key: tuple[str, str], plan: reconcile.Plan) -> None:
+    def _settle_health(self, key: tuple[str, str], plan: Plan) -> None:
         """Tell the health monitor what this reconcile judged with, so heartbeats wake the job only when a
         signal changes state from here."""
         if plan.health_reset:
             self.health.reset(key)
         elif plan.health is not None:
-            self.health.settle(key, *plan.health, since=plan.health_since)
+            spec, assessment = plan.health
+            self.health.settle(key, spec, assessment, since=plan.health_since)
 
-    def _apply(self, job: dict[str, Any], plan: reconcile.Plan, logger: Any) -> None:
+    def _apply(self, job: dict[str, Any], plan: Plan, logger: Any) -> None:
         if plan.suspend and not self._suspend(job, logger):
             # A training-health Pause: without the suspension the status must not say it happened; the next
             # reconcile plans it again.
@@ -344,7 +356,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         return kopf.login_via_client(**kwargs)
 
     @kopf.index("pods", id="phalanx_pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
-    def phalanx_pods(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    def phalanx_pods(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
         return {(namespace, labels[names.LABEL_JOB_NAME]): observe.summarize_pod(dict(body))}
 
     @kopf.index(
@@ -355,11 +367,11 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         annotations={HEARTBEAT_PHASE_ANNOTATION: kopf.PRESENT},
         registry=registry,
     )
-    def phalanx_leases(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, Any]:
+    def phalanx_leases(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): observe.summarize_lease(dict(body))}
 
     @kopf.index("pods", id="phalanx_pod_jobs", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
-    def phalanx_pod_jobs(namespace: str, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    def phalanx_pod_jobs(namespace: str | None, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
         # A heartbeat Lease is named after its pod: this finds the job a Lease event belongs to.
         return {(namespace, name): labels[names.LABEL_JOB_NAME]}
 
@@ -393,8 +405,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
     @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, id="created", registry=registry)
     @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, id="updated", registry=registry)
     @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, id="resumed", registry=registry)
-    def trainingjob_changed(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
-        run(name, namespace, logger, **kwargs)
+    def trainingjob_changed(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
+        run(name, namespaced(namespace), logger, **kwargs)
 
     @kopf.timer(
         api.GROUP,
@@ -404,17 +416,17 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         id="tick",
         registry=registry,
     )
-    def trainingjob_tick(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
-        run(name, namespace, logger, **kwargs)
+    def trainingjob_tick(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
+        run(name, namespaced(namespace), logger, **kwargs)
 
     @kopf.on.event("pods", id="pod_changed", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
     def pod_changed(
-        namespace: str, labels: kopf.Labels, type: str | None, logger: Any, **kwargs: Any
+        namespace: str | None, labels: kopf.Labels, type: str | None, logger: Any, **kwargs: Any
     ) -> None:
         # A child changed (scheduled, running, finished): reconcile its job now rather than at the next tick.
         if type in ("MODIFIED", "DELETED"):
             kwargs.pop("name", None)  # the pod's name; the job's is its label
-            run(labels[names.LABEL_JOB_NAME], namespace, logger, **kwargs)
+            run(labels[names.LABEL_JOB_NAME], namespaced(namespace), logger, **kwargs)
 
     signals = HeartbeatSignals()
 
@@ -427,11 +439,12 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         registry=registry,
     )
     def lease_changed(
-        namespace: str, name: str, body: kopf.Body, type: str | None, logger: Any, **kwargs: Any
+        namespace: str | None, name: str, body: kopf.Body, type: str | None, logger: Any, **kwargs: Any
     ) -> None:
         # A heartbeat that changes what the operator acts on (a promoted spare, a group that re-formed or
         # resumed, a finished worker): reconcile its job now. A mere renewal (step, timings) waits for the
         # timer, so heartbeats never multiply reconciles or status writes.
+        namespace = namespaced(namespace)
         key = (namespace, name)
         if type == "DELETED":
             signals.forget(key)
@@ -447,8 +460,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             run(job_name, namespace, logger, **kwargs)
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", registry=registry)
-    def trainingjob_deleted(name: str, namespace: str, uid: str, **_: Any) -> None:
+    def trainingjob_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
         # Children go with the job through their ownerReferences; only our own bookkeeping is left.
+        namespace = namespaced(namespace)
         reconciler.forget(namespace, name, uid)
         wakeups.cancel((namespace, name))
         reconciler.metrics.job_goodput(namespace, name, None)

@@ -125,14 +125,14 @@ def _resumed_group(beats: list[Beat], failure: datetime | None) -> Beat | None:
     if failure is None:
         return None
     resumed = [
-        beat
+        (beat.resumed_at, beat)
         for beat in beats
         if beat.group_started is not None
         and beat.group_started > failure
         and beat.resumed_at is not None
         and beat.resumed_at >= beat.group_started
     ]
-    return min(resumed, key=lambda beat: beat.resumed_at or beat.group_started, default=None)
+    return min(resumed, key=lambda pair: pair[0])[1] if resumed else None
 
 
 def _close(incident: api.Incident, resumed: str, failure: datetime | None, now: datetime) -> None:

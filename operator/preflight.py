@@ -43,7 +43,8 @@ def outcome(pods: list[dict[str, Any]], leases: dict[str, dict[str, Any]]) -> Ou
             # Never empty: the API server would store an empty string as null, which the schema refuses.
             message = lease.get("preflight-message") or reason
             told[word].append(Outcome(state, reason, message, observe.pod_name(pod)))
-    return (told[FAILED] or told[PASSED] or [None])[0]
+    found = told[FAILED] or told[PASSED]
+    return found[0] if found else None
 
 
 def running_message(spec: api.PreflightSpec) -> str:

@@ -572,10 +572,10 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
     still_open = [incident for incident in b.status.incidents if incidents.is_open(incident)]
     if still_open:
         newest = still_open[-1]
-        step = f" past step {newest.detected_step}" if newest.detected_step is not None else ""
+        past_step = f" past step {newest.detected_step}" if newest.detected_step is not None else ""
         message = (
             f"{newest.action} after {newest.cause} of {newest.worker} (detected {newest.detected_at}); "
-            f"waiting for training to advance{step}"
+            f"waiting for training to advance{past_step}"
         )
         b.condition(conditions.RECOVERING, True, newest.cause, message)
     elif progress.recovered:
@@ -758,7 +758,7 @@ def _follow_rollback(b: _Builder, status: api.HealthStatus) -> None:
     reports = [
         health.RestoreReport(
             group_started=parse_time(lease.get("group-started")),
-            restored_step=None if restored is None else int(restored),
+            restored_step=int(restored),
             restored_from=lease.get("restore-source") or None,
         )
         for pod in b.observed.pods

@@ -94,7 +94,7 @@ def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
     so), and its NoExecute taints (and since when)."""
     meta = body.get("metadata") or {}
     conditions = (body.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+    ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
     no_execute = [
         taint for taint in (body.get("spec") or {}).get("taints") or [] if taint.get("effect") == "NoExecute"
     ]

@@ -118,7 +118,7 @@ def avoided_nodes(pod_spec: dict[str, Any]) -> frozenset[str]:
     ) or {}
     excluded: list[set[str]] = []
     for term in required.get("nodeSelectorTerms") or []:
-        names_out = set()
+        names_out: set[str] = set()
         for field in term.get("matchFields") or []:
             if field.get("key") == "metadata.name" and field.get("operator") == "NotIn":
                 names_out.update(field.get("values") or [])

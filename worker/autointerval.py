@@ -22,13 +22,13 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from phalanx.worker.jobwatch import JobObject, Ticker
 
 logger = logging.getLogger("phalanx.launch")
 
-AUTO = "auto"
+AUTO: Final = "auto"
 BOOTSTRAP_STEPS = 10
 """Steps between durable saves under `auto` until the operator has chosen (the operator's bootstrap too)."""
 INTERVAL_FILE_ENV = "PHALANX_CHECKPOINT_INTERVAL_FILE"
@@ -38,7 +38,7 @@ INTERVAL_FILE_NAME = "checkpoint-interval"
 Interval = int | Literal["auto"]
 
 
-def parse_interval(value: str | int) -> Interval:
+def parse_interval(value: object) -> Interval:
     """`auto`, or a number of steps (0 or more: 0 means forced saves only); ValueError otherwise."""
     if isinstance(value, str):
         text = value.strip()

@@ -43,8 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from phalanx.worker.launch import launch_from_args
+    from phalanx.errors import UserFacingError
+    from phalanx.worker.torch_support import UnsupportedTorchError
 
+    try:
+        from phalanx.worker.launch import launch_from_args
+    except UnsupportedTorchError as error:
+        # `phalanx` reports it in one line with exit code 2, the launcher's own code for a bad setup.
+        raise UserFacingError(str(error)) from None
     return launch_from_args(args)
 
 

@@ -15,7 +15,7 @@ class LauncherExit(IntEnum):
     USER_CODE_FAILED = 1
     """The training command failed repeatedly before completing a single step (a bug, not bad luck)."""
     BAD_CONFIG = 2
-    """Invalid flags or environment, or the command does not exist."""
+    """Invalid flags or environment, the command does not exist, or torch is outside the supported range."""
     RENDEZVOUS_UNREACHABLE = 3
     """The rendezvous store stayed unreachable, or a round did not form within the join timeout (infra)."""
     RESTART_BUDGET_EXHAUSTED = 4

@@ -36,20 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.rendezvous import (
-    RendezvousClosedError,
-    RendezvousConnectionError,
-    RendezvousGracefulExitError,
-    RendezvousTimeoutError,
-)
-from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    DynamicRendezvousHandler,
-    RendezvousTimeout,
-)
 
 from phalanx.worker import (
     autointerval,
@@ -67,6 +53,31 @@ from phalanx.worker.checkpoint import durable, tiers
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
 from phalanx.worker.metrics import PodMetrics
+from phalanx.worker.torch_support import UnsupportedTorchError
+
+try:
+    from phalanx.worker import torch_elastic
+    from phalanx.worker.torch_elastic import (
+        C10dRendezvousBackend,
+        DefaultLogsSpecs,
+        DynamicRendezvousHandler,
+        LocalElasticAgent,
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousGracefulExitError,
+        RendezvousTimeout,
+        RendezvousTimeoutError,
+        RunResult,
+        SignalException,
+        WorkerSpec,
+        WorkerState,
+    )
+except UnsupportedTorchError as unsupported:
+    if __name__ != "__main__":
+        raise
+    # The launcher's own process: one line and the bad-setup exit code, not the traceback of an import.
+    print(f"[phalanx-launch] {unsupported}", file=sys.stderr)
+    sys.exit(int(LauncherExit.BAD_CONFIG))
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -125,11 +136,11 @@ class RendezvousClient:
         """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
         with contextlib.suppress(*STORE_ERRORS, RuntimeError):
             key = self.settings.pod_uid or self.settings.pod_name
-            rendezvous.publish_node(store, key, self.handler._this_node)
+            rendezvous.publish_node(store, key, torch_elastic.node_of(self.handler))
 
     def forget_departed(self, pod_keys: tuple[str, ...]) -> list[str]:
         """Expire the departed pods' nodes in the rendezvous state (see `rendezvous.forget_departed`)."""
-        backend = self.handler._state_holder._backend  # type: ignore[attr-defined]
+        backend = torch_elastic.state_backend(self.handler)
         return rendezvous.forget_departed(self.store, backend, pod_keys)
 
     def _connect_once(self) -> dist.TCPStore:
@@ -179,9 +190,7 @@ class RendezvousClient:
             with contextlib.suppress(*STORE_ERRORS, RuntimeError):
                 hook(store)
         self.store = store
-        self.handler._store = store
-        self.handler._state_holder._backend = backend  # type: ignore[attr-defined]
-        self.handler._state_holder._token = None  # type: ignore[attr-defined]
+        torch_elastic.swap_store(self.handler, store, backend)
 
     def restart_epoch(self) -> int:
         return rendezvous.read_restart_epoch(self.store)
@@ -190,8 +199,8 @@ class RendezvousClient:
         """Whether this node stands by: in torch's redundancy list, or queued for a group that is full
         (read from the local copy of the state)."""
         with contextlib.suppress(Exception):
-            state = self.handler._state_holder.state  # type: ignore[attr-defined]
-            node = self.handler._this_node
+            state = torch_elastic.round_state(self.handler)
+            node = torch_elastic.node_of(self.handler)
             if node in state.redundancy_list:
                 return True
             return node in state.wait_list and not rendezvous.has_room(
@@ -209,7 +218,7 @@ class RendezvousClient:
         waiting = self.handler.num_nodes_waiting()
         if waiting == 0:
             return 0
-        state = self.handler._state_holder.state  # type: ignore[attr-defined]
+        state = torch_elastic.round_state(self.handler)
         return (
             waiting
             if rendezvous.has_room(state.complete, len(state.participants), self.max_nodes.current())
@@ -223,7 +232,7 @@ class RendezvousClient:
         still to come (up to the join timeout), and joins at once when the group is full or re-formed
         short of a node.
         """
-        holder = self.handler._state_holder  # type: ignore[attr-defined]
+        holder = torch_elastic.state_holder(self.handler)
         deadline = time.monotonic() + self.settings.join_timeout
         while True:
             holder.sync()
@@ -512,7 +521,15 @@ class PodReporter:
             group_restarts=self.group_restarts,
             exit_code=self.exit_code,
         )
-        return status if self.preflight_failure is None else replace(status, **self.preflight_failure)
+        failure = self.preflight_failure
+        if failure is None:
+            return status
+        return replace(
+            status,
+            preflight=failure["preflight"],
+            preflight_reason=failure["preflight_reason"],
+            preflight_message=failure["preflight_message"],
+        )
 
     def start(self) -> None:
         from phalanx.worker.lease import LeaseClient
@@ -630,7 +647,7 @@ def _configure_logging(verbose: bool, settings: LaunchSettings | None = None) ->
         force=True,
     )
     if not verbose:
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        logging.getLogger(torch_elastic.LOGGER_NAME).setLevel(logging.ERROR)
         logging.getLogger("torch.distributed").setLevel(logging.ERROR)
 
 

@@ -54,7 +54,8 @@ class LeaseClient:
         """The owner for the Lease, read once; None if the pod cannot be read (the Lease is still renewed)."""
         if self._pod_uid is None:
             try:
-                self._pod_uid = self._core.read_namespaced_pod(self.pod_name, self.namespace).metadata.uid
+                metadata = self._core.read_namespaced_pod(self.pod_name, self.namespace).metadata
+                self._pod_uid = metadata.uid if metadata is not None else None
             except self._api_exception as error:
                 logger.warning("cannot read pod %s/%s: %s", self.namespace, self.pod_name, error.reason)
         return self._pod_uid
@@ -62,7 +63,8 @@ class LeaseClient:
     def renew(self, body: dict[str, Any]) -> None:
         if not self._created:
             try:
-                self._coordination.create_namespaced_lease(self.namespace, body)
+                # The client serializes a dict body as it is; its annotation names only the model class.
+                self._coordination.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
                 self._created = True
                 return
             except self._api_exception as error:

@@ -77,7 +77,8 @@ def regroup_of(job: Mapping[str, Any] | None) -> RegroupRequest | None:
     raw = ((job or {}).get("status") or {}).get("regroup")
     if not isinstance(raw, Mapping):
         return None
-    before = parse_time(raw.get("before")) if isinstance(raw.get("before"), str) else None
+    before_text = raw.get("before")
+    before = parse_time(before_text) if isinstance(before_text, str) else None
     epoch = raw.get("epoch")
     if before is None or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch <= 0:
         return None

@@ -174,9 +174,9 @@ def install_sync_poll(interval: float) -> bool:
     The pause is a module-level call in torch (`dynamic_rendezvous._delay(seconds=1)` in the executor's
     loop); other delays there (join jitter) keep their values. Returns False, changing nothing, when this
     torch has no such call (tests/unit/worker_runtime pins the call so an upgrade is noticed)."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from phalanx.worker import torch_elastic
 
-    original = getattr(dynamic_rendezvous, "_delay", None)
+    original = torch_elastic.sync_delay()
     if original is None:
         return False
     torch_delay = getattr(original, "phalanx_original", original)
@@ -185,7 +185,7 @@ def install_sync_poll(interval: float) -> bool:
         torch_delay(interval if seconds == TORCH_SYNC_DELAY else seconds)
 
     delay.phalanx_original = torch_delay  # type: ignore[attr-defined]
-    dynamic_rendezvous._delay = delay
+    torch_elastic.set_sync_delay(delay)
     return True
 
 

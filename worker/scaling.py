@@ -115,10 +115,10 @@ class LiveRendezvousSettings:
 
 def install_live_settings(handler: Any, max_nodes: Callable[[], int]) -> None:
     """Make a `DynamicRendezvousHandler` and the parts that hold its settings read `max_nodes` live."""
-    live = LiveRendezvousSettings(handler._settings, max_nodes)
-    handler._settings = live
-    handler._op_executor._settings = live
-    handler._state_holder._settings = live
+    from phalanx.worker import torch_elastic
+
+    live = LiveRendezvousSettings(torch_elastic.handler_settings(handler), max_nodes)
+    torch_elastic.replace_handler_settings(handler, live)
 
 
 class FileDesiredNodes:

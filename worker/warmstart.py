@@ -115,10 +115,12 @@ def take_over(order: Mapping[str, Any]) -> None:
         sys.argv = [module, *args]
         sys.path[0] = os.getcwd()  # as `python -m`: the working directory first
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
+    elif script:
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script`: its folder first
         runpy.run_path(script, run_name="__main__")
+    else:
+        raise ValueError(f"the order names neither a module nor a script: {order.get('argv')}")
 
 
 def main() -> int:
@@ -218,10 +220,8 @@ class WarmPool:
 def install(pool: WarmPool) -> Callable[[], None]:
     """Make torch's agent hand training commands to `pool` where it can (see the module docstring).
     Returns what undoes it."""
-    from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
-        SubprocessHandler,
-    )
+    from phalanx.worker import torch_elastic
+    from phalanx.worker.torch_elastic import SubprocessHandler
 
     class WarmSubprocessHandler(SubprocessHandler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -254,15 +254,15 @@ def install(pool: WarmPool) -> Callable[[], None]:
                     return process
             return super()._popen(args, env)
 
-    original = api.get_subprocess_handler
+    original = torch_elastic.subprocess_handler_factory()
 
     def get_subprocess_handler(**kwargs: Any) -> SubprocessHandler:
         return WarmSubprocessHandler(**kwargs)
 
-    api.get_subprocess_handler = get_subprocess_handler
+    torch_elastic.set_subprocess_handler_factory(get_subprocess_handler)
 
     def undo() -> None:
-        api.get_subprocess_handler = original
+        torch_elastic.set_subprocess_handler_factory(original)
 
     return undo
 

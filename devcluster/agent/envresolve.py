@@ -64,7 +64,7 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
 def parse_quantity(value: str | int | float) -> Decimal:
     """A Kubernetes resource quantity ("100m", "1Gi", "2") as a Decimal."""
     text = str(value).strip()
-    suffixes = {
+    suffixes: dict[str, int | Decimal] = {
         "Ki": 2**10,
         "Mi": 2**20,
         "Gi": 2**30,

@@ -45,9 +45,11 @@ class KubeClient:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         self.host = configuration.host.rstrip("/")
         self._headers: dict[str, str] = {}
-        for setting in configuration.auth_settings().values():
-            if setting.get("in") == "header" and setting.get("value"):
-                self._headers[setting["key"]] = setting["value"]
+        # The client's only kind of credential held in its configuration (certificates go to the SSL context).
+        bearer = configuration.auth_settings().get("BearerToken")
+        value = bearer.get("value") if bearer is not None else None
+        if bearer is not None and bearer.get("in") == "header" and value:
+            self._headers[bearer["key"]] = value
         cert_reqs = "CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE"
         self._pool = urllib3.PoolManager(
             num_pools=4,
@@ -236,7 +238,7 @@ class Informer:
                 for event in self.kube.watch(self.path, params):
                     if self.stop.is_set():
                         return
-                    kind, obj = event.get("type"), event.get("object") or {}
+                    kind, obj = event.get("type") or "", event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:
                             version = None  # expired: relist

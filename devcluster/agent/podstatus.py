@@ -133,10 +133,10 @@ def phase(record: PodRecord) -> str:
     if not containers:
         return "Pending"
     running = sum(1 for c in containers if c.running)
-    terminated = [c for c in containers if c.terminated is not None]
-    waiting = len(containers) - running - len(terminated)
-    succeeded = sum(1 for c in terminated if c.terminated.exit_code == 0)  # type: ignore[union-attr]
-    failed = len(terminated) - succeeded
+    exit_codes = [c.terminated.exit_code for c in containers if c.terminated is not None]
+    waiting = len(containers) - running - len(exit_codes)
+    succeeded = exit_codes.count(0)
+    failed = len(exit_codes) - succeeded
     # A container waiting to restart after having run counts as running for the phase.
     restarting = sum(
         1 for c in containers if c.terminated is None and not c.running and c.last_terminated is not None

@@ -71,7 +71,8 @@ class SimulatedPods:
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
-        if status.get("phase") == "Running" and status.get("podIP") in self.pool:
+        pod_ip = status.get("podIP")
+        if status.get("phase") == "Running" and isinstance(pod_ip, str) and pod_ip in self.pool:
             self.pool.allocate(uid, preferred=status["podIP"])
             with self._lock:
                 self._state.setdefault(uid, "running")

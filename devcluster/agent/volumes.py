@@ -275,7 +275,8 @@ def materialize(pod: Mapping[str, Any], ctx: PodVolumeContext, pod_ip: str, host
     """Create every volume of the pod; returns volume name -> host path. Raises ContainerConfigError to retry."""
     uid = pod["metadata"]["uid"]
     paths: dict[str, str] = {}
-    token_for = (lambda request: ctx.token_for(pod, request)) if ctx.token_for else None
+    token_source = ctx.token_for
+    token_for = (lambda request: token_source(pod, request)) if token_source else None
     for volume in (pod.get("spec") or {}).get("volumes") or []:
         name = volume["name"]
         if "hostPath" in volume:

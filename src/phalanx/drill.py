@@ -192,13 +192,16 @@ class Cluster:
         from kubernetes.client.rest import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(
+            found = self.custom.get_namespaced_custom_object(
                 api.GROUP, api.VERSION, namespace, api.PLURAL, name
             )
         except ApiException as error:
             if error.status == 404:
                 raise UserFacingError(f"TrainingJob {namespace}/{name} not found") from None
             raise
+        if not isinstance(found, dict):  # the client types custom objects as `object`; they are parsed JSON
+            raise TypeError(f"TrainingJob {namespace}/{name}: not a JSON object")
+        return found
 
     def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         listed = self.core.list_namespaced_pod(namespace, label_selector=f"{names.LABEL_JOB_NAME}={job}")
@@ -215,7 +218,8 @@ class Cluster:
 
     def mark_node(self, node: str, job_key: str) -> bool:
         """Cordon the node and mark it for the job; returns whether it was cordoned already."""
-        cordoned = bool(self.core.read_node(node).spec.unschedulable)
+        spec = self.core.read_node(node).spec
+        cordoned = bool(spec is not None and spec.unschedulable)
         patch = {
             "metadata": {"annotations": {DRILL_CRASH_ANNOTATION: job_key}},
             "spec": {"unschedulable": True},

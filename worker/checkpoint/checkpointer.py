@@ -123,7 +123,7 @@ class Checkpointer:
         interval = autointerval.parse_interval(interval_steps)
         self.auto = interval == autointerval.AUTO
         """The interval follows the operator's choice (`interval_steps="auto"`)."""
-        self.interval_steps = autointerval.BOOTSTRAP_STEPS if interval == autointerval.AUTO else interval
+        self.interval_steps = interval if isinstance(interval, int) else autointerval.BOOTSTRAP_STEPS
         """Steps between durable saves in force (under `auto`: the one agreed at the last durable save)."""
         self.next_durable_step = self.interval_steps
         """Under `auto`: the step of the next durable save, the same on every rank."""
@@ -171,7 +171,7 @@ class Checkpointer:
         if sharded:
             from phalanx.worker.checkpoint.sharded import ShardedWriter
 
-            self._sharded = ShardedWriter(self)
+            self._sharded: ShardedWriter | None = ShardedWriter(self)
         else:
             self._sharded = None
 
@@ -277,7 +277,7 @@ class Checkpointer:
             "step": step,
             "rank": self.rank,
             "world_size": self.world_size,
-            "state": self._sharded.snapshot_state() if self._sharded else self.state.state_dict(),
+            "state": self._sharded.snapshot_state() if self._sharded is not None else self.state.state_dict(),
             "rng": capture_rng(),
             "rank_rngs": rank_rngs,
         }
@@ -599,7 +599,7 @@ class Checkpointer:
 def _read_file(path: Path) -> torch.Tensor:
     size = path.stat().st_size
     buffer = torch.empty(size, dtype=torch.uint8)
-    view = memoryview(buffer.numpy())
+    view = buffer.numpy().data
     with open(path, "rb", buffering=0) as handle:
         position = 0
         while position < size:

@@ -232,7 +232,7 @@ class SnapshotStore:
     def read(self, info: SlotInfo) -> torch.Tensor:
         """A private copy of the snapshot's payload; raises SnapshotChanged if it was overwritten."""
         buffer = torch.empty(int(info.header["payload_bytes"]), dtype=torch.uint8)
-        slots.read_payload_into(info.path, info.seq, memoryview(buffer.numpy()))
+        slots.read_payload_into(info.path, info.seq, buffer.numpy().data)
         return buffer
 
     def close(self) -> None:

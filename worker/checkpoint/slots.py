@@ -15,7 +15,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 HEADER_BYTES = 4096
 SLOT_MAGIC = b"PHXSLOT1"
@@ -74,8 +74,12 @@ def read_header(path: Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
-def is_committed(meta: dict[str, Any] | None) -> bool:
-    return bool(meta) and meta.get("state") == STATE_COMMITTED and isinstance(meta.get("payload_bytes"), int)
+def is_committed(meta: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    return (
+        meta is not None
+        and meta.get("state") == STATE_COMMITTED
+        and isinstance(meta.get("payload_bytes"), int)
+    )
 
 
 def read_payload_into(path: Path, expected_seq: int, target: memoryview) -> None:

@@ -67,6 +67,8 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
+    mask: torch.Tensor
+
     def __init__(self, vocab: int, block: int, width: int = 96, layers: int = 2, heads: int = 4) -> None:
         super().__init__()
         self.token = nn.Embedding(vocab, width)
@@ -260,7 +262,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = TinyGPT(len(dataset.vocab), args.block, width=args.width, layers=args.layers).to(device)
     # The only buffer is the constant causal mask: no broadcast of it at every forward, which would also
     # make the ranks wait for each other before the StepClock's sync point could see it.
-    ddp = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
+    ddp: nn.Module = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 20
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -338,8 +340,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             with watchdog.watch(f"step {step + 1}"):
                 for micro in micro_batches(batch, args.micro_batch, world_size, args.global_batch):
                     inputs, targets = (tensor.to(device) for tensor in dataset.batch(micro.indices))
-                    sync = micro.sync or not isinstance(ddp, DistributedDataParallel)
-                    context = ddp.no_sync() if not sync else _nullcontext()
+                    # Gradients are reduced on a micro-batch's backward unless DDP is told not to.
+                    context = (
+                        ddp.no_sync()
+                        if isinstance(ddp, DistributedDataParallel) and not micro.sync
+                        else _nullcontext()
+                    )
                     with context:
                         logits = ddp(inputs)
                         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
