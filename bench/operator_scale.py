@@ -377,7 +377,10 @@ def pods_of(events: list[PodEvent], jobs: list[str]) -> int:
 
 def simulated_pod_slots(cluster: BenchCluster) -> int:
     nodes = cluster.core.list_node(label_selector="phalanx.dev/simulated=true").items
-    return sum(int(node.status.allocatable.get("pods", 0)) for node in nodes)
+    return sum(
+        int((node.status.allocatable or {}).get("pods", 0)) if node.status is not None else 0
+        for node in nodes
+    )
 
 
 def beside_absurd_jobs(
@@ -393,7 +396,9 @@ def beside_absurd_jobs(
     def settled() -> bool:
         return all(
             stopped_without_pods(
-                cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+                custom_object(
+                    cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+                )
             )
             for name in names
         )
@@ -403,7 +408,9 @@ def beside_absurd_jobs(
     latencies, timed_out, skipped = event_to_action(cluster, pods, jobs, scale, namespace)
     reasons = {}
     for name in names:
-        job = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        job = custom_object(
+            cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        )
         reasons[name] = [
             f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
             for c in (job.get("status") or {}).get("conditions") or []
