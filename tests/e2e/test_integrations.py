@@ -36,20 +36,37 @@ def lease_of(cluster: Cluster, namespace: str, pod: str) -> dict[str, str]:
     return cluster.get_json("lease", pod, "-n", namespace)["metadata"].get("annotations", {})
 
 
-def kill_a_training_worker(cluster: Cluster, namespace: str, name: str, min_step: int | None) -> str:
-    """SIGKILL a worker whose heartbeat says it trains (past `min_step` when the script publishes steps)."""
+def kill_a_training_worker(
+    cluster: Cluster, namespace: str, name: str, min_step: int | None
+) -> tuple[str, int]:
+    """SIGKILL a worker whose heartbeat says it trains (past `min_step` when the script publishes steps);
+    the victim and the step its heartbeat last showed."""
 
-    def pick() -> str | None:
+    def pick() -> tuple[str, int] | None:
         for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker"):
             lease = lease_of(cluster, namespace, pod.metadata.name)
             step = int(lease.get("phalanx.dev/step") or 0)
             if lease.get("phalanx.dev/phase") == "training" and (min_step is None or step >= min_step):
-                return pod.metadata.name
+                return pod.metadata.name, step
         return None
 
-    victim = wait_for(pick, 300, message=f"a training worker (step >= {min_step})")
+    victim, step = wait_for(pick, 300, message=f"a training worker (step >= {min_step})")
     cluster.kubectl("annotate", "pod", victim, "-n", namespace, "phalanx.dev/kill=now")
-    return victim
+    return victim, step
+
+
+def steps_until_succeeded(cluster: Cluster, namespace: str, name: str) -> tuple[dict[str, Any], list[int]]:
+    """The job once it succeeded, and every `status.step` seen on the way (the heartbeats' step, even when it
+    went back: a loop that restarted from 0 shows as a drop)."""
+    seen: list[int] = []
+
+    def done() -> dict[str, Any] | None:
+        job = get_job(cluster, namespace, name)
+        if job.get("status", {}).get("step") is not None:
+            seen.append(job["status"]["step"])
+        return job if job.get("status", {}).get("state") == "Succeeded" else None
+
+    return wait_for(done, 600, message=f"{name} to succeed"), seen
 
 
 def assert_spare_took_over(
@@ -71,11 +88,13 @@ def run_through_a_kill(
     """Train `module` to `steps` through one killed worker: the incident, after checking the spare took over
     and that at most one step was lost (the step at the kill against the step the group resumed from)."""
     cluster.apply(example_job(name, module, steps), namespace)
-    victim = kill_a_training_worker(cluster, namespace, name, min_step)
-    job = wait_succeeded(cluster, namespace, name, timeout=600)
+    victim, step_at_kill = kill_a_training_worker(cluster, namespace, name, min_step)
+    job, seen = steps_until_succeeded(cluster, namespace, name)
     incident = assert_spare_took_over(cluster, namespace, job, victim)
     assert job["status"]["step"] == steps and job["status"]["progress"] == "Reported", job["status"]
     assert incident["stepsLost"] is not None and incident["stepsLost"] <= 1, incident
+    # The loop itself went on from there (not only the restored weights): no step seen went further back.
+    assert min(seen) >= step_at_kill - 1, (step_at_kill, seen)
     assert incident.get("restoredFrom") in ("memory", "peer"), incident
     return job
 
@@ -90,7 +109,7 @@ def test_plain_torchrun_script_runs_with_progress_unknown(
         message="progress Unknown while the plain script trains",
     )
     # Well past the progress timeout without a step: still no hang.
-    victim = kill_a_training_worker(cluster, namespace, "plain", min_step=None)
+    victim, _ = kill_a_training_worker(cluster, namespace, "plain", min_step=None)
     job = wait_succeeded(cluster, namespace, "plain", timeout=600)
     assert_spare_took_over(cluster, namespace, job, victim)
     assert job["status"]["progress"] == "Unknown" and job["status"].get("step") is None, job["status"]

@@ -4,8 +4,10 @@ framework callbacks stay out of `import phalanx.worker`."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,20 @@ def test_importing_phalanx_worker_imports_no_framework() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_sigterm_saves_the_last_step_durably_and_exits_143(env: Path) -> None:
+    log = env / "log.jsonl"
+    command = [sys.executable, "-m", "phalanx.worker.examples.session_loop", "--steps", "100000"]
+    process = subprocess.Popen([*command, "--step-delay", "0.02", "--log-file", str(log)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not log.exists() or log.read_text().count('"step"') < 5):
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143
+    finally:
+        process.kill()
+    last = max(json.loads(line)["step"] for line in log.read_text().splitlines() if '"step"' in line)
+    saved = sorted(int(path.name.removeprefix("step-")) for path in (env / "checkpoints").glob("step-*"))
+    assert saved and saved[-1] >= last - 1 >= 4, (saved, last)
