@@ -577,7 +577,7 @@ class WorkerTrack(ApiModel):
     """Last step its heartbeat showed."""
     since: str | None = Field(default=None, json_schema_extra=DATE_TIME)
     """When that step was first seen while training (the no-progress clock starts here); unset while the
-    worker does not train (the clock is off)."""
+    worker does not train or publishes no step (the clock is off)."""
     slow: int = 0
     """Consecutive new steps seen with a step time (the worker's own compute time when it reports it)
     above `stragglerFactor` x the job's median."""
@@ -783,6 +783,11 @@ class TrainingJobStatus(ApiModel):
     """When the job succeeded or failed."""
     step: int | None = None
     """Latest training step reported by the workers' heartbeats."""
+    progress: Literal["Reported", "Unknown"] | None = None
+    """`Reported` once a worker's heartbeat carried a step (the Step column and the no-progress check
+    follow it); `Unknown` while the workers train but publish no step (a script that does not use Phalanx's
+    StatusPublisher): the operator cannot tell progress from a stall then, so it never calls one a hang and
+    judges the workers by their heartbeats and exits alone."""
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     """Restarts over the job's life, by cause."""
     workers: list[WorkerStatus] = Field(default_factory=list)

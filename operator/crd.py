@@ -200,6 +200,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Restarts over the job's life.",
     },
     {"name": "State", "type": "string", "jsonPath": ".status.state", "description": "Readable state."},
+    {
+        "name": "Progress",
+        "type": "string",
+        "jsonPath": ".status.progress",
+        "description": "Reported: the workers publish their steps; Unknown: the script publishes none.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -260,8 +260,9 @@ def update_tracks(
         is_training = key[0] in training
         new_step = step is not None and step != old.step
         # The no-progress clock runs only while training at an unchanged step; in any other phase it is
-        # off (unset, so a standby spare's track stays the same from one reconcile to the next).
-        if not is_training:
+        # off (unset, so a standby spare's track stays the same from one reconcile to the next), and so it is
+        # for a worker that publishes no step at all: its progress is unknown, never a stall.
+        if not is_training or step is None:
             track.since = None
         elif new_step or old.since is None:
             track.since = _step_reached(lease, old.since, now) or stamp

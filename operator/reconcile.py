@@ -266,6 +266,15 @@ def _observe_into_status(b: _Builder, spec: api.TrainingJobSpec | None, trainer:
     if step is not None:
         # The heartbeats' word, even if lower: a job resumed without a durable checkpoint starts again.
         b.status.step = step
+    progress = observe.progress_kind(trainers, b.observed.leases, b.status.step, b.status.progress)
+    if progress == observe.PROGRESS_UNKNOWN and b.status.progress != progress:
+        b.event(
+            "Normal",
+            conditions.REASON_PROGRESS_UNKNOWN,
+            "the workers train but publish no step: progress is unknown, so no stall is ever called a hang; "
+            "heartbeats and exits still are judged (phalanx.worker.session publishes steps)",
+        )
+    b.status.progress = progress  # type: ignore[assignment]
 
 
 def _terminal(b: _Builder) -> bool:

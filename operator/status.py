@@ -228,6 +228,20 @@ def latest_step(trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]
 
 ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
 
+PROGRESS_REPORTED = "Reported"
+PROGRESS_UNKNOWN = "Unknown"
+
+
+def progress_kind(
+    trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]], step: int | None, previous: str | None
+) -> str | None:
+    """Whether the job's progress is known: `Reported` once any step was seen, `Unknown` while workers train
+    without ever publishing one (a script that does not use StatusPublisher), else what it was."""
+    if step is not None:
+        return PROGRESS_REPORTED
+    training = any((leases.get(pod_name(pod)) or {}).get("phase") in ACTIVE_PHASES for pod in trainers)
+    return PROGRESS_UNKNOWN if training else previous
+
 
 def observed_role(pod: dict[str, Any], lease: dict[str, Any] | None) -> str:
     """The role the worker really plays: torch promotes a standby on its own, ahead of the pod's label."""

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from phalanx.worker.preflight import Preflight
     from phalanx.worker.state import TrainState
     from phalanx.worker.steptime import StepClock, StepTiming
+    from phalanx.worker.training_session import Run, session
 
 # Resolved lazily: helper processes (the checkpoint saver, the launcher) import this package and must
 # not pay for importing torch.
@@ -33,6 +34,7 @@ __all__ = [
     "NonFiniteLossGuard",
     "Preflight",
     "RestoreInfo",
+    "Run",
     "StatusPublisher",
     "StepClock",
     "StepTiming",
@@ -44,6 +46,7 @@ __all__ = [
     "micro_batches",
     "process_group_timeout",
     "rank_share",
+    "session",
 ]
 
 _LAZY_EXPORTS = {
@@ -68,6 +71,9 @@ _LAZY_EXPORTS = {
     "StepTiming": "phalanx.worker.steptime",
     "LauncherExit": "phalanx.worker.exitcodes",
     "TrainerExit": "phalanx.worker.exitcodes",
+    # One call for a plain loop; the framework callbacks (phalanx.worker.integrations) build on it.
+    "session": "phalanx.worker.training_session",
+    "Run": "phalanx.worker.training_session",
 }
 
 

@@ -143,13 +143,20 @@ class CollectiveWatchdog:
 
     @contextlib.contextmanager
     def watch(self, label: str) -> Iterator[None]:
-        with self._lock:
-            self._label, self._since = label, time.monotonic()
+        self.arm(label)
         try:
             yield
         finally:
-            with self._lock:
-                self._label, self._since = None, math.inf
+            self.disarm()
+
+    def arm(self, label: str) -> None:
+        """Watch from now until `disarm` or the next `arm`: a region that spans calls (a session's step)."""
+        with self._lock:
+            self._label, self._since = label, time.monotonic()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._label, self._since = None, math.inf
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_interval):

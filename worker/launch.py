@@ -428,6 +428,8 @@ class PhalanxAgent(LocalElasticAgent):
         raise stop
 
     def _made_progress(self) -> bool:
+        if self._reporter.silent_script():
+            return True  # its progress is unknown: only the restart budget limits its retries
         step = self._reporter.current().step
         return step is not None and (self._step_at_start is None or step > self._step_at_start)
 
@@ -456,6 +458,11 @@ class PhalanxAgent(LocalElasticAgent):
             logger.warning("rendezvous store lost (%s); training continues", type(error).__name__)
             self._store_lost_at = time.monotonic()
         return None
+
+
+SILENT_SCRIPT_SECONDS = 10.0
+"""How long a running group's processes may take to write their first status record before the pod counts as
+running a script that publishes none (long enough for a cold `import torch` on a busy node)."""
 
 
 class PodReporter:
@@ -509,12 +516,12 @@ class PodReporter:
         phase = self._launcher_phase
         if phase == "rendezvous" and self.standby_probe():
             phase = "standby"
-        status = heartbeat.combine(
-            heartbeat.read_records(self.status_dir),
-            phase,
-            attempt=self.attempt,
-            launcher_since=self._launcher_since,
-        )
+        records = heartbeat.read_records(self.status_dir)
+        status = heartbeat.combine(records, phase, attempt=self.attempt, launcher_since=self._launcher_since)
+        if phase is None and not records and self.silent_script():
+            # A script that publishes nothing (no StatusPublisher) still trains once its group runs: the
+            # operator must see the pod in the group (a promoted spare is a worker), with its step unknown.
+            status = replace(status, phase="training", phase_since=self.group_started)
         status = replace(
             status,
             group_started=self.group_started,
@@ -529,6 +536,16 @@ class PodReporter:
             preflight=failure["preflight"],
             preflight_reason=failure["preflight_reason"],
             preflight_message=failure["preflight_message"],
+        )
+
+    def silent_script(self) -> bool:
+        """The group has run `SILENT_SCRIPT_SECONDS` and no training process of this pod ever wrote a status
+        record: the script does not publish its progress."""
+        started = self.group_started
+        return (
+            started is not None
+            and time.time() - started >= SILENT_SCRIPT_SECONDS
+            and not any(self.status_dir.glob("rank-*.json"))
         )
 
     def start(self) -> None:

@@ -129,8 +129,9 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     assert "Passed" in [event["reason"] for event in events_for(cluster, namespace, name)]
     table = cluster.kubectl("get", "trainingjobs", "-n", namespace).stdout.splitlines()
     header, row = table[0].split(), table[1].split()
-    assert header[:7] == ["NAME", "READY", "SPARES", "STEP", "RESTARTS", "STATE", "AGE"], table
+    assert header == ["NAME", "READY", "SPARES", "STEP", "RESTARTS", "STATE", "PROGRESS", "AGE"], table
     assert row[0] == name and row[3] == "300" and row[4] == "0" and row[5] == "Succeeded", table
+    assert row[6] == "Reported", table
     wait_for(
         lambda: not job_pods(cluster, namespace, name, "phalanx.dev/role in (spare,rendezvous)"),
         60,

@@ -148,6 +148,7 @@ def test_subresources_and_printer_columns() -> None:
         "Step": ".status.step",
         "Restarts": ".status.restarts.total",
         "State": ".status.state",
+        "Progress": ".status.progress",
         "Age": ".metadata.creationTimestamp",
     }
 

@@ -85,6 +85,20 @@ def test_no_progress_while_training_is_detected_after_the_timeout(make_pod: Make
     assert failure.cause == "NoProgress" and "step 10" in failure.message
 
 
+def test_a_worker_that_publishes_no_step_is_never_judged_hung(make_pod: MakePod, now: datetime) -> None:
+    # A plain script: the launcher says it trains, but no step is ever published (the annotation is empty).
+    pods = [make_pod("demo-worker-0")]
+    silent = {**lease(now), "step": ""}
+    failures, tracks = run(pods, {"demo-worker-0": silent}, now)
+    assert failures == [] and tracks[0].since is None and tracks[0].step is None
+    much_later = now + timedelta(seconds=HEARTBEAT.progress_timeout_seconds * 10)
+    failures, tracks = run(pods, {"demo-worker-0": {**lease(much_later), "step": ""}}, much_later, tracks)
+    assert failures == [] and tracks[0].since is None
+    # Its heartbeat is still judged.
+    (failure,), _ = run(pods, {"demo-worker-0": {**lease(much_later, age=6), "step": ""}}, much_later, tracks)
+    assert failure.cause == "HeartbeatTimeout"
+
+
 def test_the_progress_clock_starts_when_the_worker_reached_its_step(make_pod: MakePod, now: datetime) -> None:
     # The operator first sees step 10 four seconds after the worker reached it (the heartbeat's `step-at`).
     pods = [make_pod("demo-worker-0")]

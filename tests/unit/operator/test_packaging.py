@@ -79,6 +79,14 @@ def test_dependencies_are_split_so_the_operator_gets_no_torch_and_the_worker_no_
     assert ">=" in torch and "<" in torch and "==" not in torch, torch
 
 
+def test_the_worker_extras_torch_range_is_the_one_the_launcher_supports() -> None:
+    from phalanx.worker.torch_support import SUPPORTED_TORCH
+
+    (torch,) = [r for r in pyproject()["project"]["optional-dependencies"]["worker"] if r.startswith("torch")]
+    declared = sorted(torch.removeprefix("torch").split(","))
+    assert declared == sorted(SUPPORTED_TORCH.split(",")), (torch, SUPPORTED_TORCH)
+
+
 def test_dockerfile_builds_a_torch_free_operator_and_a_kopf_free_worker_from_pyproject() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = dockerfile_stages()

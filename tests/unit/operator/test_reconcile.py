@@ -280,6 +280,26 @@ def test_status_shows_the_role_the_heartbeat_reports(
     assert result.create_pods == [] and result.delete_pods == []
 
 
+def test_progress_is_unknown_while_the_workers_train_without_publishing_steps(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    pods = _running_gang(make_pod)
+    silent = {"phase": "training", "step": ""}
+    leases = {"demo-worker-0": silent, "demo-worker-1": silent, "demo-worker-2": {"phase": "standby"}}
+    job = make_job()
+    result = plan(job, Observed(pods=pods, now=now, leases=leases))
+    assert result.status["progress"] == "Unknown" and result.status.get("step") is None
+    assert [e.reason for e in result.events].count("ProgressUnknown") == 1
+    # Said once, not at every reconcile.
+    again = plan(_with_status(job, result), Observed(pods=pods, now=now, leases=leases))
+    assert again.status["progress"] == "Unknown"
+    assert "ProgressUnknown" not in [e.reason for e in again.events]
+    # A script that publishes steps reports its progress.
+    stepping = {**leases, "demo-worker-0": {"phase": "training", "step": "3"}}
+    reported = plan(_with_status(job, again), Observed(pods=pods, now=now, leases=stepping))
+    assert reported.status["progress"] == "Reported" and reported.status["step"] == 3
+
+
 # ------------------------------------------------------------------------------------- fault tolerance
 
 HEALTHY_NODES = {"node-a": {"labels": {}, "ready": "True", "noExecute": []}}

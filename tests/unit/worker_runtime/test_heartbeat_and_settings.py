@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -353,3 +354,23 @@ def test_a_launcher_ending_on_its_own_says_so_in_its_last_heartbeat(
     annotations = lease_annotations(reporter.current())
     assert annotations["phalanx.dev/phase"] == phase
     assert annotations["phalanx.dev/exit-code"] == str(code)
+
+
+def test_a_script_that_publishes_nothing_shows_as_training_with_its_step_unknown(tmp_path: Path) -> None:
+    from phalanx.worker.launch import SILENT_SCRIPT_SECONDS, PodReporter
+
+    env = {"PHALANX_RDZV_ENDPOINT": "rdzv.ns.svc:29400", "PHALANX_JOB_UID": "uid-9", "POD_IP": "127.0.3.4"}
+    settings = settings_from(env, {"command": ("python", "train.py")})
+    reporter = PodReporter(settings, tmp_path, PodMetrics())
+    reporter.attempt = 1
+    reporter.launcher_phase = None  # the group runs
+    reporter.group_started = time.time()
+    # Its processes may still be starting: not yet taken for a silent script.
+    assert reporter.current().phase == "starting" and not reporter.silent_script()
+    reporter.group_started = time.time() - SILENT_SCRIPT_SECONDS - 1
+    annotations = lease_annotations(reporter.current())
+    assert annotations["phalanx.dev/phase"] == "training" and annotations["phalanx.dev/step"] == ""
+    # A script that published once speaks for itself from then on.
+    publisher = StatusPublisher(tmp_path / "rank-0.json", rank=0, world_size=2, attempt=1)
+    publisher.publish(phase="starting")
+    assert not reporter.silent_script() and reporter.current().phase == "starting"

@@ -1,0 +1,117 @@
+"""`phalanx.worker.session` in one process: resume, heartbeats, durable saves, the loss guard; and the
+framework callbacks stay out of `import phalanx.worker`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from phalanx.worker import session
+from phalanx.worker.guards import NonFiniteLossError
+from phalanx.worker.training_session import Run
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The operator's and the launcher's environment for one pod, in a temporary folder."""
+    monkeypatch.setenv("PHALANX_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    monkeypatch.setenv("PHALANX_CHECKPOINT_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("PHALANX_CHECKPOINT_INTERVAL", "4")
+    monkeypatch.setenv("PHALANX_CHECKPOINT_KEEP", "2")
+    monkeypatch.setenv("PHALANX_STATUS_DIR", str(tmp_path / "status"))
+    monkeypatch.setenv("PHALANX_JOB_UID", tmp_path.name)
+    (tmp_path / "status").mkdir()
+    return tmp_path
+
+
+def train(steps: int, model: nn.Module, optimizer: torch.optim.Optimizer, run: Run) -> None:
+    for step in range(run.start_step + 1, steps + 1):
+        inputs = torch.full((4, 3), float(step))
+        loss = model(inputs).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        run.step(loss)
+
+
+def fresh() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+
+
+def test_a_run_resumes_where_it_stopped_and_matches_an_undisturbed_one(env: Path) -> None:
+    model, optimizer = fresh()
+    with session(model, optimizer, checkpoint_dir=env / "first") as run:
+        assert run.start_step == 0
+        train(6, model, optimizer, run)
+    record = json.loads((env / "status" / "rank-0.json").read_text())
+    assert record["step"] == 6 and record["phase"] == "finished" and record["loss"] is not None
+    # A new process (fresh objects) resumes from the snapshot this pod holds in memory.
+    model, optimizer = fresh()
+    with session(model, optimizer, checkpoint_dir=env / "first") as run:
+        assert run.start_step == 6 and run.checkpointer.last_restore.source == "memory"
+        train(10, model, optimizer, run)
+    resumed = model.weight.detach().clone()
+    # Durable saves on the operator's interval (4) and at the end; the newest `keep` (2) are kept.
+    assert sorted(path.name for path in (env / "first").glob("step-*")) == ["step-10", "step-8"]
+
+    model, optimizer = fresh()
+    with session(model, optimizer, checkpoint_dir=env / "second") as run:
+        train(10, model, optimizer, run)
+    assert torch.equal(model.weight.detach(), resumed)
+
+
+def test_a_ddp_wrapped_model_saves_the_module_underneath(env: Path) -> None:
+    model, optimizer = fresh()
+    run = Run(nn.parallel.DataParallel(model), optimizer)
+    assert run.state.model is model
+    run.close()
+
+
+def test_a_non_finite_loss_rolls_back_then_gives_up(env: Path) -> None:
+    model, optimizer = fresh()
+    with session(model, optimizer, max_rollbacks=1) as run:
+        train(3, model, optimizer, run)
+        before = model.weight.detach().clone()
+        with torch.no_grad():
+            model.weight.fill_(float("nan"))  # what an optimizer step on a NaN gradient leaves
+        assert run.step(torch.tensor(float("nan"))) == 3
+        assert torch.equal(model.weight.detach(), before)
+        with pytest.raises(NonFiniteLossError):
+            run.step(float("inf"))
+
+
+def test_importing_phalanx_worker_imports_no_framework() -> None:
+    code = (
+        "import sys, phalanx.worker, phalanx.worker.integrations, phalanx.worker.training_session; "
+        "assert callable(phalanx.worker.session); "
+        "print(sorted(m for m in ('lightning', 'transformers', 'accelerate') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_sigterm_saves_the_last_step_durably_and_exits_143(env: Path) -> None:
+    log = env / "log.jsonl"
+    command = [sys.executable, "-m", "phalanx.worker.examples.session_loop", "--steps", "100000"]
+    process = subprocess.Popen([*command, "--step-delay", "0.02", "--log-file", str(log)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not log.exists() or log.read_text().count('"step"') < 5):
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143
+    finally:
+        process.kill()
+    last = max(json.loads(line)["step"] for line in log.read_text().splitlines() if '"step"' in line)
+    saved = sorted(int(path.name.removeprefix("step-")) for path in (env / "checkpoints").glob("step-*"))
+    assert saved and saved[-1] >= last - 1 >= 4, (saved, last)
