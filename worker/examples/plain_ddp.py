@@ -34,13 +34,14 @@ class Trainer:
         self, model: nn.Module, data: DataLoader, optimizer: torch.optim.Optimizer, args: argparse.Namespace
     ) -> None:
         self.rank = int(os.environ["RANK"])
-        self.model = model
+        self.model: nn.Module = model
         self.data = data
         self.optimizer = optimizer
         self.args = args
         self.steps_run = 0
         if args.snapshot_path and os.path.exists(args.snapshot_path):
             self._load_snapshot(args.snapshot_path)
+        self.module = self.model
         self.model = DDP(self.model)
 
     def _load_snapshot(self, path: str) -> None:
@@ -52,7 +53,7 @@ class Trainer:
 
     def _save_snapshot(self) -> None:
         snapshot = {
-            "MODEL_STATE": self.model.module.state_dict(),
+            "MODEL_STATE": self.module.state_dict(),
             "OPTIMIZER_STATE": self.optimizer.state_dict(),
             "STEPS_RUN": self.steps_run,
         }
@@ -68,7 +69,9 @@ class Trainer:
     def train(self) -> None:
         epoch = 0
         while self.steps_run < self.args.steps:
-            self.data.sampler.set_epoch(epoch)
+            sampler = self.data.sampler
+            if isinstance(sampler, DistributedSampler):
+                sampler.set_epoch(epoch)
             for inputs, targets in self.data:
                 loss = self._run_batch(inputs, targets)
                 self.steps_run += 1
