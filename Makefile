@@ -16,9 +16,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
 # Third-party dependencies change rarely: reinstall them only when pyproject.toml changes.
-$(VENV)/.deps-stamp: pyproject.toml | $(BIN)/python
+$(VENV)/.deps-stamp: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install --find-links $(PIP_FIND_LINKS) -e ".[dev]"
+	$(PIP) install --find-links $(PIP_FIND_LINKS) -c constraints.txt -e ".[dev]"
 	touch $@
 
 deps: $(VENV)/.deps-stamp
