@@ -7,6 +7,7 @@ import random
 import pytest
 
 from phalanx.bench import faults, goodput
+from phalanx.bench.core import BenchResult, Metric, Series, Target
 from phalanx.bench.goodput import FailureTimes, Point
 
 T0 = 1_800_000_000.0
@@ -227,3 +228,45 @@ def test_the_loss_reason_names_the_largest_parts_and_the_floor_the_timeouts_set(
     assert "2 hangs after the progress timeout (10 s), 2 frozen pods or crashed nodes" in why
     assert "30 s (1.7% of the window)" in why
     assert goodput.loss_reason({"detection": 0.0}, [], 1800.0, 300.0, heartbeat) == ""
+
+
+def window_result(seed: int, goodput_percent: float, failures: int) -> BenchResult:
+    target = Target(op=">=", value=98.5, stat="min")
+    return BenchResult(
+        name=goodput.NAME,
+        title=goodput.TITLE,
+        metrics=[
+            Metric(
+                name="goodput vs the undisturbed run",
+                unit="%",
+                samples=[goodput_percent],
+                target=target,
+                why_missed=f"lost in {seed}",
+            ),
+            Metric(name="failures drawn", unit="count", samples=[float(failures)]),
+        ],
+        notes=[f"Failures drawn from seed {seed}."],
+        series=[Series(name="steps", x=[0.0], y=[1.0])],
+        details={"seed": seed, "failures": [{}] * failures},
+    )
+
+
+def test_two_windows_merge_into_one_sample_each_and_the_worse_window_is_judged() -> None:
+    merged = goodput.merge_runs([window_result(1, 99.0, 5), window_result(2, 98.0, 8)])
+    metric = merged.metric("goodput vs the undisturbed run")
+    assert metric.samples == [99.0, 98.0]
+    assert metric.verdict().met is False  # the second window missed, though the median meets the target
+    assert metric.why_missed == "window 2 (seed 2): lost in 2"  # only the window that missed explains
+    assert merged.metric("failures drawn").samples == [5.0, 8.0]
+    assert "window 1 (seed 1): 5 failures drawn, window 2 (seed 2): 8 failures drawn" in merged.notes[0]
+    assert "window 2 (seed 2): Failures drawn from seed 2." in merged.notes
+    assert [series.name for series in merged.series] == [
+        "steps, window 1 (seed 1)",
+        "steps, window 2 (seed 2)",
+    ]
+    assert [window["seed"] for window in merged.details["windows"]] == [1, 2]
+
+
+def test_one_window_is_reported_as_it_is() -> None:
+    single = window_result(1, 99.0, 5)
+    assert goodput.merge_runs([single]) is single
