@@ -115,15 +115,19 @@ def test_a_much_slower_trial_is_reported_with_the_stage_that_holds_the_excess() 
     assert recovery.stalls(trials[:2]) == []  # too few trials to call one slow
 
 
-def test_only_the_hot_spare_variant_carries_the_targets() -> None:
+def test_the_replacing_variants_carry_the_targets_and_the_restart_baseline_none() -> None:
     trials = [trial_with(n, 12.0, 6.4) for n in range(1, 4)]
     for trial in trials:
         trial.steps_lost_log = 1
     spare = {m.name: m for m in recovery.metrics_for(recovery.VARIANTS[0], trials)}
-    assert spare["hot-spare: kill -> first step"].target.value == 5
+    assert spare["hot-spare: kill -> first step"].target.value == 2
     assert spare["hot-spare: kill -> first step (p99)"].target.stat == "p99"
-    assert spare["hot-spare: steps lost"].verdict().met is True
+    assert spare["hot-spare: kill -> first step (p99)"].target.value == 5
+    assert spare["hot-spare: steps lost"].verdict().met is False  # one replayed step is one too many
     assert spare["hot-spare: kill -> first step"].verdict().met is False
+    new_pod = {m.name: m for m in recovery.metrics_for(recovery.VARIANTS[1], trials)}
+    assert new_pod["new-pod: kill -> first step"].target.value == 5
+    assert new_pod["new-pod: steps lost"].target.value == 0
     baseline = {m.name: m for m in recovery.metrics_for(recovery.VARIANTS[2], trials)}
     assert all(m.target is None for m in baseline.values())
     assert baseline["restart-job: trainer start-up"].samples == [6.4, 6.4, 6.4]
