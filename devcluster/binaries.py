@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from phalanx.devcluster import aptsources
 from phalanx.errors import UserFacingError
 
 KUBERNETES_VERSION = "1.20.2"
@@ -114,9 +115,19 @@ def install(force: bool = False) -> Binaries:
                 f"cannot build the control plane: `{tool}` is missing. Provide the binaries instead through "
                 "$KUBEBUILDER_ASSETS (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)."
             )
+    mirror = aptsources.debian_mirror()
+    if mirror is None:
+        raise UserFacingError(
+            f"cannot build the control plane: no Debian {aptsources.SUITE} archive in apt's sources "
+            f"({aptsources.SOURCES_DIR}, {aptsources.SOURCES_LIST}); add one, or set "
+            f"{aptsources.MIRROR_ENV} to a mirror's URI"
+        )
     script = resources.files("phalanx.devcluster").joinpath("build_control_plane.sh")
+    env = {**os.environ, aptsources.MIRROR_ENV: mirror}
     with resources.as_file(script) as script_path:
-        result = subprocess.run(["bash", str(script_path), str(cached_bin_dir().parent)], check=False)
+        result = subprocess.run(
+            ["bash", str(script_path), str(cached_bin_dir().parent)], check=False, env=env
+        )
     if result.returncode != 0:
         raise UserFacingError(
             f"building the control plane failed (exit {result.returncode}); see the output above. "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl v1.20.2 from Debian's
 # `kubernetes` source package, and makes etcd available, into $1 (default ~/.cache/phalanx/k8s-1.20.2).
-# Called by `phalanx dev install`; safe to re-run (finished steps are skipped).
+# Called by `phalanx dev install`, which passes the Debian mirror of the machine's own apt sources in
+# $PHALANX_DEBIAN_MIRROR; safe to re-run (finished steps are skipped).
 set -euo pipefail
 
 DEST=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx/k8s-1.20.2}
@@ -29,15 +30,19 @@ if [ $missing = 0 ]; then step "control plane already built in $DEST/bin"; exit 
 
 APT="$WORK/apt"
 mkdir -p "$APT/lists/partial"
-cat > "$APT/src.sources" <<SRC
+O=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$APT" -o "Dir::State::Lists=$APT/lists")
+if ! ls "$WORK"/kubernetes_*.orig.tar.gz >/dev/null 2>&1; then
+  if [ -z "${PHALANX_DEBIAN_MIRROR:-}" ]; then
+    echo "[phalanx install] PHALANX_DEBIAN_MIRROR is not set: run this through \`phalanx dev install\`, which reads it from apt's sources" >&2
+    exit 2
+  fi
+  cat > "$APT/src.sources" <<SRC
 Types: deb-src
-URIs: http://deb.debian.org/debian
+URIs: $PHALANX_DEBIAN_MIRROR
 Suites: bookworm bookworm-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-O=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$APT" -o "Dir::State::Lists=$APT/lists")
-if ! ls "$WORK"/kubernetes_*.orig.tar.gz >/dev/null 2>&1; then
   step "downloading Debian's kubernetes source package"
   apt-get "${O[@]}" update -qq
   (cd "$WORK" && apt-get "${O[@]}" source --download-only kubernetes >/dev/null)

@@ -84,7 +84,7 @@ def test_pod_hostnames_and_pod_address_names(table: DnsTable) -> None:
 def test_unknown_cluster_names_do_not_exist_and_outside_names_are_not_ours(table: DnsTable) -> None:
     assert not table.lookup("nope.ns.svc.cluster.local").exists
     assert not table.lookup("grp.ns.cluster.local").exists
-    assert table.lookup("pypi.org") is None
+    assert table.lookup("www.example.org") is None
 
 
 def test_table_follows_deletions_and_readiness(table: DnsTable) -> None:
