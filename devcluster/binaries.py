@@ -1,4 +1,4 @@
-"""Finds the control-plane binaries, or builds them once into the cache.
+"""Finds the control-plane binaries (and a real node's kubelet and kube-proxy), or builds them once into the cache.
 
 Search order for each binary: `$KUBEBUILDER_ASSETS` (the envtest convention), then `PATH`, then Phalanx's
 cache (`~/.cache/phalanx/k8s-1.20.2/bin`). Building from Debian's source package is the last resort.
@@ -20,6 +20,10 @@ from phalanx.errors import UserFacingError
 KUBERNETES_VERSION = "1.20.2"
 CONTROL_PLANE = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 ALL_BINARIES = ("etcd", *CONTROL_PLANE, "kubectl")
+NODE_BINARIES = ("kubelet", "kube-proxy")
+"""What a real node adds (`phalanx dev install --real-node`): built from the same sources, same version."""
+BUILT = (*CONTROL_PLANE, "kubectl")
+"""What the build compiles for the control plane (etcd comes from Debian's `etcd-server`)."""
 BUILD_DISK_BYTES = 4 * 1024**3
 """Free disk the build needs: sources, Go cache and binaries (about 3 GB at the peak)."""
 
@@ -81,6 +85,16 @@ def find_binaries() -> tuple[Binaries | None, list[str]]:
     return Binaries(**{name.replace("-", "_"): path for name, path in found.items()}), []  # type: ignore[arg-type]
 
 
+def find_node_binaries() -> tuple[dict[str, Path], list[str]]:
+    """kubelet and kube-proxy: those found, and the names that are missing. They must match the control
+    plane's version, so only the one beside the control plane's kube-apiserver, or the cache, counts."""
+    binaries, _ = find_binaries()
+    dirs = [binaries.kube_apiserver.parent] if binaries is not None else []
+    dirs.append(cached_bin_dir())
+    found = {name: path for name in NODE_BINARIES if (path := _find(name, dirs)) is not None}
+    return found, [name for name in NODE_BINARIES if name not in found]
+
+
 def require_binaries() -> Binaries:
     binaries, missing = find_binaries()
     if binaries is None:
@@ -92,49 +106,62 @@ def require_binaries() -> Binaries:
     return binaries
 
 
-def install(force: bool = False) -> Binaries:
-    """Builds the binaries into the cache unless they are already found."""
+def install(force: bool = False, real_node: bool = False) -> Binaries:
+    """Builds the binaries into the cache unless they are already found (with `real_node`, kubelet and
+    kube-proxy too), all in one build."""
+    wanted: list[str] = list(BUILT) if force else []
     if not force:
         binaries, missing = find_binaries()
         if binaries is not None:
             print(f"[phalanx install] control plane found: {binaries.kube_apiserver.parent}", flush=True)
-            return binaries
-        print(f"[phalanx install] missing: {', '.join(missing)}; building them", flush=True)
+        else:
+            print(f"[phalanx install] missing: {', '.join(missing)}; building them", flush=True)
+            wanted += list(BUILT)
+    if real_node:
+        _, node_missing = find_node_binaries()
+        if force or node_missing:
+            print(f"[phalanx install] building the real node's {', '.join(NODE_BINARIES)}", flush=True)
+            wanted += list(NODE_BINARIES)
+    if wanted:
+        _build(wanted)
+    return require_binaries()
+
+
+def _build(names: list[str]) -> None:
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(cache).free
-    if free < BUILD_DISK_BYTES and not cached_bin_dir().joinpath("kube-apiserver").exists():
+    if free < BUILD_DISK_BYTES:
         raise UserFacingError(
-            f"not enough free disk in {cache} to build the control plane: "
+            f"not enough free disk in {cache} to build {', '.join(names)}: "
             f"{free / 1024**3:.1f} GiB free, {BUILD_DISK_BYTES / 1024**3:.0f} GiB needed "
             "(set PHALANX_CACHE_DIR to a larger disk)."
         )
     for tool in ("apt-get", "dpkg", "tar", "make"):
         if shutil.which(tool) is None:
             raise UserFacingError(
-                f"cannot build the control plane: `{tool}` is missing. Provide the binaries instead through "
-                "$KUBEBUILDER_ASSETS (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)."
+                f"cannot build {', '.join(names)}: `{tool}` is missing. Provide the binaries instead through "
+                "$KUBEBUILDER_ASSETS (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, "
+                "and for a real node kubelet and kube-proxy)."
             )
     mirror = aptsources.debian_mirror()
     if mirror is None:
         raise UserFacingError(
-            f"cannot build the control plane: no Debian {aptsources.SUITE} archive in apt's sources "
+            f"cannot build {', '.join(names)}: no Debian {aptsources.SUITE} archive in apt's sources "
             f"({aptsources.SOURCES_DIR}, {aptsources.SOURCES_LIST}); add one, or set "
             f"{aptsources.MIRROR_ENV} to a mirror's URI"
         )
-    script = resources.files("phalanx.devcluster").joinpath("build_control_plane.sh")
+    script = resources.files("phalanx.devcluster").joinpath("build_kubernetes.sh")
     env = {**os.environ, aptsources.MIRROR_ENV: mirror}
     with resources.as_file(script) as script_path:
-        result = subprocess.run(
-            ["bash", str(script_path), str(cached_bin_dir().parent)], check=False, env=env
-        )
+        command = ["bash", str(script_path), str(cached_bin_dir().parent), *dict.fromkeys(names)]
+        result = subprocess.run(command, check=False, env=env)
     if result.returncode != 0:
         raise UserFacingError(
-            f"building the control plane failed (exit {result.returncode}); see the output above. "
+            f"building {', '.join(names)} failed (exit {result.returncode}); see the output above. "
             "It needs Debian bookworm's package archive (apt) and about 4 GB of disk."
         )
-    return require_binaries()
 
 
 if __name__ == "__main__":
-    print(install(force="--force" in sys.argv).as_dict())
+    print(install(force="--force" in sys.argv, real_node="--real-node" in sys.argv).as_dict())

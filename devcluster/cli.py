@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "install", help="find or build the control-plane binaries (once, 7-10 minutes)"
     )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
+    install.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also kubelet and kube-proxy, for a real node (about 12 more minutes the first time)",
+    )
     install.set_defaults(handler=_install)
 
     kubectl = with_state_dir(commands.add_parser("kubectl", help="run the cluster's kubectl against it"))
@@ -64,7 +69,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _install(args: argparse.Namespace) -> int:
-    binaries.install(force=args.force)
+    binaries.install(force=args.force, real_node=args.real_node)
     return 0
 
 

@@ -108,7 +108,7 @@ def test_the_wheel_holds_only_the_phalanx_package_with_its_files(installed: Inst
         "phalanx/charts/phalanx/templates/deployment.yaml",
         f"phalanx/charts/phalanx/crds/{crd.CRD_FILE}",
         "phalanx/examples/tinygpt.yaml",
-        "phalanx/devcluster/build_control_plane.sh",
+        "phalanx/devcluster/build_kubernetes.sh",
         "phalanx/operator/api.py",
         "phalanx/worker/launch.py",
     ):

@@ -62,6 +62,6 @@ def test_the_environment_overrides_the_sources(tmp_path: Path, monkeypatch: pyte
 
 
 def test_the_build_script_names_no_mirror_of_its_own() -> None:
-    script = Path(aptsources.__file__).with_name("build_control_plane.sh").read_text()
+    script = Path(aptsources.__file__).with_name("build_kubernetes.sh").read_text()
     assert "URIs: $PHALANX_DEBIAN_MIRROR" in script
     assert "debian.org" not in script

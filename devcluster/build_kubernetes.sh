@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl v1.20.2 from Debian's
-# `kubernetes` source package, and makes etcd available, into $1 (default ~/.cache/phalanx/k8s-1.20.2).
-# Called by `phalanx dev install`, which passes the Debian mirror of the machine's own apt sources in
-# $PHALANX_DEBIAN_MIRROR; safe to re-run (finished steps are skipped).
+# Builds Kubernetes v1.20.2 binaries from Debian's `kubernetes` source package, and makes etcd available,
+# into $1/bin (default ~/.cache/phalanx/k8s-1.20.2). The binaries to build follow $1 (default: the control
+# plane, kube-apiserver kube-scheduler kube-controller-manager kubectl; a real node adds kubelet kube-proxy),
+# all in one `make`. Called by `phalanx dev install`, which passes the Debian mirror of the machine's own apt
+# sources in $PHALANX_DEBIAN_MIRROR; safe to re-run (finished steps are skipped).
 set -euo pipefail
 
 DEST=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx/k8s-1.20.2}
 WORK=${PHALANX_BUILD_DIR:-$(dirname "$DEST")/build}
-BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+shift || true
+BINARIES=("$@")
+[ ${#BINARIES[@]} -gt 0 ] || BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 step() { printf '[phalanx install] %s\n' "$*"; }
 
 mkdir -p "$DEST/bin" "$WORK"
@@ -26,7 +29,7 @@ ln -sfn /usr/bin/etcd "$DEST/bin/etcd"
 
 missing=0
 for b in "${BINARIES[@]}"; do [ -x "$DEST/bin/$b" ] || missing=1; done
-if [ $missing = 0 ]; then step "control plane already built in $DEST/bin"; exit 0; fi
+if [ $missing = 0 ]; then step "${BINARIES[*]} already built in $DEST/bin"; exit 0; fi
 
 APT="$WORK/apt"
 mkdir -p "$APT/lists/partial"
@@ -59,10 +62,10 @@ if [ ! -f "$SRC_DIR/.phalanx-prepared" ]; then
   ln -sfn ../../.. "$SRC_DIR/.go/src/k8s.io/kubernetes"
   touch "$SRC_DIR/.phalanx-prepared"
 fi
-step "compiling ${BINARIES[*]} (7-10 minutes on 2 cores)"
+step "compiling ${BINARIES[*]} (7-12 minutes on 2 cores)"
 cd "$SRC_DIR"
 export GOPATH=$SRC_DIR/.go CGO_ENABLED=0 GOCACHE=$WORK/gocache GOFLAGS=-mod=vendor
-HOME=$WORK/home make WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager cmd/kubectl"
+HOME=$WORK/home make WHAT="${BINARIES[*]/#/cmd/}"
 for b in "${BINARIES[@]}"; do install -m 0755 "_output/bin/$b" "$DEST/bin/$b"; done
 # The sources and Go cache take about 2.5 GB; the binaries are all that is needed from now on.
 rm -rf "$SRC_DIR" "$WORK/gocache" "$WORK/home"
