@@ -29,7 +29,7 @@ install: deps
 	$(PIP) install --no-deps --no-build-isolation -e .
 
 control-plane: install
-	$(BIN)/phalanx dev install
+	$(BIN)/phalanx dev install --real-node
 
 lint: install
 	$(BIN)/ruff check src operator worker devcluster tests bench examples

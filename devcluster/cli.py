@@ -31,6 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--gpus-per-node", type=int, default=0, help="advertise nvidia.com/gpu capacity on each node"
     )
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="a real node beside them: containerd, kubelet and kube-proxy on this host, pods in containers "
+        "(needs root and `phalanx dev install --real-node`)",
+    )
     up.set_defaults(handler=_up)
 
     down = with_state_dir(commands.add_parser("down", help="stop everything the cluster started"))
@@ -59,7 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    controlplane.up(args.state_dir, args.nodes, args.simulated_nodes, args.gpus_per_node)
+    controlplane.up(
+        args.state_dir, args.nodes, args.simulated_nodes, args.gpus_per_node, real_nodes=args.real_nodes
+    )
     return 0
 
 

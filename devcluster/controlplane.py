@@ -26,6 +26,7 @@ from phalanx.devcluster import processes
 from phalanx.devcluster.agent.volumes import shm_root
 from phalanx.devcluster.binaries import Binaries, require_binaries
 from phalanx.devcluster.pki import Pki, ensure_pki
+from phalanx.devcluster.realnode import node as real_node
 from phalanx.errors import UserFacingError
 
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
@@ -57,6 +58,10 @@ class ClusterConfig:
     scheduler_port: int
     controller_manager_port: int
     binaries: dict[str, str] = field(default_factory=dict)
+    real_nodes: int = 0
+    """Real nodes (containerd + kubelet + kube-proxy on this host): 0 or 1."""
+    node_ip: str = ""
+    """The host address the apiserver advertises when a real node runs (its pods reach it through it)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,13 @@ def free_cluster_octet(taken_by_others: set[int]) -> int:
 
 
 def choose_config(
-    previous: ClusterConfig | None, nodes: int, simulated: int, gpus: int, binaries: Binaries
+    previous: ClusterConfig | None,
+    nodes: int,
+    simulated: int,
+    gpus: int,
+    binaries: Binaries,
+    real_nodes: int = 0,
+    node_ip: str = "",
 ) -> ClusterConfig:
     used: set[int] = set()
 
@@ -165,6 +176,8 @@ def choose_config(
         scheduler_port=reuse(old.scheduler_port if old else None),
         controller_manager_port=reuse(old.controller_manager_port if old else None),
         binaries=binaries.as_dict(),
+        real_nodes=real_nodes,
+        node_ip=node_ip,
     )
 
 
@@ -187,12 +200,24 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             "--quota-backend-bytes=4294967296",
         ]
     if name == "kube-apiserver":
+        # A real node's pods reach the apiserver through the `kubernetes` Service, whose endpoint is the
+        # advertised address: the apiserver refuses a loopback one there, so it listens on the host's address.
+        bind, advertise = ("0.0.0.0", config.node_ip) if config.real_nodes else ("127.0.0.1", "127.0.0.1")
+        kubelet_client = (
+            [
+                f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+                f"--kubelet-client-key={pki.kubelet_client_key}",
+            ]
+            if config.real_nodes
+            else []
+        )
         return [
             bins["kube-apiserver"],
             f"--etcd-servers=http://127.0.0.1:{config.etcd_port}",
             f"--secure-port={config.api_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={bind}",
+            f"--advertise-address={advertise}",
+            *kubelet_client,
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--token-auth-file={pki.token_file}",
@@ -258,6 +283,8 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
         ]  # fmt: skip
         if config.gpus_per_node:
             argv.append(f"--gpus-per-node={config.gpus_per_node}")
+        if config.real_nodes:
+            argv.append(f"--real-node-dns={config.node_ip}")
         return argv
     raise ValueError(name)
 
@@ -404,29 +431,58 @@ def usage_text(layout: Layout) -> str:
     )
 
 
+def _real_node_up(layout: Layout, config: ClusterConfig, pki: Pki, say: Callable[[str], None]) -> None:
+    started = time.monotonic()
+    real_node.up(
+        real_node.settings_for(layout.root, config.node_ip),
+        pki,
+        config.api_port,
+        config.binaries["kubectl"],
+        layout.kubeconfig,
+    )
+    say(
+        f"  {real_node.NODE_NAME:<24} ready in {time.monotonic() - started:.1f} s (containerd, kubelet, kube-proxy)"
+    )
+
+
 def up(
-    state_dir: Path, nodes: int = 4, simulated_nodes: int = 0, gpus_per_node: int = 0, quiet: bool = False
+    state_dir: Path,
+    nodes: int = 4,
+    simulated_nodes: int = 0,
+    gpus_per_node: int = 0,
+    quiet: bool = False,
+    real_nodes: int = 0,
 ) -> Layout:
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
     previous = layout.load_config()
     running = running_components(layout)
     if previous and len(running) == len(COMPONENT_ORDER):
-        if (previous.nodes, previous.simulated_nodes) != (nodes, simulated_nodes):
+        sizes = (previous.nodes, previous.simulated_nodes, previous.real_nodes)
+        if sizes != (nodes, simulated_nodes, real_nodes):
             say(
-                f"cluster already running in {layout.root} with {previous.nodes} nodes and "
-                f"{previous.simulated_nodes} simulated nodes; `phalanx dev down` first to change its size"
+                f"cluster already running in {layout.root} with {previous.nodes} nodes, "
+                f"{previous.simulated_nodes} simulated nodes and {previous.real_nodes} real nodes; "
+                "`phalanx dev down` first to change its size"
             )
         else:
             say(f"cluster already running in {layout.root}")
+        if previous.real_nodes:  # a daemon of the real node that died is started again
+            _real_node_up(layout, previous, ensure_pki(layout.pki), say)
         say(usage_text(layout))
         return layout
     if running:
         say(f"restarting a partly running cluster in {layout.root}")
         down(state_dir, quiet=True)
-    if nodes < 0 or simulated_nodes < 0 or nodes + simulated_nodes == 0:
+    if (
+        nodes < 0
+        or simulated_nodes < 0
+        or real_nodes not in (0, 1)
+        or nodes + simulated_nodes + real_nodes == 0
+    ):
         raise UserFacingError(
-            "a cluster needs at least one node (--nodes) or simulated node (--simulated-nodes)"
+            "a cluster needs at least one node (--nodes), simulated node (--simulated-nodes) or real node "
+            "(--real-nodes, at most 1: it takes the host's kubelet ports, cni0 and iptables)"
         )
 
     binaries = require_binaries()
@@ -435,7 +491,10 @@ def up(
     if shutil.disk_usage(layout.root).free < 512 * 1024**2:
         raise UserFacingError(f"less than 512 MiB free under {layout.root}: free some disk first")
     pki = ensure_pki(layout.pki)
-    config = choose_config(previous, nodes, simulated_nodes, gpus_per_node, binaries)
+    node_ip = real_node.host_ip() if real_nodes else ""
+    if real_nodes:
+        real_node.prepare_credentials(pki)
+    config = choose_config(previous, nodes, simulated_nodes, gpus_per_node, binaries, real_nodes, node_ip)
     layout.config_file.write_text(json.dumps(asdict(config), indent=2))
     write_kubeconfig(layout, pki, config.api_port)
     kubectl_link = layout.bin / "kubectl"
@@ -454,12 +513,14 @@ def up(
             )
             _wait_ready(name, record, readiness_check(name, config, layout, pki), layout)
             say(f"  {name:<24} ready (pid {record.pid})")
+        if real_nodes:
+            _real_node_up(layout, config, pki, say)
     except BaseException:
         down(state_dir, quiet=True)
         raise
     say(
         f"cluster up in {time.monotonic() - started:.1f} s: {nodes} nodes, {simulated_nodes} simulated nodes, "
-        f"apiserver https://127.0.0.1:{config.api_port}\n{usage_text(layout)}"
+        f"{real_nodes} real nodes, apiserver https://127.0.0.1:{config.api_port}\n{usage_text(layout)}"
     )
     return layout
 
@@ -467,6 +528,10 @@ def up(
 def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
+    config = layout.load_config()
+    if config is not None and config.real_nodes:
+        # First, while the apiserver still answers: its pods' containers, mounts and the host's rules go.
+        real_node.down(real_node.settings_for(layout.root, config.node_ip), say)
     records = {name: processes.read_pid_file(layout.pid_file(name)) for name in COMPONENT_ORDER}
     # Collect every descendant first: once a parent is gone its children are re-parented and lost from view.
     leftovers: list[psutil.Process] = []
@@ -501,8 +566,14 @@ def status(state_dir: Path) -> int:
         state = f"running (pid {record.pid})" if record else "stopped"
         print(f"  {name:<24} {state}")
     print(
-        f"nodes: {config.nodes} + {config.simulated_nodes} simulated; pod addresses 127.{config.cluster_octet}.0.0/16"
+        f"nodes: {config.nodes} + {config.simulated_nodes} simulated + {config.real_nodes} real; "
+        f"pod addresses 127.{config.cluster_octet}.0.0/16"
     )
+    if config.real_nodes:
+        alive = real_node.running(real_node.settings_for(layout.root, config.node_ip))
+        for daemon in real_node.DAEMONS:
+            state = f"running (pid {alive[daemon].pid})" if daemon in alive else "stopped"
+            print(f"  {real_node.NODE_NAME + ' ' + daemon:<24} {state}")
     if len(running) == len(COMPONENT_ORDER):
         print(usage_text(layout))
         return 0

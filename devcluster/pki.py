@@ -39,6 +39,47 @@ class Pki:
     def admin_token(self) -> str:
         return self.token_file.read_text().split(",", 1)[0]
 
+    @property
+    def kubelet_client_cert(self) -> Path:
+        """The apiserver's client certificate towards real kubelets (logs, exec, port-forward)."""
+        return self.directory / "kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.directory / "kubelet-client.key"
+
+    def token_of(self, user: str) -> str | None:
+        for line in self.token_file.read_text().splitlines():
+            fields = line.split(",")
+            if len(fields) >= 2 and fields[1] == user:
+                return fields[0]
+        return None
+
+    def ensure_token(self, user: str, uid: str, groups: str = "") -> str:
+        """A static token for `user` (kept across restarts; the apiserver reads the file when it starts)."""
+        token = self.token_of(user)
+        if token is None:
+            token = secrets.token_hex(24)
+            line = f"{token},{user},{uid}" + (f',"{groups}"' if groups else "")
+            with self.token_file.open("a") as tokens:
+                tokens.write(line + "\n")
+        return token
+
+    def ensure_kubelet_client_cert(self) -> None:
+        """Signed by the cluster CA, in group system:masters so that every kubelet's webhook allows it."""
+        if self.kubelet_client_cert.exists():
+            return
+        request = self.directory / "kubelet-client.csr"
+        _openssl(
+            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.kubelet_client_key),
+            "-out", str(request), "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", str(request), "-CA", str(self.apiserver_cert), "-CAkey", str(self.apiserver_key),
+            "-CAcreateserial", "-out", str(self.kubelet_client_cert), "-days", "3650",
+        )  # fmt: skip
+        request.unlink(missing_ok=True)
+
 
 def _openssl(*args: str) -> None:
     result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)

@@ -16,7 +16,7 @@ from typing import Any
 from phalanx.devcluster.agent import admission, ipam
 from phalanx.devcluster.agent.config import AgentConfig, parse_config
 from phalanx.devcluster.agent.context import AgentContext
-from phalanx.devcluster.agent.dnsserver import DnsServer
+from phalanx.devcluster.agent.dnsserver import DnsServer, upstream_resolver
 from phalanx.devcluster.agent.dnstable import DnsTable
 from phalanx.devcluster.agent.kube import ApiError, Informer, KubeClient, with_retry
 from phalanx.devcluster.agent.logserver import LogServer
@@ -55,6 +55,7 @@ class Agent:
         self.config = config
         self.stop = stop
         self.dns = DnsTable()
+        self.real_node_dns = DnsTable(cluster_ips=True)
         self.workers: dict[str, PodWorker] = {}
         self.workers_lock = threading.Lock()
         # What each node has admitted: a pod beyond a node's allocatable pods or memory never starts.
@@ -90,6 +91,10 @@ class Agent:
         self.simulated = SimulatedPods(self.ctx, ipam.simulated_pod_pool(config.cluster_octet))
         dns = DnsServer(self.dns, self.ctx.dns_ip, config.dns_port)
         dns.start()
+        real_node_dns = None
+        if config.real_node_dns:
+            real_node_dns = DnsServer(self.real_node_dns, config.real_node_dns, 53, upstream_resolver())
+            real_node_dns.start()
         logs.start()
         provisioner = Provisioner(kube, config.state_dir)
         retry_forever(provisioner.ensure_storage_class, "creating the default StorageClass", self.stop)
@@ -115,11 +120,14 @@ class Agent:
             logs.port,
         )
         self.stop.wait()
+        if real_node_dns is not None:
+            real_node_dns.stop()
         self._shutdown(dns, logs)
 
     # ---- watch handlers -----------------------------------------------------------------------------------
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         self.dns.set_pod(pod, kind != "DELETED")
+        self.real_node_dns.set_pod(pod, kind != "DELETED")
         node = (pod.get("spec") or {}).get("nodeName")
         spec = self.ctx.nodes.get(node or "")
         if spec is None or node is None:
@@ -211,9 +219,11 @@ class Agent:
 
     def _on_service(self, kind: str, service: dict[str, Any]) -> None:
         self.dns.set_service(service, kind != "DELETED")
+        self.real_node_dns.set_service(service, kind != "DELETED")
 
     def _on_endpoints(self, kind: str, endpoints: dict[str, Any]) -> None:
         self.dns.set_endpoints(endpoints, kind != "DELETED")
+        self.real_node_dns.set_endpoints(endpoints, kind != "DELETED")
 
     def _log_source(
         self, namespace: str, pod: str, container: str

@@ -46,6 +46,9 @@ class AgentConfig(BaseModel):
     """Seconds between node Lease renewals."""
     status_interval: float = Field(default=10.0, gt=0)
     """Seconds between node status heartbeats (Ready condition)."""
+    real_node_dns: str | None = None
+    """Address of the DNS server for a real kubelet node's pods (its kubelet's clusterDNS): it answers
+    ClusterIPs, which kube-proxy routes there, and forwards outside names to the host's resolver. None: none."""
     use_namespaces: bool | None = None
     """Force (True) or forbid (False) `unshare` mount/UTS namespaces; None: probe at start."""
 
@@ -67,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes-per-rack", type=int, default=2)
     parser.add_argument("--lease-interval", type=float, default=2.0)
     parser.add_argument("--status-interval", type=float, default=10.0)
+    parser.add_argument("--real-node-dns", default=None)
     ns = parser.add_mutually_exclusive_group()
     ns.add_argument("--namespaces", dest="use_namespaces", action="store_true", default=None)
     ns.add_argument("--no-namespaces", dest="use_namespaces", action="store_false")

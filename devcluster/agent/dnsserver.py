@@ -1,4 +1,7 @@
-"""The cluster DNS server: UDP and TCP on 127.X.0.1:53, answering from a `DnsTable`."""
+"""The cluster DNS server: UDP and TCP on 127.X.0.1:53, answering from a `DnsTable`.
+
+With an upstream resolver (the real node's server), names outside the cluster domain are forwarded to it
+instead of refused, as cluster DNS does for containers that resolve public names."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import socket
 import socketserver
 import struct
 import threading
+from pathlib import Path
 
 from phalanx.devcluster.agent import dnswire
 from phalanx.devcluster.agent.dnstable import DnsTable
@@ -14,7 +18,36 @@ from phalanx.devcluster.agent.dnstable import DnsTable
 log = logging.getLogger(__name__)
 
 
-def answer(table: DnsTable, data: bytes) -> bytes | None:
+UPSTREAM_TIMEOUT_SECONDS = 3.0
+
+
+def forward(data: bytes, upstream: tuple[str, int]) -> bytes:
+    """The upstream resolver's response to a query, or SERVFAIL when it does not answer."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(UPSTREAM_TIMEOUT_SECONDS)
+        try:
+            sock.sendto(data, upstream)
+            response, _ = sock.recvfrom(65535)
+            return response
+        except OSError:
+            query = dnswire.decode_query(data)
+            return dnswire.encode_response(query, dnswire.RCODE_SERVFAIL, [])
+
+
+def upstream_resolver(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, int] | None:
+    """The host's first IPv4 nameserver (this server runs on the host, so a loopback one serves as well)."""
+    try:
+        lines = Path(resolv_conf).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver" and "." in fields[1]:
+            return (fields[1], 53)
+    return None
+
+
+def answer(table: DnsTable, data: bytes, upstream: tuple[str, int] | None = None) -> bytes | None:
     """The response bytes for a query (None when the bytes are not even a header)."""
     try:
         query = dnswire.decode_query(data)
@@ -28,6 +61,8 @@ def answer(table: DnsTable, data: bytes) -> bytes | None:
         return dnswire.encode_response(query, dnswire.RCODE_NOTIMP, [])
     question = query.questions[0]
     result = table.lookup(question.name)
+    if result is None and upstream is not None:
+        return forward(data, upstream)
     if result is None:
         return dnswire.encode_response(query, dnswire.RCODE_REFUSED, [])
     if not result.exists:
@@ -41,7 +76,7 @@ def answer(table: DnsTable, data: bytes) -> bytes | None:
 class _UdpHandler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         data, sock = self.request
-        response = answer(self.server.table, data)  # type: ignore[attr-defined]
+        response = answer(self.server.table, data, self.server.upstream)  # type: ignore[attr-defined]
         if response is not None:
             sock.sendto(response, self.client_address)
 
@@ -54,7 +89,7 @@ class _TcpHandler(socketserver.StreamRequestHandler):
             if len(header) < 2:
                 return
             (length,) = struct.unpack("!H", header)
-            response = answer(self.server.table, self.rfile.read(length))  # type: ignore[attr-defined]
+            response = answer(self.server.table, self.rfile.read(length), self.server.upstream)  # type: ignore[attr-defined]
             if response is None:
                 return
             self.wfile.write(struct.pack("!H", len(response)) + response)
@@ -63,19 +98,26 @@ class _TcpHandler(socketserver.StreamRequestHandler):
 class _Udp(socketserver.ThreadingUDPServer):
     allow_reuse_address = True
     daemon_threads = True
+    table: DnsTable
+    upstream: tuple[str, int] | None = None
 
 
 class _Tcp(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
+    table: DnsTable
+    upstream: tuple[str, int] | None = None
 
 
 class DnsServer:
-    def __init__(self, table: DnsTable, host: str, port: int) -> None:
+    def __init__(
+        self, table: DnsTable, host: str, port: int, upstream: tuple[str, int] | None = None
+    ) -> None:
         self.udp = _Udp((host, port), _UdpHandler)
-        self.udp.table = table  # type: ignore[attr-defined]
         self.tcp = _Tcp((host, self.udp.server_address[1]), _TcpHandler)
-        self.tcp.table = table  # type: ignore[attr-defined]
+        for server in (self.udp, self.tcp):
+            server.table = table
+            server.upstream = upstream
         self.address = self.udp.server_address
 
     def start(self) -> None:

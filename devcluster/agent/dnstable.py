@@ -8,6 +8,9 @@ Answered (all under `cluster.local`):
 - `<a-b-c-d>.<ns>.pod`: the address a.b.c.d.
 - `kubernetes.default.svc`: 127.0.0.1, where the apiserver listens.
 Short names (`svc`, `svc.ns`, `svc.ns.svc`) reach these through the pods' resolv.conf search path.
+
+For the pods of a real node (`DnsTable(cluster_ips=True)`), where kube-proxy routes ClusterIPs, a service with
+a ClusterIP is answered with it (as cluster DNS does), `kubernetes.default.svc` included.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class ServiceInfo:
     selector: tuple[tuple[str, str], ...] | None
     """None: a service without selector (its Endpoints object is used instead)."""
     publish_not_ready: bool
+    cluster_ip: str | None = None
+    """None for a headless service."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,9 @@ class DnsTable:
     selector the Endpoints objects stay empty in this cluster.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cluster_ips: bool = False) -> None:
+        self.cluster_ips = cluster_ips
+        """Answer a service's ClusterIP rather than its members (kube-proxy routes ClusterIPs)."""
         self._lock = threading.Lock()
         self._services: dict[tuple[str, str], ServiceInfo] = {}
         self._endpoints: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -93,9 +100,11 @@ class DnsTable:
                 self._services.pop(key, None)
                 return
             selector = spec.get("selector")
+            cluster_ip = spec.get("clusterIP")
             self._services[key] = ServiceInfo(
                 tuple(sorted(selector.items())) if selector else None,
                 bool(spec.get("publishNotReadyAddresses")),
+                cluster_ip if cluster_ip and cluster_ip != "None" else None,
             )
 
     def set_endpoints(self, endpoints: Mapping[str, Any], present: bool) -> None:
@@ -139,9 +148,11 @@ class DnsTable:
         with self._lock:
             if len(labels) == 3 and labels[2] == "svc":
                 svc, ns = labels[0], labels[1]
-                if (ns, svc) == ("default", "kubernetes"):
-                    return Answer(True, (APISERVER_IP,))
                 service = self._services.get((ns, svc))
+                if self.cluster_ips and service is not None and service.cluster_ip:
+                    return Answer(True, (service.cluster_ip,))
+                if (ns, svc) == ("default", "kubernetes") and not self.cluster_ips:
+                    return Answer(True, (APISERVER_IP,))
                 if service is not None and service.selector is not None:
                     return Answer(True, self._members(ns, service))
                 if service is not None or (ns, svc) in self._endpoints:

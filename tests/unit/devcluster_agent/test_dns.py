@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 import pytest
 
-from phalanx.devcluster.agent import dnswire
+from phalanx.devcluster.agent import dnsserver, dnswire
 from phalanx.devcluster.agent.dnsserver import DnsServer, answer, query
 from phalanx.devcluster.agent.dnstable import DnsTable
 
@@ -125,3 +126,47 @@ def test_server_answers_over_udp_and_tcp(table: DnsTable) -> None:
         assert dnswire.decode_response(data) == (0, ["127.3.9.9"])
     finally:
         server.stop()
+
+
+def test_for_a_real_nodes_pods_a_service_is_its_cluster_ip_and_headless_its_pods() -> None:
+    table = DnsTable(cluster_ips=True)
+    table.set_pod(pod("w0", "10.244.0.5", {"job": "a"}, hostname="w0", subdomain="grp"), True)
+    table.set_service(service("web", {"job": "a"}, clusterIP="10.96.7.7"), True)
+    table.set_service(service("grp", {"job": "a"}, clusterIP="None"), True)
+    kubernetes = service("kubernetes", None, clusterIP="10.96.0.1")
+    kubernetes["metadata"]["namespace"] = "default"
+    table.set_service(kubernetes, True)
+    assert table.lookup("web.ns.svc.cluster.local").addresses == ("10.96.7.7",)
+    assert table.lookup("grp.ns.svc.cluster.local").addresses == ("10.244.0.5",)
+    assert table.lookup("w0.grp.ns.svc.cluster.local").addresses == ("10.244.0.5",)
+    assert table.lookup("kubernetes.default.svc.cluster.local").addresses == ("10.96.0.1",)
+    assert DnsTable().lookup("kubernetes.default.svc.cluster.local").addresses == ("127.0.0.1",)
+
+
+def test_outside_names_go_to_the_upstream_resolver_or_fail_as_servfail(
+    table: DnsTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    upstream.bind(("127.0.0.1", 0))
+    upstream.settimeout(5)
+    packet = dnswire.encode_query(9, "www.example.org", dnswire.TYPE_A)
+    canned = dnswire.encode_response(dnswire.decode_query(packet), dnswire.RCODE_OK, ["192.0.2.80"])
+
+    def serve_once() -> None:
+        data, client = upstream.recvfrom(4096)
+        upstream.sendto(canned if data == packet else b"", client)
+
+    threading.Thread(target=serve_once, daemon=True).start()
+    try:
+        assert answer(table, packet, upstream.getsockname()) == canned
+    finally:
+        upstream.close()
+    assert dnswire.decode_response(answer(table, packet) or b"")[0] == dnswire.RCODE_REFUSED
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    monkeypatch.setattr(dnsserver, "UPSTREAM_TIMEOUT_SECONDS", 0.2)
+    try:
+        failed = answer(table, packet, silent.getsockname())
+    finally:
+        silent.close()
+    assert dnswire.decode_response(failed or b"")[0] == dnswire.RCODE_SERVFAIL

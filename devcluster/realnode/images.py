@@ -1,0 +1,160 @@
+"""Images the real node needs with no registry: the pause image built from source, archives imported.
+
+The pause image is one static binary (`build/pause/linux/pause.c` of the same Kubernetes sources the
+binaries are built from), so it is written as a docker-archive by hand: no image builder is needed for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from phalanx.devcluster import binaries
+from phalanx.devcluster.realnode import config
+from phalanx.errors import UserFacingError
+
+PAUSE_SOURCE = "kubernetes-1.20.2/build/pause/linux/pause.c"
+PAUSE_VERSION = "3.2"
+PAUSE_USER = "65535:65535"
+BUSYBOX_IMAGE = "localhost/busybox:phalanx"
+"""A one-binary image (Debian's static busybox: sh, wget, nslookup, httpd) for checking a real node's
+network, DNS and kubelet features without building a full image."""
+BUSYBOX_BINARY = Path("/bin/busybox")
+
+
+def images_dir() -> Path:
+    return binaries.cache_dir() / "images"
+
+
+Files = dict[str, tuple[bytes | None, int]]
+"""Path in the image -> (content, mode); None content: a directory."""
+
+
+def _tar_bytes(files: Files) -> bytes:
+    """A deterministic tar (fixed times and owners) of the files."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, (content, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime = mode, 0
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(content)
+                archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def docker_archive(tag: str, files: Files, entrypoint: list[str], user: str) -> bytes:
+    """A one-layer image in the docker-archive format that `ctr images import` reads."""
+    layer = _tar_bytes(files)
+    layer_digest = hashlib.sha256(layer).hexdigest()
+    image_config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint, "User": user, "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
+        },
+        sort_keys=True,
+    ).encode()
+    config_name = hashlib.sha256(image_config).hexdigest() + ".json"
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [tag], "Layers": [f"{layer_digest}/layer.tar"]}]
+    ).encode()
+    return _tar_bytes(
+        {
+            "manifest.json": (manifest, 0o644),
+            config_name: (image_config, 0o644),
+            f"{layer_digest}/layer.tar": (layer, 0o644),
+        }
+    )
+
+
+def pause_archive() -> Path:
+    """The pause image's archive in the cache, built once."""
+    target = images_dir() / f"pause-{PAUSE_VERSION}.tar"
+    if target.exists():
+        return target
+    sources = sorted((binaries.cache_dir() / "build").glob("kubernetes_*.orig.tar.gz"))
+    if not sources:
+        raise UserFacingError(
+            "the Kubernetes source package is not in the cache: run `phalanx dev install --real-node` first"
+        )
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        subprocess.run(["tar", "xzf", str(sources[-1]), "-C", str(work), PAUSE_SOURCE], check=True)
+        binary = work / "pause"
+        compiled = subprocess.run(
+            [
+                "gcc",
+                "-Os",
+                "-static",
+                f'-DVERSION="{PAUSE_VERSION}"',
+                "-o",
+                str(binary),
+                str(work / PAUSE_SOURCE),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if compiled.returncode != 0:
+            raise UserFacingError(f"compiling the pause image failed: {compiled.stderr.strip()[-400:]}")
+        subprocess.run(["strip", str(binary)], capture_output=True, check=False)
+        archive = docker_archive(
+            config.PAUSE_IMAGE, {"pause": (binary.read_bytes(), 0o755)}, ["/pause"], PAUSE_USER
+        )
+    _write_atomically(target, archive)
+    return target
+
+
+def busybox_archive() -> Path:
+    target = images_dir() / "busybox-phalanx.tar"
+    if target.exists():
+        return target
+    if not BUSYBOX_BINARY.exists():
+        raise UserFacingError(f"{BUSYBOX_BINARY} is missing: `apt-get install busybox-static`")
+    archive = docker_archive(
+        BUSYBOX_IMAGE,
+        {"bin/busybox": (BUSYBOX_BINARY.read_bytes(), 0o755), "tmp": (None, 0o1777)},
+        ["/bin/busybox"],
+        "65534:65534",
+    )
+    _write_atomically(target, archive)
+    return target
+
+
+def _write_atomically(target: Path, content: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(content)
+    partial.replace(target)
+
+
+def imported(reference: str) -> bool:
+    listed = subprocess.run(
+        ["ctr", "--address", str(config.CONTAINERD_SOCKET), "-n", "k8s.io", "images", "ls", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return reference in listed.stdout.split()
+
+
+def import_archive(archive: Path) -> None:
+    """Loads an image archive into the node's containerd (the namespace kubelet's CRI uses)."""
+    result = subprocess.run(
+        ["ctr", "--address", str(config.CONTAINERD_SOCKET), "-n", "k8s.io", "images", "import", str(archive)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise UserFacingError(f"importing {archive} into containerd failed: {result.stderr.strip()}")
