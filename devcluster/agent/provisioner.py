@@ -92,7 +92,11 @@ class Provisioner:
         if not wants_volume(claim):
             return
         body = persistent_volume_object(claim, self.volumes_dir)
-        Path(body["spec"]["hostPath"]["path"]).mkdir(parents=True, exist_ok=True)
+        directory = Path(body["spec"]["hostPath"]["path"])
+        directory.mkdir(parents=True, exist_ok=True)
+        # Writable by every user, as local-path provisioners make theirs: a hostPath volume gets no fsGroup,
+        # and containers of non-root images (the worker runs as uid 10001) must write their checkpoints.
+        directory.chmod(0o777)
         try:
             self.kube.create("/api/v1/persistentvolumes", body)
             log.info("provisioned %s for %s/%s", body["metadata"]["name"], *self._ref(claim))

@@ -287,5 +287,25 @@ def probe_directory(directory: str | os.PathLike[str], payload_bytes: int = 1 <<
     except OSError as error:
         with contextlib.suppress(OSError):
             probe.unlink()
-        return f"checkpoint location {path}: cannot {step}: {error.strerror or error}"
+        problem = f"checkpoint location {path}: cannot {step}: {error.strerror or error}"
+        if isinstance(error, PermissionError):
+            problem += permission_hint(path)
+        return problem
     return None
+
+
+def permission_hint(path: Path) -> str:
+    """Who this process is and who owns the nearest existing folder: what a permission problem comes down to."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        info = existing.stat()
+    except OSError:
+        return ""
+    return (
+        f" (this process runs as uid {os.getuid()} gid {os.getgid()}, groups {sorted(os.getgroups())}; "
+        f"{existing} belongs to uid {info.st_uid} gid {info.st_gid} with mode {info.st_mode & 0o7777:o}: "
+        "set the pod's securityContext.fsGroup for volumes that support it, or make the volume writable "
+        "for this user)"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,21 @@ def test_probing_storage_writes_reads_and_cleans_up(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     problem = probe_storage(tmp_path / "file" / "dir")
     assert problem is not None and "cannot create the directory" in problem
+
+
+def test_a_permission_problem_says_who_runs_and_who_owns_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root passes every permission check, so the refusal a non-root image meets is simulated."""
+    target = tmp_path / "claim" / "job"
+    (tmp_path / "claim").mkdir(mode=0o755)
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    problem = probe_storage(target)
+    assert problem is not None and "cannot create the directory: Permission denied" in problem
+    assert f"runs as uid {os.getuid()}" in problem
+    assert f"{tmp_path / 'claim'} belongs to uid" in problem and "mode 755" in problem
+    assert "fsGroup" in problem
