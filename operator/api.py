@@ -395,6 +395,20 @@ class PreflightSpec(ApiModel):
     (deterministic training on CPU, or with deterministic kernels, at a fixed world size)."""
 
 
+class SharedMemorySpec(ApiModel):
+    """The trainer containers' /dev/shm: a memory-backed volume, because container runtimes give 64 MiB."""
+
+    enabled: bool = True
+    """Mount a memory-backed `emptyDir` at /dev/shm in the trainer container (skipped when the template already
+    mounts something there). In-memory snapshots, the launcher's status files and DataLoader workers live there;
+    64 MiB holds none of them for a real model."""
+    size_limit: str | None = None
+    """The volume's size limit (a quantity such as `8Gi`): room for two in-memory snapshots of this worker's
+    state (model, optimizer, RNG) plus DataLoader buffers. Unset: no limit of its own; its pages count toward
+    the container's memory limit either way. A snapshot that does not fit fails with a message naming this
+    field."""
+
+
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
 
@@ -413,6 +427,8 @@ class TrainingJobSpec(ApiModel):
     training command, which the operator wraps with the Phalanx launcher."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Durable checkpoints."""
+    shared_memory: SharedMemorySpec = Field(default_factory=SharedMemorySpec)
+    """The trainer containers' /dev/shm (in-memory snapshots live there)."""
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
     """Worker heartbeats and hang detection."""
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)

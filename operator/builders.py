@@ -127,7 +127,33 @@ def _checkpoint_volumes(spec: api.TrainingJobSpec) -> list[tuple[dict[str, Any],
     return volumes
 
 
-def _wrap_trainer(container: dict[str, Any], env: list[dict[str, Any]], spec: api.TrainingJobSpec) -> None:
+SHARED_MEMORY_PATH = "/dev/shm"
+
+
+def _mounts_shared_memory(container: dict[str, Any]) -> bool:
+    """Whether the user's container already mounts its own volume at /dev/shm (theirs is kept)."""
+    return any(
+        (mount.get("mountPath") or "").rstrip("/") == SHARED_MEMORY_PATH
+        for mount in container.get("volumeMounts") or []
+    )
+
+
+def _trainer_volumes(spec: api.TrainingJobSpec, own_shm: bool) -> list[tuple[dict[str, Any], str]]:
+    """The volumes the operator adds to a trainer pod and where each is mounted: the checkpoint volumes
+    and, unless the user mounts their own (`own_shm`), a memory-backed /dev/shm."""
+    volumes = _checkpoint_volumes(spec)
+    shared = spec.shared_memory
+    if shared.enabled and not own_shm:
+        source: dict[str, Any] = {"medium": "Memory"}
+        if shared.size_limit:
+            source["sizeLimit"] = shared.size_limit
+        volumes.append(({"name": names.SHARED_MEMORY_VOLUME, "emptyDir": source}, SHARED_MEMORY_PATH))
+    return volumes
+
+
+def _wrap_trainer(
+    container: dict[str, Any], env: list[dict[str, Any]], spec: api.TrainingJobSpec, own_shm: bool
+) -> None:
     user_command = [*container.get("command", []), *container.get("args", [])]
     container["command"] = [*LAUNCHER, *user_command]
     container.pop("args", None)
@@ -138,7 +164,7 @@ def _wrap_trainer(container: dict[str, Any], env: list[dict[str, Any]], spec: ap
     if store is not None and store.secret_name:
         secret = {"secretRef": {"name": store.secret_name}}
         container["envFrom"] = [*(e for e in container.get("envFrom") or [] if e != secret), secret]
-    volumes = _checkpoint_volumes(spec)
+    volumes = _trainer_volumes(spec, own_shm)
     if volumes:
         ours = {volume["name"] for volume, _ in volumes}
         mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
@@ -180,8 +206,9 @@ def build_worker_pod(
         metadata["annotations"] = annotations
 
     trainer = pod_spec["containers"][trainer_container_index(template) or 0]
-    _wrap_trainer(trainer, contract_env(job, spec, role), spec)
-    volumes = [volume for volume, _ in _checkpoint_volumes(spec)]
+    own_shm = _mounts_shared_memory(trainer)
+    _wrap_trainer(trainer, contract_env(job, spec, role), spec, own_shm)
+    volumes = [volume for volume, _ in _trainer_volumes(spec, own_shm)]
     if volumes:
         ours = {volume["name"] for volume in volumes}
         pod_spec["volumes"] = [

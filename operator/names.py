@@ -26,6 +26,7 @@ TRAINER_CONTAINER = "trainer"
 RENDEZVOUS_CONTAINER = "rendezvous"
 CHECKPOINT_VOLUME = "phalanx-checkpoint"
 LOCAL_CHECKPOINT_VOLUME = "phalanx-local-checkpoint"
+SHARED_MEMORY_VOLUME = "phalanx-shm"
 
 # Pod hostnames are DNS labels: the job name plus "-worker-NNNN" must fit in 63 characters.
 MAX_HOSTNAME = 63

@@ -10,6 +10,7 @@ pinned by the saver process, so a crash mid-write leaves the previous snapshot i
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -33,6 +34,31 @@ _GROW_QUANTUM = 1 << 20
 STATE_DROPPED = "dropped"
 """Header state of a snapshot a rollback abandoned (not committed: never restored)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class SnapshotSpaceError(OSError):
+    """The in-memory snapshot does not fit where snapshots live (a full or too small /dev/shm)."""
+
+
+def reserve(fd: int, path: Path, start: int, size: int) -> None:
+    """Claim the memory of a slot's new bytes now: on a full tmpfs a write into the mapping would kill the
+    process with SIGBUS, while this fails with ENOSPC, which is turned into a message saying what to change."""
+    if size <= start:
+        return
+    try:
+        os.posix_fallocate(fd, start, size - start)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EFBIG):
+            raise
+        usage = shutil.disk_usage(path.parent)
+        raise SnapshotSpaceError(
+            error.errno,
+            f"the in-memory snapshot does not fit in {path.parent}: a slot needs {size / 2**20:.0f} MiB and "
+            f"{usage.free / 2**20:.0f} MiB of {usage.total / 2**20:.0f} MiB are free ({SLOT_COUNT} slots of "
+            "the state's size are kept). Give the pod more shared memory: the TrainingJob's "
+            "spec.sharedMemory.sizeLimit (or the pod's memory limit, which the memory-backed volume counts "
+            "toward); a container runtime's default /dev/shm is only 64 MiB",
+        ) from error
 
 
 def snapshot_root() -> Path:
@@ -173,7 +199,9 @@ class SnapshotStore:
             current.release()
             del self._maps[slot]
         fd = self._fd(slot)
-        size = max(os.fstat(fd).st_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
+        current_size = os.fstat(fd).st_size
+        size = max(current_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
+        reserve(fd, slot, current_size, size)
         os.ftruncate(fd, size)
         self._maps[slot] = _Mapping(slot, size, pin)
         return self._maps[slot]

@@ -280,3 +280,30 @@ def test_a_worker_pod_near_a_domain_prefers_it(make_job: MakeJob) -> None:
         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z2"]}
     ]
     assert "affinity" not in builders.build_worker_pod(job, _spec(job), 3, "spare")["spec"]
+
+
+def test_trainers_get_a_memory_backed_dev_shm_unless_they_mount_their_own(make_job: MakeJob) -> None:
+    job = make_job()
+    pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
+    assert {"name": "phalanx-shm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    assert {"name": "phalanx-shm", "mountPath": "/dev/shm"} in pod["spec"]["containers"][0]["volumeMounts"]
+
+    sized = make_job(sharedMemory={"sizeLimit": "8Gi"})
+    pod = builders.build_worker_pod(sized, _spec(sized), 0, "spare")
+    assert {"name": "phalanx-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["spec"][
+        "volumes"
+    ]
+
+    off = make_job(sharedMemory={"enabled": False})
+    pod = builders.build_worker_pod(off, _spec(off), 0, "worker")
+    assert all(volume["name"] != "phalanx-shm" for volume in pod["spec"].get("volumes") or [])
+
+    own = make_job()
+    trainer = own["spec"]["template"]["spec"]["containers"][0]
+    trainer["volumeMounts"] = [{"name": "mine", "mountPath": "/dev/shm/"}]
+    own["spec"]["template"]["spec"]["volumes"] = [{"name": "mine", "emptyDir": {"medium": "Memory"}}]
+    pod = builders.build_worker_pod(own, _spec(own), 0, "worker")
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["mine"]
+    assert [m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == ["mine"]
+    rendezvous = builders.build_rendezvous_pod(job, _spec(job))
+    assert "volumes" not in rendezvous["spec"]  # the store keeps no snapshots

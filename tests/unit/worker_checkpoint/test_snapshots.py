@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import WORKER, advance_to, build_state, expected_fingerprint, fingerprint, run_ranks
 
 from phalanx.worker import Checkpointer, cleanup_snapshots
@@ -79,3 +82,18 @@ def test_torn_header_is_ignored_and_cleanup_removes_snapshots(workdir: Path) -> 
     ckpt.close()
     assert cleanup_snapshots(directory=workdir / "ckpt") == 1
     assert not shm_store.store_dir(ckpt.namespace, 0).exists()
+
+
+def test_a_snapshot_that_does_not_fit_says_what_to_change(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A full tmpfs would SIGBUS a write into the mapping; the slot's memory is claimed first instead."""
+    store = shm_store.SnapshotStore(tmp_path / "store")
+    slot = store.slot_paths[0]
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(shm_store.SnapshotSpaceError, match=r"spec\.sharedMemory\.sizeLimit") as raised:
+        store._mapping(slot, 5 * 2**20, pin=False)
+    assert "a slot needs 5 MiB" in str(raised.value) and "64 MiB" in str(raised.value)
+    assert not slot.exists() or slot.stat().st_size == 0  # nothing was mapped over unreserved memory
