@@ -554,3 +554,5 @@ class PodWorker:
                 del self.ctx.registry[(self.namespace, self.name)]
         shutil.rmtree(self.dir, ignore_errors=True)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
+        for directory in volumes.memory_volume_dirs(self.ctx.state_dir, self.uid):
+            shutil.rmtree(directory, ignore_errors=True)

@@ -59,10 +59,17 @@ def enter(spec: dict[str, Any]) -> None:
     """Set up the pod's view of the machine, then replace this process with the container's command."""
     if spec.get("namespaced"):
         socket.sethostname(spec["hostname"])
-        for mount in spec.get("mounts") or []:
-            bind(mount["source"], mount["target"], bool(mount.get("read_only")))
-        # Every pod has its own /dev/shm, kept across container restarts, as a kubelet's pod sandbox does.
-        if spec.get("shm_dir") and os.path.isdir("/dev/shm"):
+        # Every pod has its own /dev/shm, kept across container restarts, as a kubelet's pod sandbox does,
+        # unless it mounts a volume there (as on a node). That one is mounted last: its source may lie under
+        # the machine's /dev/shm, which a mount on /dev/shm would hide.
+        mounts = spec.get("mounts") or []
+        on_shm = [m for m in mounts if os.path.normpath(m["target"]) == "/dev/shm"]
+        for mount in mounts:
+            if mount not in on_shm:
+                bind(mount["source"], mount["target"], bool(mount.get("read_only")))
+        if on_shm:
+            bind(on_shm[-1]["source"], "/dev/shm", bool(on_shm[-1].get("read_only")))
+        elif spec.get("shm_dir") and os.path.isdir("/dev/shm"):
             _libc_mount(spec["shm_dir"], "/dev/shm", MS_BIND)
         for source, target in (
             (spec.get("hosts_file"), "/etc/hosts"),

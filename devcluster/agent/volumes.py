@@ -58,6 +58,15 @@ def private_volume_dir(state_dir: Path, uid: str, name: str) -> Path:
     return pod_dir(state_dir, uid) / "volumes" / name
 
 
+def memory_volume_dir(state_dir: Path, uid: str, name: str) -> Path:
+    """A memory-backed emptyDir (`medium: Memory`): beside the pod's /dev/shm, in memory as a tmpfs is."""
+    return shm_root(state_dir) / f"{uid}.{name}"
+
+
+def memory_volume_dirs(state_dir: Path, uid: str) -> list[Path]:
+    return sorted(shm_root(state_dir).glob(f"{uid}.*"))
+
+
 def _items(
     data: Mapping[str, bytes],
     items: list[Mapping[str, Any]] | None,
@@ -287,7 +296,8 @@ def materialize(pod: Mapping[str, Any], ctx: PodVolumeContext, pod_ip: str, host
                 pod["metadata"]["namespace"], claim, ctx.claims, ctx.persistent_volumes
             )
         else:
-            directory = private_volume_dir(ctx.state_dir, uid, name)
+            in_memory = (volume.get("emptyDir") or {}).get("medium") == "Memory"
+            directory = (memory_volume_dir if in_memory else private_volume_dir)(ctx.state_dir, uid, name)
             files = volume_files(pod, volume, ctx.config_maps, ctx.secrets, pod_ip, host_ip, token_for)
             directory.mkdir(parents=True, exist_ok=True)
             if files is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.devcluster.agent import volumes
 from phalanx.devcluster.agent.envresolve import ContainerConfigError
 from phalanx.devcluster.agent.podworker import volume_env_name
 from phalanx.devcluster.agent.volumes import (
@@ -133,6 +134,16 @@ def test_materialize_lays_out_private_and_host_volumes(tmp_path: Path) -> None:
     assert (pod_volumes / "cfg" / "a.yaml").read_text() == "x: 1"
     assert oct(os.stat(pod_volumes / "cfg" / "b").st_mode & 0o777) == "0o644"
     assert host.is_dir()
+
+
+def test_memory_backed_empty_dirs_live_in_memory_beside_the_pods_shm(tmp_path: Path) -> None:
+    pod = {**POD, "spec": {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}
+    state = tmp_path / "state"
+    ctx = PodVolumeContext(state, lookup(CONFIG_MAPS), lookup(SECRETS), lookup({}), lookup({}))
+    paths = materialize(pod, ctx, "127.1.0.2", "127.0.0.1")
+    assert paths == {"shm": str(volumes.memory_volume_dir(state, "uid-1", "shm"))}
+    assert volumes.memory_volume_dirs(state, "uid-1") == [Path(paths["shm"])]
+    assert Path(paths["shm"]).parent == volumes.shm_root(state)
 
 
 def test_persistent_claims_need_a_bound_volume(tmp_path: Path) -> None:
