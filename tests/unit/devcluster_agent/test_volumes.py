@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -140,10 +141,13 @@ def test_memory_backed_empty_dirs_live_in_memory_beside_the_pods_shm(tmp_path: P
     pod = {**POD, "spec": {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}
     state = tmp_path / "state"
     ctx = PodVolumeContext(state, lookup(CONFIG_MAPS), lookup(SECRETS), lookup({}), lookup({}))
-    paths = materialize(pod, ctx, "127.1.0.2", "127.0.0.1")
-    assert paths == {"shm": str(volumes.memory_volume_dir(state, "uid-1", "shm"))}
-    assert volumes.memory_volume_dirs(state, "uid-1") == [Path(paths["shm"])]
-    assert Path(paths["shm"]).parent == volumes.shm_root(state)
+    try:
+        paths = materialize(pod, ctx, "127.1.0.2", "127.0.0.1")
+        assert paths == {"shm": str(volumes.memory_volume_dir(state, "uid-1", "shm"))}
+        assert volumes.memory_volume_dirs(state, "uid-1") == [Path(paths["shm"])]
+        assert Path(paths["shm"]).parent == volumes.shm_root(state)
+    finally:
+        shutil.rmtree(volumes.shm_root(state), ignore_errors=True)  # the machine's /dev/shm
 
 
 def test_persistent_claims_need_a_bound_volume(tmp_path: Path) -> None:
