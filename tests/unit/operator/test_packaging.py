@@ -92,19 +92,48 @@ def test_dockerfile_builds_a_torch_free_operator_and_a_kopf_free_worker_from_pyp
     stages = dockerfile_stages()
     assert list(stages)[-1] == "operator", "the default target is the operator"
     for image, extras in (("operator", "operator"), ("worker", "worker s3")):
-        build = stages[f"{image}-build"]
-        assert f"python /tmp/requirements.py {extras} >" in build
-        assert "pip install --no-deps ." in build
-        assert f"COPY --from={image}-build /opt/phalanx /opt/phalanx" in stages[image]
+        deps = stages[f"{image}-deps"]
+        assert f"python /tmp/requirements.py {extras} >" in deps
+        assert "pip install -c /tmp/constraints.txt " in deps
+        assert f"COPY --from={image}-deps /opt/phalanx /opt/phalanx" in stages[image]
+        assert "COPY --from=phalanx-wheel /wheel /tmp/wheel" in stages[image]
+        assert "pip install --no-deps /tmp/wheel/*.whl" in stages[image]
         assert re.search(r"^USER 10001", stages[image], re.MULTILINE)
-        # Every folder pyproject maps must be copied into the build.
-        for folder in pyproject()["tool"]["setuptools"]["package-dir"].values():
-            top = folder.split("/")[0]
-            assert f"COPY {top} " in build, (image, top)
-    # Only the worker pulls torch, from the index chosen at build time.
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in stages["worker-build"]
-    assert "TORCH_INDEX_URL" not in stages["operator-build"]
-    assert "COPY pyproject.toml" in text
+    # Phalanx itself builds once, after the dependencies: every folder pyproject maps is copied into it.
+    wheel = stages["phalanx-wheel"]
+    assert "pip wheel --no-deps" in wheel
+    for folder in pyproject()["tool"]["setuptools"]["package-dir"].values():
+        assert f"COPY {folder.split('/')[0]} " in wheel, folder
+    # Only the worker gets torch: exactly the variant asked for, from an index and wheels the caller names.
+    assert "ARG TORCH_VARIANT=cpu\n" in stages["worker-deps"]
+    assert "ARG TORCH_INDEX_URL=\n" in stages["worker-deps"]
+    assert "-c /tmp/torch.txt" in stages["worker-deps"]
+    assert "TORCH" not in stages["operator-deps"]
+    assert "COPY pyproject.toml README.md constraints.txt" in text
+    # No package index or registry is named: a local base replaces the public one through BASE_IMAGE.
+    assert re.search(r"\w+://", text) is None
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm\n" in text
+    assert text.count("FROM ${BASE_IMAGE} AS ") == 2
+
+
+@pytest.mark.parametrize("variant", ["cpu", "cu126"])
+def test_the_worker_pins_torch_to_constraints_version_and_the_variant_exactly(
+    tmp_path: Path, variant: str
+) -> None:
+    (pin,) = re.findall(r'(torch="\$\(sed .*?\)\+\$\{TORCH_VARIANT\}")', dockerfile_stages()["worker-deps"])
+    (tmp_path / "constraints.txt").write_text((ROOT / "constraints.txt").read_text())
+    printed = subprocess.run(
+        ["sh", "-c", f'{pin} && echo "$torch"'],
+        cwd=tmp_path,
+        env={"TORCH_VARIANT": variant, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (line,) = [
+        line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch==")
+    ]
+    assert printed == f"{line.removeprefix('torch==').split('+')[0]}+{variant}"
 
 
 def test_the_dockerfiles_requirements_script_names_the_extras_requirements(tmp_path: Path) -> None:
