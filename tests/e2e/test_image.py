@@ -31,8 +31,9 @@ pytestmark = [pytest.mark.image, pytest.mark.timeout(BUILD_TIMEOUT + 300)]
 
 
 def phalanx_image_build(*args: str) -> subprocess.CompletedProcess[str]:
+    # --no-import: a containerd on this machine belongs to a node, not to this test.
     return subprocess.run(
-        [sys.executable, "-m", "phalanx.cli", "image", "build", *args],
+        [sys.executable, "-m", "phalanx.cli", "image", "build", "--no-import", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -117,7 +118,7 @@ def test_the_operator_prints_the_crd_and_has_no_torch(operator: str) -> None:
 def test_the_images_are_saved_as_archives_named_as_pods_name_them(built: str) -> None:
     for tag in (OPERATOR, WORKER):
         archive = build.archive_path(image_cache(), tag)
-        assert str(archive) in built or "imported into containerd" in built
+        assert str(archive) in built
         with tarfile.open(archive) as tar:
             member = tar.extractfile("manifest.json")
             assert member is not None

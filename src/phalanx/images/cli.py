@@ -48,6 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a folder of wheels offered to pip in the build (default: $PIP_FIND_LINKS if it is a folder)",
     )
     build_parser.add_argument(
+        "--containerd-socket",
+        type=Path,
+        default=containerd.SOCKET,
+        help="import the images into the containerd listening here, if it runs (default: %(default)s)",
+    )
+    build_parser.add_argument(
+        "--no-import", action="store_true", help="only build and save the archives, import into no containerd"
+    )
+    build_parser.add_argument(
         "--context", type=Path, default=None, help="the Phalanx checkout (default: the one around the cwd)"
     )
     build_parser.set_defaults(handler=_build)
@@ -74,11 +83,12 @@ def _build(args: argparse.Namespace) -> int:
     for target in build.targets_named(args.target):
         tag = build.build(target, options, context)
         archives.append(build.save_archive(tag, cache))
-    if containerd.SOCKET.exists():
+    if not args.no_import and args.containerd_socket.is_socket():
         for archive in archives:
-            containerd.import_archive(archive)
+            containerd.import_archive(archive, args.containerd_socket)
     else:
-        print(f"no containerd at {containerd.SOCKET}: the image archives are in {cache}")
+        reason = "not imported" if args.no_import else f"no containerd at {args.containerd_socket}"
+        print(f"{reason}: the image archives are in {cache}")
         for archive in archives:
             print(f"  {archive}")
     print(f"images ready in {time.monotonic() - started:.0f} s")

