@@ -10,7 +10,13 @@ from collections.abc import Callable, Sequence
 from phalanx.errors import UserFacingError
 
 REQUIRED = ("buildah", "mmdebstrap")
-"""buildah builds and stores the images (as root: no uidmap needed); mmdebstrap makes the Debian base."""
+"""buildah builds and stores the images; mmdebstrap makes the Debian base."""
+ROOTLESS = ("uidmap",)
+"""Without root, buildah and mmdebstrap map users through newuidmap/newgidmap."""
+
+
+def required(is_root: bool) -> tuple[str, ...]:
+    return REQUIRED if is_root else REQUIRED + ROOTLESS
 
 
 def is_installed(package: str) -> bool:
@@ -38,8 +44,10 @@ def can_install() -> bool:
     )
 
 
-def ensure(packages: Sequence[str] = REQUIRED) -> None:
+def ensure(packages: Sequence[str] | None = None) -> None:
     """Install what is missing, or stop with one line saying what to install."""
+    if packages is None:
+        packages = required(os.geteuid() == 0)
     if shutil.which("dpkg-query") is None:
         raise UserFacingError(install_hint(packages))
     needed = missing(packages)

@@ -176,6 +176,11 @@ def test_missing_packages_are_listed_in_one_line_saying_what_to_install(
     assert "apt-get install buildah mmdebstrap" in message
 
 
+def test_without_root_the_user_mapping_tools_are_needed_too() -> None:
+    assert packages.required(is_root=True) == ("buildah", "mmdebstrap")
+    assert packages.required(is_root=False) == ("buildah", "mmdebstrap", "uidmap")
+
+
 def test_a_host_without_dpkg_is_told_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(packages.shutil, "which", lambda name: None)
     with pytest.raises(UserFacingError, match="needs the Debian packages buildah mmdebstrap"):
