@@ -114,6 +114,10 @@ def ensure_base(spec: BaseSpec, cache: Path) -> str:
         partial = rootfs.with_suffix(".partial.tar")
         _run(mmdebstrap_args(spec, partial), "mmdebstrap")
         partial.rename(rootfs)
+        # A base made from other inputs is stale now: keep only the current one.
+        for stale in cache.glob("base-*.tar"):
+            if stale != rootfs:
+                stale.unlink(missing_ok=True)
         print(f"base image: rootfs in {time.monotonic() - started:.0f} s", flush=True)
     container = _run(["buildah", "from", "scratch"], "buildah from scratch")
     try:
