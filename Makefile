@@ -2,6 +2,7 @@
 #   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
 #   make test   the type check, then every test: unit and end-to-end against the real control plane (built once, cached)
 #   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
+#   make image  the operator and worker images without a registry (buildah; docs/images.md)
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ PIP_FIND_LINKS ?= /opt/wheels
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: install deps control-plane test unit e2e lint typecheck demo bench clean
+.PHONY: install deps control-plane test unit e2e lint typecheck demo bench image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -69,6 +70,12 @@ demo: control-plane
 BENCH_ARGS ?=
 bench: control-plane
 	$(BIN)/phalanx bench --out bench/results $(BENCH_ARGS)
+
+# The images on a Debian base made from this machine's mirror, cached under ~/.cache/phalanx/images; the local
+# wheel folder gives the worker its CPU torch. IMAGE_ARGS="--target worker" or "--torch cu126 --torch-index-url URL".
+IMAGE_ARGS ?=
+image: install
+	$(BIN)/phalanx image build $(if $(wildcard $(PIP_FIND_LINKS)),--wheels $(PIP_FIND_LINKS)) $(IMAGE_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info *.egg-info

@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "phalanx.demo",
     "phalanx.drill",
     "phalanx.bench.cli",
+    "phalanx.images.cli",
 )
 
 

@@ -91,37 +91,73 @@ def test_dockerfile_builds_a_torch_free_operator_and_a_kopf_free_worker_from_pyp
     text = (ROOT / "Dockerfile").read_text()
     stages = dockerfile_stages()
     assert list(stages)[-1] == "operator", "the default target is the operator"
+    requirements = stages["requirements"]
+    assert "COPY pyproject.toml constraints.txt" in requirements
     for image, extras in (("operator", "operator"), ("worker", "worker s3")):
-        build = stages[f"{image}-build"]
-        assert f"python /tmp/requirements.py {extras} >" in build
-        assert "pip install --no-deps ." in build
-        assert f"COPY --from={image}-build /opt/phalanx /opt/phalanx" in stages[image]
+        assert f"python requirements.py {extras} > /requirements/{image}.txt" in requirements
+        deps = stages[f"{image}-deps"]
+        assert "COPY --from=requirements /requirements /tmp/requirements" in deps
+        assert "pip install -c /tmp/requirements/constraints.txt " in deps
+        assert f"-r /tmp/requirements/{image}.txt" in deps
+        # Each image is its dependencies' stage plus the Phalanx wheel: the large venv is never copied.
+        assert re.search(rf"^FROM {image}-deps AS {image}$", text, re.MULTILINE)
+        assert "COPY --from=phalanx-wheel /wheel /tmp/wheel" in stages[image]
+        assert "pip install --no-deps /tmp/wheel/*.whl" in stages[image]
         assert re.search(r"^USER 10001", stages[image], re.MULTILINE)
-        # Every folder pyproject maps must be copied into the build.
-        for folder in pyproject()["tool"]["setuptools"]["package-dir"].values():
-            top = folder.split("/")[0]
-            assert f"COPY {top} " in build, (image, top)
-    # Only the worker pulls torch, from the index chosen at build time.
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in stages["worker-build"]
-    assert "TORCH_INDEX_URL" not in stages["operator-build"]
-    assert "COPY pyproject.toml" in text
+    # Phalanx itself builds once, after the dependencies: every folder pyproject maps is copied into it.
+    wheel = stages["phalanx-wheel"]
+    assert "pip wheel --no-deps" in wheel
+    for folder in pyproject()["tool"]["setuptools"]["package-dir"].values():
+        assert f"COPY {folder.split('/')[0]} " in wheel, folder
+    # Only the worker gets torch: exactly the variant asked for, from an index and wheels the caller names.
+    assert "ARG TORCH_VARIANT=cpu\n" in stages["worker-deps"]
+    assert "ARG TORCH_INDEX_URL=\n" in stages["worker-deps"]
+    assert "-c /tmp/requirements/torch.txt" in stages["worker-deps"]
+    assert "TORCH" not in stages["operator-deps"]
+    # No package index or registry is named: a local base replaces the public one through BASE_IMAGE.
+    assert re.search(r"\w+://", text) is None
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm\n" in text
+    assert re.findall(r"^FROM \S+", text, re.MULTILINE).count("FROM ${BASE_IMAGE}") == 1
 
 
-def test_the_dockerfiles_requirements_script_names_the_extras_requirements(tmp_path: Path) -> None:
-    # The script is written by the Dockerfile's shell (printf): write and run it here as the build does.
-    (write,) = re.findall(r"(printf .*?> /tmp/requirements.py)", dockerfile_stages()["base-build"], re.DOTALL)
-    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
-    subprocess.run(["sh", "-c", write.replace("/tmp/", "./")], cwd=tmp_path, check=True)
-    printed = subprocess.run(
-        [sys.executable, "requirements.py", "worker", "s3"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+def run_requirements_stage(folder: Path) -> Path:
+    """The requirements stage's script, run here on the checkout's pyproject.toml and constraints.txt."""
+    (script,) = re.findall(r"^RUN (printf .*?)(?=^\S|\Z)", dockerfile_stages()["requirements"], re.M | re.S)
+    for name in ("pyproject.toml", "constraints.txt"):
+        (folder / name).write_text((ROOT / name).read_text())
+    script = script.replace("\\\n", " ").replace("/requirements", "./out")
+    subprocess.run(
+        ["sh", "-c", script],
+        cwd=folder,
         check=True,
-    ).stdout.split()
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )
+    return folder / "out"
+
+
+def test_the_requirements_are_the_extras_and_the_pins_less_the_accelerator_stack(tmp_path: Path) -> None:
+    out = run_requirements_stage(tmp_path)
     project = pyproject()["project"]
     extras = project["optional-dependencies"]
-    assert printed == project["dependencies"] + extras["worker"] + extras["s3"]
+    assert (out / "operator.txt").read_text().split() == project["dependencies"] + extras["operator"]
+    assert (out / "worker.txt").read_text().split() == project["dependencies"] + extras["worker"] + extras[
+        "s3"
+    ]
+    pins = (out / "constraints.txt").read_text().splitlines()
+    assert "kopf==" in "\n".join(pins) and "numpy==" in "\n".join(pins)
+    assert not [pin for pin in pins if re.match(r"(?i)(torch|triton|nvidia-|cuda-)", pin)]
+    (line,) = [
+        line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch==")
+    ]
+    assert (out / "torch-version").read_text().strip() == line.removeprefix("torch==").split("+")[0]
+
+
+def test_the_worker_asks_pip_for_exactly_that_torch_and_checks_what_it_got() -> None:
+    deps = dockerfile_stages()["worker-deps"]
+    assert 'torch="$(cat /tmp/requirements/torch-version)+${TORCH_VARIANT}"' in deps
+    assert 'echo "torch==${torch}" > /tmp/requirements/torch.txt' in deps
+    assert '[ "$got" = "$torch" ]' in deps
+    assert "grep -iE '^nvidia-'" in deps
 
 
 def test_phalanx_crd_prints_the_generated_crd(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,95 @@
+"""`phalanx image build`: the operator and worker images without a registry, cached under the image cache."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from phalanx.checkout import find_checkout
+from phalanx.devcluster.binaries import cache_dir
+from phalanx.errors import UserFacingError
+from phalanx.images import base, build, containerd, packages
+
+
+def image_cache() -> Path:
+    return cache_dir() / "images"
+
+
+def default_wheels() -> Path | None:
+    """The host's own wheel folder (pip's find-links), so that the build gets the same local wheels."""
+    value = os.environ.get("PIP_FIND_LINKS", "").split()
+    return Path(value[0]) if value and Path(value[0]).is_dir() else None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    image = subparsers.add_parser("image", help="container images of the operator and the worker")
+    commands = image.add_subparsers(dest="image_command", metavar="COMMAND", required=True)
+    build_parser = commands.add_parser(
+        "build",
+        help="build them with buildah on a Debian base from this machine's mirror (no registry needed)",
+    )
+    build_parser.add_argument("--target", choices=("operator", "worker", "all"), default="all")
+    build_parser.add_argument(
+        "--torch",
+        default="cpu",
+        help="the worker's torch variant: cpu (default) or a CUDA one such as cu126 (needs --torch-index-url)",
+    )
+    build_parser.add_argument(
+        "--torch-index-url",
+        default=os.environ.get("PHALANX_TORCH_INDEX_URL") or None,
+        help="a package index holding torch for that variant (env PHALANX_TORCH_INDEX_URL)",
+    )
+    build_parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=default_wheels(),
+        help="a folder of wheels offered to pip in the build (default: $PIP_FIND_LINKS if it is a folder)",
+    )
+    build_parser.add_argument(
+        "--containerd-socket",
+        type=Path,
+        default=containerd.SOCKET,
+        help="import the images into the containerd listening here, if it runs (default: %(default)s)",
+    )
+    build_parser.add_argument(
+        "--no-import", action="store_true", help="only build and save the archives, import into no containerd"
+    )
+    build_parser.add_argument(
+        "--context", type=Path, default=None, help="the Phalanx checkout (default: the one around the cwd)"
+    )
+    build_parser.set_defaults(handler=_build)
+
+
+def _build(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    variant = build.check_torch_variant(args.torch)
+    context = args.context.resolve() if args.context else find_checkout(Path.cwd())
+    if context is None or not (context / "Dockerfile").is_file():
+        raise UserFacingError("no Phalanx checkout here: run it inside one or pass --context")
+    if args.wheels is not None and not args.wheels.is_dir():
+        raise UserFacingError(f"--wheels {args.wheels}: not a folder")
+    packages.ensure()
+    cache = image_cache()
+    base_image = base.ensure_base(base.spec_for_this_host(), cache)
+    options = build.BuildOptions(
+        base_image=base_image,
+        torch_variant=variant,
+        torch_index_url=args.torch_index_url,
+        wheels=args.wheels.resolve() if args.wheels else None,
+    )
+    archives = []
+    for target in build.targets_named(args.target):
+        tag = build.build(target, options, context)
+        archives.append(build.save_archive(tag, cache))
+    if not args.no_import and args.containerd_socket.is_socket():
+        for archive in archives:
+            containerd.import_archive(archive, args.containerd_socket)
+    else:
+        reason = "not imported" if args.no_import else f"no containerd at {args.containerd_socket}"
+        print(f"{reason}: the image archives are in {cache}")
+        for archive in archives:
+            print(f"  {archive}")
+    print(f"images ready in {time.monotonic() - started:.0f} s")
+    return 0
