@@ -67,6 +67,8 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_CHECKPOINT_INTERVAL": spec.checkpoint.interval_steps,
         "PHALANX_HEARTBEAT_INTERVAL": spec.heartbeat.interval_seconds,
         "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
+        "PHALANX_HANG_FACTOR": spec.heartbeat.hang_factor,
+        "PHALANX_HANG_FLOOR": spec.heartbeat.hang_floor_seconds,
         "PHALANX_METRICS_PORT": spec.metrics_port,
         "PHALANX_COLLECTIVE_TIMEOUT": spec.collective_timeout_seconds,
         "PHALANX_PREFLIGHT_STEPS": preflight_steps(job, spec),
