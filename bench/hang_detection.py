@@ -383,10 +383,10 @@ def result_of(quiet: Quiet, done: list[Fault], spec: dict[str, Any], reconcile: 
             description="the training processes hang inside a step (alive, not stopped) -> incident "
             "(NoProgress against the launcher's hang threshold: see each fault's `threshold`)",
             target=Target(
-                op="<",
+                op="<=",
                 value=progress_bound,
                 stat="max",
-                text=f"< the fixed progress timeout ({progress_bound} s)",
+                text=f"within the fixed progress timeout ({progress_bound} s) it must beat",
             ),
             baseline=Baseline(text="NCCL 10 min, gloo 30 min, DLRover 600 s, torchft 5 s"),
         ),
