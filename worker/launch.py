@@ -608,7 +608,11 @@ class PodReporter:
                 for record in records
                 if record.attempt == self.attempt
             }
-            states = {pid: trainerwatch.process_state(pid) for pid in self.trainer_pids()}
+            pids: list[int] = []
+            # The agent may be tearing its group down right now: no pids is "nothing to judge", not an error.
+            with contextlib.suppress(Exception):
+                pids = self.trainer_pids()
+            states = {pid: trainerwatch.process_state(pid) for pid in pids}
             ranks = {record.pid: record.rank for record in current.values()}
             verdict = self._watch.observe(current, states, ranks, status.checkpoint_save_seconds, time.time())
             if verdict is not None and (self._verdict is None or verdict.kind != self._verdict.kind):
