@@ -37,6 +37,8 @@ from typing import Any
 from phalanx.bench import faults
 from phalanx.bench.cluster import BenchCluster, BenchError, wait_for
 from phalanx.bench.core import Baseline, BenchResult, Metric, Target
+from phalanx.worker import trainerwatch
+from phalanx.worker.trainerwatch import STOP_CONFIRM_SECONDS
 
 NAME = "hang-detection"
 TITLE = "Hang detection: frozen pod, hung trainer, no false alarm during frequent saves"
@@ -47,11 +49,16 @@ STEP_DELAY = 0.25
 CHECKPOINT_INTERVAL = 2
 WIDTH, LAYERS = 128, 2
 """A model somewhat larger than the recovery benchmark's, so that each save has some work to do."""
-HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 3, "progressTimeoutSeconds": 10}
-"""A heartbeat timeout of 3 s catches a frozen pod within 3 s; the chart's default (30 s) stays safe for jobs
-on overloaded nodes. The hang threshold is the default (`hangFactor` 5, `hangFloorSeconds` 1)."""
+HEARTBEAT = {"intervalSeconds": 0.5, "timeoutSeconds": 2, "progressTimeoutSeconds": 10}
+"""Renewals every 0.5 s and a heartbeat timeout of 2 s catch a frozen pod within 3 s, detection included,
+while three renewals in a row may be late before a false alarm; the defaults (5 s, 30 s) stay safe for jobs on
+overloaded nodes and busy API servers. The hang threshold is the default (`hangFactor` 5, `hangFloorSeconds`
+1)."""
+FROZEN_POD_TARGET = 3.0
+"""Seconds a frozen pod may take to be detected."""
 STOP_REPORT_TARGET = 1.0
-"""Seconds a stopped trainer may take to be detected (its launcher confirms a stop for half a second)."""
+"""Seconds a stopped trainer may take to be detected (its launcher confirms a stop for
+`trainerwatch.STOP_CONFIRM_SECONDS`)."""
 SETTLE_STEPS = 5
 DETECT_TIMEOUT = 120.0
 RECOVER_TIMEOUT = 240.0
@@ -105,7 +112,7 @@ def threshold_of(kind: str, message: str | None) -> str:
     if kind == FROZEN:
         return f"heartbeat timeout {HEARTBEAT['timeoutSeconds']} s, renewals every {HEARTBEAT['intervalSeconds']} s"
     if kind == STOPPED:
-        return "stop confirmed for 0.5 s by the launcher"
+        return f"stop confirmed for {STOP_CONFIRM_SECONDS:g} s by the launcher"
     found = re.search(r"hang threshold ([^)]*)\)", message or "")
     if found:
         return f"hang threshold {found.group(1)}"
@@ -202,10 +209,10 @@ class HangRun:
         return result
 
     def _prepare(
-        self, rng: random.Random
+        self, rng: random.Random, steps: int = SETTLE_STEPS
     ) -> tuple[faults.Worker, set[tuple[str, str, str]], faults.LeaseSeen | None]:
         run = self.run
-        workers = run.wait_steady(self.settled + SETTLE_STEPS)
+        workers = run.wait_steady(self.settled + steps)
         victim = rng.choice(workers)
         before = {incident_key(i) for i in run.status().get("incidents") or []}
         return victim, before, faults.latest(run.timeline()).get(victim.pod)
@@ -256,7 +263,8 @@ class HangRun:
 
     def _trainer_fault(self, kind: str, signum: int, number: int, rng: random.Random) -> Fault:
         run = self.run
-        victim, before, beat = self._prepare(rng)
+        # A hang is judged against the step times of the group now running, once it has shown enough of them.
+        victim, before, beat = self._prepare(rng, SETTLE_STEPS + trainerwatch.MIN_SAMPLES)
         pids = faults.trainer_processes(victim.pod, run.namespace)
         injected = time.time()
         pids = faults.signal_all(pids, signum)
@@ -339,7 +347,7 @@ def result_of(quiet: Quiet, done: list[Fault], spec: dict[str, Any], reconcile: 
     frozen = [f for f in done if f.kind == FROZEN and f.detect is not None]
     stopped = [f for f in done if f.kind == STOPPED and f.detect is not None]
     hung = [f for f in done if f.kind == HUNG and f.detect is not None]
-    heartbeat_bound = HEARTBEAT["timeoutSeconds"]
+    heartbeat_bound = FROZEN_POD_TARGET
     progress_bound = HEARTBEAT["progressTimeoutSeconds"]
     metrics = [
         Metric(
@@ -352,7 +360,7 @@ def result_of(quiet: Quiet, done: list[Fault], spec: dict[str, Any], reconcile: 
                 op="<=",
                 value=heartbeat_bound,
                 stat="max",
-                text=f"<= {heartbeat_bound} s (the heartbeat timeout)",
+                text=f"<= {heartbeat_bound:g} s",
             ),
             baseline=Baseline(text="NCCL 10 min, gloo 30 min, DLRover 600 s, torchft 5 s"),
         ),
@@ -367,7 +375,7 @@ def result_of(quiet: Quiet, done: list[Fault], spec: dict[str, Any], reconcile: 
             unit="s",
             samples=[f.detect for f in stopped if f.detect is not None],
             description="SIGSTOP of the training processes only -> incident (TrainerStopped: the launcher "
-            "sees the stopped state, confirms it for 0.5 s and renews its Lease at once)",
+            f"sees the stopped state, confirms it for {STOP_CONFIRM_SECONDS:g} s and renews its Lease at once)",
             target=Target(op="<=", value=STOP_REPORT_TARGET, stat="max", text=f"<= {STOP_REPORT_TARGET:g} s"),
         ),
         Metric(

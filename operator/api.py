@@ -152,8 +152,9 @@ class CheckpointSpec(ApiModel):
 class HeartbeatSpec(ApiModel):
     """Worker heartbeats: each worker pod renews a Lease carrying its training step."""
 
-    interval_seconds: int = Field(default=5, ge=1, le=3600)
-    """Seconds between Lease renewals by each worker (`PHALANX_HEARTBEAT_INTERVAL`)."""
+    interval_seconds: float = Field(default=5, ge=0.2, le=3600)
+    """Seconds between Lease renewals by each worker (`PHALANX_HEARTBEAT_INTERVAL`); fractions allowed, so a
+    short `timeoutSeconds` can still leave room for several late renewals (0.5 with a timeout of 2 s)."""
     timeout_seconds: int = Field(default=30, ge=1, le=86400)
     """Seconds without a renewal after which a worker counts as dead or frozen (`PHALANX_HEARTBEAT_TIMEOUT`)."""
     progress_timeout_seconds: int = Field(default=600, ge=1, le=604800)

@@ -28,7 +28,7 @@ from phalanx.worker.heartbeat import StatusRecord
 
 STOPPED = "stopped"
 HUNG = "hung"
-STOP_CONFIRM_SECONDS = 0.5
+STOP_CONFIRM_SECONDS = 0.3
 """How long a training process must stay stopped before the launcher reports it."""
 STOPPED_STATES = frozenset({"T", "t"})
 MIN_SAMPLES = 10

@@ -80,4 +80,4 @@ def test_each_detection_names_the_threshold_it_ran_against() -> None:
     frozen = hang_detection.judge_detection(
         Fault("frozen pod", 1, "w0", injected=start), incident("u3", "HeartbeatTimeout"), start, None
     )
-    assert frozen.threshold.startswith("heartbeat timeout 3 s")
+    assert frozen.threshold.startswith("heartbeat timeout 2 s")
