@@ -533,11 +533,20 @@ def kill_pod(cluster: Any, namespace: str, pod: str) -> float:
 
 
 def freeze_pod(cluster: Any, namespace: str, pod: str, frozen: bool = True) -> float:
-    """SIGSTOP (or SIGCONT) every process of the pod."""
+    """SIGSTOP (or SIGCONT) every process of the pod, the launcher and its kin before the training processes:
+    a whole pod freezes at once, and a launcher that outlived its trainers by a moment would report them
+    stopped (a stopped trainer, not a frozen pod)."""
     trainers = trainer_processes(pod, namespace)
+    others = [pid for pid in pod_processes(pod, namespace) if pid not in trainers]
     value = {FREEZE_ANNOTATION: "true" if frozen else "false"}
     return _patch_annotations(
-        cluster, "pod", pod, namespace, value, trainers, signal.SIGSTOP if frozen else signal.SIGCONT
+        cluster,
+        "pod",
+        pod,
+        namespace,
+        value,
+        [*others, *trainers],
+        signal.SIGSTOP if frozen else signal.SIGCONT,
     )
 
 

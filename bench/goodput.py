@@ -3,7 +3,8 @@
 One TrainingJob of the tiny GPT (2 workers, 1 spare, steps of about one second, a durable checkpoint
 every `CHECKPOINT_INTERVAL` steps on a shared claim) trains for `seconds` while failures arrive at random,
 a mean of `mean_gap` seconds apart (exponential gaps, drawn with a fixed seed): a killed worker, a frozen
-pod, a hung trainer (its training processes stopped, its launcher still renewing), or a crashed node (one
+pod, a stopped trainer (its training processes stopped, its launcher still renewing and reporting them,
+kind `hang`), or a crashed node (one
 that runs an active worker but neither the operator nor the job's rendezvous pod). A failure is injected
 no sooner than the previous one was recovered from and the spare refilled, so each loss is one failure's.
 The full run has two such windows, one after the other, each with a fresh job, its own twin and its own
@@ -43,6 +44,7 @@ from phalanx.bench import faults
 from phalanx.bench.cluster import OPERATOR_NAMESPACE, BenchCluster, BenchError, wait_for
 from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target
 from phalanx.bench.kubeobjects import node_of
+from phalanx.worker.trainerwatch import STOP_CONFIRM_SECONDS
 
 NAME = "goodput"
 TITLE = "Goodput with a random failure every few minutes (kills, hangs, node crashes)"
@@ -52,7 +54,7 @@ SPARES = 1
 STEP_DELAY = 0.9
 """With the tiny model's own compute, steps of about one second (the targets table's setting)."""
 CHECKPOINT_INTERVAL = 50
-HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 10}
+HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 3, "progressTimeoutSeconds": 10}
 KINDS = ("kill", "freeze", "hang", "node-crash")
 RECOVER_TIMEOUT = 300.0
 NODE_DOWN_SECONDS = 30.0
@@ -548,14 +550,15 @@ def loss_reason(
     share = ", ".join(f"{name} {value:.1f} s" for name, value in largest)
     hangs = kinds.count("hang")
     silent = kinds.count("freeze") + kinds.count("node-crash")
-    floor = hangs * float(heartbeat["progressTimeoutSeconds"]) + silent * float(heartbeat["timeoutSeconds"])
+    floor = hangs * STOP_CONFIRM_SECONDS + silent * float(heartbeat["timeoutSeconds"])
     expected = window / mean_gap if mean_gap > 0 else 0.0
     return (
         f"{lost:.1f} s were lost, most of it {share}; the random draw brought {len(kinds)} failures "
-        f"({expected:.0f} expected), and a failure is seen only when its timeout runs out: {hangs} hangs after "
-        f"the progress timeout ({heartbeat['progressTimeoutSeconds']} s), {silent} frozen pods or crashed nodes "
-        f"after the heartbeat timeout ({heartbeat['timeoutSeconds']} s), {floor:.0f} s ({100 * floor / window:.1f}%"
-        " of the window) before any recovery could start; shorter timeouts lower that floor"
+        f"({expected:.0f} expected), and a failure is seen only when its threshold runs out: {hangs} stopped "
+        f"trainers after their launcher's {STOP_CONFIRM_SECONDS:g} s confirmation, {silent} frozen pods or "
+        f"crashed nodes after the heartbeat timeout ({heartbeat['timeoutSeconds']} s), {floor:.0f} s "
+        f"({100 * floor / window:.1f}% of the window) before any recovery could start; a shorter heartbeat "
+        "timeout lowers that floor"
     )
 
 

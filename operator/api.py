@@ -152,13 +152,21 @@ class CheckpointSpec(ApiModel):
 class HeartbeatSpec(ApiModel):
     """Worker heartbeats: each worker pod renews a Lease carrying its training step."""
 
-    interval_seconds: int = Field(default=5, ge=1, le=3600)
-    """Seconds between Lease renewals by each worker (`PHALANX_HEARTBEAT_INTERVAL`)."""
+    interval_seconds: float = Field(default=5, ge=0.2, le=3600)
+    """Seconds between Lease renewals by each worker (`PHALANX_HEARTBEAT_INTERVAL`); fractions allowed, so a
+    short `timeoutSeconds` can still leave room for several late renewals (0.5 with a timeout of 2 s)."""
     timeout_seconds: int = Field(default=30, ge=1, le=86400)
     """Seconds without a renewal after which a worker counts as dead or frozen (`PHALANX_HEARTBEAT_TIMEOUT`)."""
     progress_timeout_seconds: int = Field(default=600, ge=1, le=604800)
     """Seconds the step may stay unchanged, while the Lease is renewed and no save or rendezvous is in
-    progress, before the worker counts as hung."""
+    progress, before the worker counts as hung: the outer bound of hang detection, and the only one for a
+    worker that publishes no step or has not shown enough steps since its group started."""
+    hang_factor: float = Field(default=5.0, ge=0)
+    """The worker's launcher calls a training rank hung once it reached no step for longer than this
+    multiple of the p99 of its recent step times (saves, restores and rendezvous excluded), but never below
+    `hangFloorSeconds` (`PHALANX_HANG_FACTOR`); 0 leaves hangs to `progressTimeoutSeconds`."""
+    hang_floor_seconds: float = Field(default=1.0, gt=0, le=86400)
+    """The least time without a step that counts as a hang, however short the steps (`PHALANX_HANG_FLOOR`)."""
     straggler_factor: float = Field(default=0.0, ge=0)
     """A worker whose step time stays above this multiple of the job's median counts as a straggler
     (0 turns straggler detection off)."""
@@ -178,7 +186,10 @@ class FailureMatch(ApiModel):
     heartbeat_timeout: bool | None = None
     """Matches a worker whose heartbeat Lease was not renewed within `heartbeat.timeoutSeconds`."""
     no_progress: bool | None = None
-    """Matches a worker whose step did not advance within `heartbeat.progressTimeoutSeconds`."""
+    """Matches a worker whose step did not advance within `heartbeat.progressTimeoutSeconds`, or within the
+    hang threshold its launcher derived from the step times (`heartbeat.hangFactor`)."""
+    trainer_stopped: bool | None = None
+    """Matches a worker whose launcher reported a training process stopped (SIGSTOP, a tracing stop)."""
     straggler: bool | None = None
     """Matches a worker detected as a straggler."""
 

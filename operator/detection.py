@@ -35,6 +35,10 @@ EXITING_GRACE_SECONDS = 30
 """How much longer than the heartbeat timeout a pod whose launcher announced its exit may stay silent: the
 exit shows in the pod's status once the node reports it, normally within seconds."""
 NO_PROGRESS = "NoProgress"
+TRAINER_STOPPED = "TrainerStopped"
+# The launcher's verdicts on its training processes (the Lease's `fault`, worker/trainerwatch.py).
+FAULT_STOPPED = "stopped"
+FAULT_HUNG = "hung"
 STRAGGLER = "Straggler"
 RENDEZVOUS_LOST = "RendezvousLost"
 
@@ -453,6 +457,9 @@ def _heartbeat_failure(
         # Frozen since its last renewal, at the latest.
         last = _at_most(parse_time_end(lease.get("renewTime")), now)
         return Failure(HEARTBEAT_TIMEOUT, message=message, force=True, occurred_at=last, **base)
+    fault = _launcher_fault(lease, track, now)
+    if fault is not None:
+        return replace(fault, message=f"{name}: {fault.message}", **base)
     stalled = _seconds_since(track.since, now)
     if (
         lease.get("phase") == TRAINING_PHASE
@@ -473,6 +480,27 @@ def _heartbeat_failure(
         # Still alive and healthy enough to save: deleted with its grace period (emergency save).
         return Failure(STRAGGLER, message=message, occurred_at=now, **base)
     return None
+
+
+def _launcher_fault(lease: dict[str, Any], track: api.WorkerTrack, now: datetime) -> Failure | None:
+    """The launcher's verdict on one of its training processes (Lease `fault`), as a failure of its pod
+    (pod fields left to the caller): a stopped process at once; a hang (NoProgress, blamed like one) only
+    when the wait it reports began no earlier than the worker's no-progress clock, so that a survivor still
+    waiting on a rank already replaced is not judged for that wait."""
+    fault = lease.get("fault")
+    message = lease.get("fault-message") or f"the launcher reports a training process {fault}"
+    since = parse_time(lease.get("fault-since"))
+    occurred = _at_most(since, now)
+    if fault == FAULT_STOPPED:
+        return Failure(
+            TRAINER_STOPPED, pod="", uid=None, node=None, message=message, force=True, occurred_at=occurred
+        )
+    if fault != FAULT_HUNG or lease.get("phase") != TRAINING_PHASE:
+        return None
+    clock = parse_time(track.since)
+    if clock is None or since is None or since < clock:
+        return None
+    return Failure(NO_PROGRESS, pod="", uid=None, node=None, message=message, force=True, occurred_at=now)
 
 
 def detect(

@@ -44,6 +44,7 @@ DEFAULT_RULES: tuple[api.FailureRule, ...] = (
             ],
             heartbeat_timeout=True,
             no_progress=True,
+            trainer_stopped=True,
             straggler=True,
         ),
         action="ReplaceWorker",
@@ -62,6 +63,7 @@ INFRASTRUCTURE_CAUSES = frozenset(
         detection.NODE_LOST,
         detection.HEARTBEAT_TIMEOUT,
         detection.NO_PROGRESS,
+        detection.TRAINER_STOPPED,
         detection.STRAGGLER,
     }
 )
@@ -88,6 +90,7 @@ def matches(match: api.FailureMatch, failure: detection.Failure) -> bool:
         or (match.node_conditions and failure.node_conditions & set(match.node_conditions))
         or (match.heartbeat_timeout and failure.cause == detection.HEARTBEAT_TIMEOUT)
         or (match.no_progress and failure.cause == detection.NO_PROGRESS)
+        or (match.trainer_stopped and failure.cause == detection.TRAINER_STOPPED)
         or (match.straggler and failure.cause == detection.STRAGGLER)
     )
 

@@ -127,7 +127,8 @@ def node_for_job(summary: dict[str, Any], namespace: str, job: str) -> dict[str,
     return {**summary, "drill": summary.get("drillCrash") == f"{namespace}/{job}"}
 
 
-# Heartbeat fields whose change the operator acts on at once (roles, group changes, resumption). The step,
+# Heartbeat fields whose change the operator acts on at once (roles, group changes, resumption, the
+# launcher's verdict on its training processes). The step,
 # timings and the renew time move with every heartbeat and are left to the periodic reconcile.
 SIGNAL_FIELDS = (
     "phase",
@@ -139,6 +140,7 @@ SIGNAL_FIELDS = (
     "restored-step",
     "restore-source",
     "preflight",
+    "fault",
     "ownerUid",
 )
 

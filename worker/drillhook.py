@@ -1,12 +1,12 @@
 """The worker's side of `phalanx drill --hang-worker`: freeze this pod's training processes on request.
 
-A hang is the failure that only progress tracking can see: the launcher keeps renewing its heartbeat Lease
-while the training processes make no step. The drill cannot cause one through the Kubernetes API alone, so
-it asks: it writes `phalanx.dev/drill-hang: <pod name>/<pod uid>` on the TrainingJob, and the launcher of
-that pod (which follows its TrainingJob anyway, worker/jobwatch.py) stops its training processes and their
-children with SIGSTOP. Nothing else changes: the operator must notice the missing progress and replace the
-pod, as for a real hang. The UID keeps a later pod of the same name from freezing too; the request is
-honoured once per launcher.
+The launcher keeps renewing its heartbeat Lease while the training processes make no step. The drill cannot
+freeze them through the Kubernetes API alone, so it asks: it writes `phalanx.dev/drill-hang: <pod name>/<pod
+uid>` on the TrainingJob, and the launcher of that pod (which follows its TrainingJob anyway,
+worker/jobwatch.py) stops its training processes and their children with SIGSTOP. Nothing else changes:
+the launcher's watch over its training processes (worker/trainerwatch.py) sees them stopped, as it would a
+stop from anywhere else, and the operator replaces the pod (`TrainerStopped`). The UID keeps a later pod of
+the same name from freezing too; the request is honoured once per launcher.
 """
 
 from __future__ import annotations

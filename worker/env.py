@@ -30,6 +30,8 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_RDZV_KEEPALIVE_TIMEOUT": "keepalive_timeout",
     "PHALANX_HEARTBEAT_INTERVAL": "heartbeat_interval",
     "PHALANX_HEARTBEAT_TIMEOUT": "heartbeat_timeout",
+    "PHALANX_HANG_FACTOR": "hang_factor",
+    "PHALANX_HANG_FLOOR": "hang_floor",
     "PHALANX_METRICS_PORT": "metrics_port",
     "PHALANX_COLLECTIVE_TIMEOUT": "collective_timeout",
     "PHALANX_WARM_START": "warm_start",
@@ -116,6 +118,11 @@ class LaunchSettings(BaseModel):
     """Seconds between Lease renewals."""
     heartbeat_timeout: float = Field(default=30.0, gt=0)
     """Seconds of silence after which the operator calls the pod dead (written into the Lease)."""
+    hang_factor: float = Field(default=5.0, ge=0)
+    """A training rank that reaches no step for longer than this multiple of the p99 of its recent step
+    times counts as hung (worker/trainerwatch.py); 0 leaves hangs to the operator's progress timeout."""
+    hang_floor: float = Field(default=1.0, gt=0)
+    """The least number of seconds without a step that counts as a hang, whatever the step times."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus port of this pod; 0 turns the endpoint off."""
     collective_timeout: float = Field(default=300.0, gt=0)

@@ -119,6 +119,19 @@ class PodStatus(RestoreFigures, TrainingFigures):
     """Restarts of the worker group by this launcher."""
     exit_code: int | None = None
     """The launcher's exit code once it is ending on its own (phase `exiting` or `finished`)."""
+    fault: str | None = None
+    """The launcher's verdict on a training process of its group: `stopped` or `hung` (None: none;
+    worker/trainerwatch.py)."""
+    fault_rank: int | None = None
+    """The global rank the verdict names."""
+    fault_since: float | None = None
+    """Unix time when the fault began (the stop was first seen; the wait for the next step began)."""
+    fault_message: str | None = None
+    """The verdict in words."""
+    hang_threshold: float | None = None
+    """Seconds without a step after which the launcher calls a training rank hung (None: not judged yet)."""
+    hang_basis: str | None = None
+    """How the hang threshold came about, e.g. `5x p99 of 0.28s over 40 steps`."""
 
 
 def status_file(directory: Path, local_rank: int) -> Path:
@@ -231,8 +244,9 @@ PROMPT_PHASES: frozenset[str] = frozenset({"rendezvous", "standby", "restoring",
 
 class RenewalSchedule:
     """When the launcher renews the Lease: every interval, and promptly (at most every `min_gap` seconds)
-    after a change the operator times: a phase change to or from a `PROMPT_PHASES` phase, or a newly set
-    `resumed_at`. The saving <-> training flip of every step does not hurry a renewal."""
+    after a change the operator times or acts on: a phase change to or from a `PROMPT_PHASES` phase, a newly
+    set `resumed_at`, or a change of the launcher's verdict on its training processes (`fault`). The
+    saving <-> training flip of every step does not hurry a renewal."""
 
     def __init__(self, interval: float, min_gap: float = 0.2) -> None:
         self.interval = interval
@@ -241,14 +255,17 @@ class RenewalSchedule:
         self._pending = False
         self._phase: str | None = None
         self._resumed_at: float | None = None
+        self._fault: str | None = None
 
-    def due(self, now: float, phase: str, resumed_at: float | None) -> bool:
+    def due(self, now: float, phase: str, resumed_at: float | None, fault: str | None = None) -> bool:
         """Whether to renew now; records the change it sees (call once per look at the status)."""
         if phase != self._phase and (phase in PROMPT_PHASES or self._phase in PROMPT_PHASES):
             self._pending = True
         if resumed_at is not None and resumed_at != self._resumed_at:
             self._pending = True
-        self._phase, self._resumed_at = phase, resumed_at
+        if fault != self._fault:
+            self._pending = True
+        self._phase, self._resumed_at, self._fault = phase, resumed_at, fault
         since = now - self._last_renewal
         return since >= self.interval or (self._pending and since >= self.min_gap)
 
@@ -312,6 +329,12 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "checkpoint-save-seconds": status.checkpoint_save_seconds,
         "checkpoint-interval": status.checkpoint_interval,
         "exit-code": status.exit_code,
+        "fault": status.fault,
+        "fault-rank": status.fault_rank,
+        "fault-since": wall_time(status.fault_since),
+        "fault-message": (status.fault_message or "")[:MAX_MESSAGE],
+        "hang-threshold": status.hang_threshold,
+        "hang-basis": status.hang_basis,
         "preflight": status.preflight,
         "preflight-reason": status.preflight_reason,
         "preflight-message": (status.preflight_message or "")[:MAX_MESSAGE],

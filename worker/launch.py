@@ -47,6 +47,7 @@ from phalanx.worker import (
     rendezvous,
     rollback,
     scaling,
+    trainerwatch,
     warmstart,
 )
 from phalanx.worker.checkpoint import durable, tiers
@@ -480,6 +481,8 @@ class PodReporter:
         self.status_dir = status_dir
         self.metrics = metrics
         self.standby_probe: Callable[[], bool] = lambda: False
+        self.trainer_pids: Callable[[], list[int]] = list
+        """Pids of the running group's training processes (set by the agent)."""
         self.attempt: int | None = None
         """The launcher's current group attempt (records of older attempts are stale)."""
         self.group_started: float | None = None
@@ -494,6 +497,8 @@ class PodReporter:
         self._launcher_since = time.time()
         self._clock = heartbeat.PhaseClock()
         self._schedule = heartbeat.RenewalSchedule(settings.heartbeat_interval)
+        self._watch = trainerwatch.TrainerWatch(settings.hang_factor, settings.hang_floor)
+        self._verdict: trainerwatch.Verdict | None = None
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._lease: Any = None
@@ -512,11 +517,12 @@ class PodReporter:
             self._launcher_since = time.time()
             self._changed.set()
 
-    def current(self) -> heartbeat.PodStatus:
+    def current(self, records: list[heartbeat.StatusRecord] | None = None) -> heartbeat.PodStatus:
         phase = self._launcher_phase
         if phase == "rendezvous" and self.standby_probe():
             phase = "standby"
-        records = heartbeat.read_records(self.status_dir)
+        if records is None:
+            records = heartbeat.read_records(self.status_dir)
         status = heartbeat.combine(records, phase, attempt=self.attempt, launcher_since=self._launcher_since)
         if phase is None and not records and self.silent_script():
             # A script that publishes nothing (no StatusPublisher) still trains once its group runs: the
@@ -589,8 +595,43 @@ class PodReporter:
                 logger.warning("heartbeat failed: %s", error)
             wait = min(self.POLL_SECONDS, self._schedule.wait_hint(time.monotonic()))
 
+    def _judge(
+        self, status: heartbeat.PodStatus, records: list[heartbeat.StatusRecord]
+    ) -> heartbeat.PodStatus:
+        """The status with the launcher's verdict on its training processes (trainerwatch.py)."""
+        if self._launcher_phase is not None or self.attempt is None:
+            self._watch.reset()
+            self._verdict = None
+        else:
+            current = {
+                record.rank if record.rank is not None else -record.pid: record
+                for record in records
+                if record.attempt == self.attempt
+            }
+            pids: list[int] = []
+            # The agent may be tearing its group down right now: no pids is "nothing to judge", not an error.
+            with contextlib.suppress(Exception):
+                pids = self.trainer_pids()
+            states = {pid: trainerwatch.process_state(pid) for pid in pids}
+            ranks = {record.pid: record.rank for record in current.values()}
+            verdict = self._watch.observe(current, states, ranks, status.checkpoint_save_seconds, time.time())
+            if verdict is not None and (self._verdict is None or verdict.kind != self._verdict.kind):
+                logger.warning("training process fault: %s", verdict.message)
+            self._verdict = verdict
+        verdict, threshold = self._verdict, self._watch.threshold
+        return replace(
+            status,
+            fault=verdict.kind if verdict else None,
+            fault_rank=verdict.rank if verdict else None,
+            fault_since=verdict.since if verdict else None,
+            fault_message=verdict.message if verdict else None,
+            hang_threshold=round(threshold.seconds, 3) if threshold else None,
+            hang_basis=threshold.basis if threshold else None,
+        )
+
     def _tick(self, force: bool) -> None:
-        status = self.current()
+        records = heartbeat.read_records(self.status_dir)
+        status = self._judge(self.current(records), records)
         since = self._clock.observe(status.phase, status.phase_since, time.time())
         status = replace(status, phase_since=since)
         if status.phase != self._last_phase:
@@ -599,7 +640,7 @@ class PodReporter:
             self._last_phase = status.phase
         self.metrics.update(status)
         now = time.monotonic()
-        if not (self._schedule.due(now, status.phase, status.resumed_at) or force):
+        if not (self._schedule.due(now, status.phase, status.resumed_at, status.fault) or force):
             return
         self._schedule.renewed(now)
         if self._lease is not None:
@@ -881,6 +922,7 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
             local_addr=settings.local_addr,
         )
         agent = PhalanxAgent(spec, settings, client, reporter, log_dir)
+        reporter.trainer_pids = agent.training_pids
         if settings.warm_start:
             warm_pool = warmstart.WarmPool(
                 settings.nproc_per_node, title_room=len(" ".join(settings.command))

@@ -6,8 +6,8 @@ only into a job that opted in (`spec.drills.allowed: true`):
 - `--kill-worker [POD]`: delete an active worker pod (the named one, else the first) with grace period 0;
 - `--hang-worker [POD]`: freeze the training processes of an active worker (the named one, else the first)
   while its launcher keeps renewing the heartbeat: the drill writes `phalanx.dev/drill-hang=<pod>/<uid>` on
-  the TrainingJob, the pod's launcher stops its trainers (SIGSTOP), and only the operator's progress
-  tracking can tell. The annotation is removed afterwards, also on timeout or Ctrl-C;
+  the TrainingJob, the pod's launcher stops its trainers (SIGSTOP), sees them stopped and reports it in its
+  heartbeat (`TrainerStopped`). The annotation is removed afterwards, also on timeout or Ctrl-C;
 - `--kill-rendezvous`: delete the job's rendezvous pod with grace period 0;
 - `--crash-node [NODE]`: cordon the node of a worker (or the named node) and mark it
   `phalanx.dev/drill-crash=<namespace>/<job>`: the operator treats it as lost for this job only (its workers

@@ -40,11 +40,16 @@ def test_fault_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, tm
 
     hang = metrics_of(results["hang-detection"])
     assert len(hang["frozen pod: freeze -> detected"]["samples"]) == 1
-    assert len(hang["hung trainer: stop -> detected"]["samples"]) == 1
+    assert len(hang["stopped trainer: stop -> detected"]["samples"]) == 1
+    assert len(hang["hung trainer: hang -> detected"]["samples"]) == 1
     assert len(hang["false alarms during frequent saves"]["samples"]) == 1
     causes = {fault["kind"]: fault["cause"] for fault in results["hang-detection"]["details"]["faults"]}
-    # A frozen pod goes silent; a hung trainer keeps its launcher renewing, so only no-progress can tell.
-    assert causes == {"frozen pod": "HeartbeatTimeout", "hung trainer": "NoProgress"}
+    # A frozen pod goes silent; a stopped trainer's launcher says so; a hung one's judges the missing step.
+    assert causes == {
+        "frozen pod": "HeartbeatTimeout",
+        "stopped trainer": "TrainerStopped",
+        "hung trainer": "NoProgress",
+    }
 
     good = results["goodput"]
     figures = metrics_of(good)

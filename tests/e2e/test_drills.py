@@ -108,22 +108,19 @@ def test_kill_rendezvous_drill_reports_the_recovery(
     )
 
 
-def test_hang_worker_drill_freezes_the_trainers_and_progress_tracking_replaces_the_pod(
+def test_hang_worker_drill_freezes_the_trainers_and_their_launcher_reports_them_stopped(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     cluster.apply(drill_job("hung"), namespace)
     victim = training_worker(cluster, namespace, "hung")
     figures = figures_of(drill(cluster, namespace, "hung", "--hang-worker", victim.metadata.name, "--json"))
-    # The launcher kept renewing its Lease: only the missing progress can have told.
-    assert figures["cause"] == "NoProgress" and figures["action"] == "ReplaceWorker", figures
+    # The launcher kept renewing its Lease and saw its training processes stopped: it said so at once.
+    assert figures["cause"] == "TrainerStopped" and figures["action"] == "ReplaceWorker", figures
     assert figures["target"] == victim.metadata.name
-    # Detected no sooner than the progress timeout (10 s) allows, and well within timeout + a few intervals.
-    # The timeout runs from the last step a heartbeat reported before the freeze, up to a step and a heartbeat
-    # interval (1 s) before the injection, and the detection is stamped to the whole second: hence 10 - 3.
-    # Still well above the heartbeat timeout (5 s), which a launcher that stopped renewing would have hit.
-    assert 7.0 <= figures["seconds_to_detect"] <= 30.0, figures
+    # Below the heartbeat timeout (5 s) a silent launcher would have needed, with room for a loaded machine.
+    assert figures["seconds_to_detect"] <= 30.0, figures
     assert figures["seconds_to_resume"] is not None
     annotations = get_job(cluster, namespace, "hung")["metadata"].get("annotations") or {}
     assert "phalanx.dev/drill-hang" not in annotations
     job = wait_succeeded(cluster, namespace, "hung", timeout=400)
-    assert [i["cause"] for i in incidents_of(job, victim.metadata.name)] == ["NoProgress"]
+    assert [i["cause"] for i in incidents_of(job, victim.metadata.name)] == ["TrainerStopped"]

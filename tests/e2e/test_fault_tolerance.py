@@ -7,10 +7,14 @@ Timeouts used here (printed with every failure): heartbeat interval 1 s, timeout
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
 import pytest
+
+from phalanx.bench import faults
+from phalanx.operator.timeutil import parse_time
 
 from .conftest import Cluster, Operator, operator_ready, wait_for
 from .test_operator import (
@@ -129,6 +133,54 @@ def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
     job = wait_succeeded(cluster, namespace, "frozen", timeout=400)
     incident = assert_recovered(job, victim.metadata.name, "HeartbeatTimeout")
     assert "no heartbeat" in incident["message"]
+
+
+# Heartbeats that leave the launcher's report as the only quick way to see a stopped or hung trainer.
+PATIENT_HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
+
+
+def seconds_after(incident: dict[str, Any], moment: float) -> float:
+    """When the operator detected `incident`, in seconds after `moment` (at most: `detectedAt` is truncated
+    to its second)."""
+    detected = parse_time(incident["detectedAt"])
+    assert detected is not None, incident
+    return detected.timestamp() + 1.0 - moment
+
+
+def test_stopped_trainer_is_reported_by_its_launcher_and_replaced(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(fault_job("stopped", heartbeat=PATIENT_HEARTBEAT), namespace)
+    victim = training_worker(cluster, namespace, "stopped")
+    # SIGSTOP to the training processes alone: the launcher lives on and keeps renewing its Lease.
+    stopped_at, pids = faults.hang_trainer(namespace, victim.metadata.name)
+    assert pids, "no training process found"
+    job = wait_succeeded(cluster, namespace, "stopped", timeout=400)
+    incident = assert_recovered(job, victim.metadata.name, "TrainerStopped")
+    assert "is stopped" in incident["message"], incident
+    # Well before either fixed timeout could have told (the progress timeout is 60 s).
+    assert seconds_after(incident, stopped_at) < PATIENT_HEARTBEAT["timeoutSeconds"], incident
+
+
+def test_hung_trainer_is_judged_against_the_jobs_own_step_times(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(fault_job("hung", heartbeat=PATIENT_HEARTBEAT), namespace)
+    victim = training_worker(cluster, namespace, "hung", min_step=25)
+    # tinygpt hangs in its step on SIGUSR1: alive, not stopped, never reaching the next step.
+    hung_at = time.time()
+    assert faults.signal_all(faults.trainer_processes(victim.metadata.name, namespace), signal.SIGUSR1)
+    job = wait_succeeded(cluster, namespace, "hung", timeout=400)
+    status = job["status"]
+    print(f"incidents: {status.get('incidents')} restarts: {status['restarts']}")
+    assert status["step"] == STEPS
+    (first, *_) = [i for i in incidents_of(job) if seconds_after(i, hung_at) > 0]
+    # The hung rank stalls its peer in the same collective: which of them is replaced follows the blame rule
+    # of stalled workers (the lower step, then the lower index); the job trains on either way.
+    assert first["cause"] == "NoProgress" and "hang threshold" in first["message"], first
+    assert "p99" in first["message"] or "floor" in first["message"], first
+    assert seconds_after(first, hung_at) < PATIENT_HEARTBEAT["progressTimeoutSeconds"], first
+    assert status["restarts"].get("counted", 0) == 0
 
 
 def trainers_on(cluster: Cluster, namespace: str, name: str, node: str) -> int:

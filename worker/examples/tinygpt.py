@@ -5,7 +5,8 @@
 Trains on a synthetic corpus (worker/examples/corpus.py) with gloo on CPU, or NCCL on CUDA when present.
 It uses everything a Phalanx training script should: TrainState + Checkpointer (resume from memory, peers
 or disk), ElasticSampler (constant global batch whatever the world size), the non-finite-loss guard,
-the collective watchdog, progress records for heartbeats, and an emergency save on SIGTERM.
+the collective watchdog, progress records for heartbeats, an emergency save on SIGTERM, and (for tests of
+hang detection) a hang on SIGUSR1.
 Run alone (`python -m phalanx.worker.examples.tinygpt`) it trains in a single process.
 """
 
@@ -293,6 +294,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         raise Terminated
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGUSR1, _hang_here)
 
     restores: list[dict[str, Any]] = []
 
@@ -446,6 +448,14 @@ def _batch_of_step(fresh: ElasticSampler, args: argparse.Namespace) -> list[int]
     for _ in range(args.nan_batch_of_step - 1):
         fresh.next_global_batch()
     return fresh.next_global_batch()
+
+
+def _hang_here(_signum: int, _frame: Any) -> None:
+    """SIGUSR1: hang where the signal found the main thread (tests and benchmarks of hang detection). The
+    process stays alive and keeps its threads; only a restart of the worker group (or SIGTERM) ends it."""
+    print("phalanx example: hanging on request (SIGUSR1)", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(3600)
 
 
 def _fail_once(args: argparse.Namespace) -> None:

@@ -224,9 +224,12 @@ def test_the_loss_reason_names_the_largest_parts_and_the_floor_the_timeouts_set(
     )
     assert why.startswith("39.0 s were lost, most of it detection 30.0 s, replacement + rendezvous 8.0 s;")
     assert "brought 5 failures (6 expected)" in why
-    # Two hangs wait out 10 s each, a frozen pod and a crashed node 5 s each; a kill is seen at once.
-    assert "2 hangs after the progress timeout (10 s), 2 frozen pods or crashed nodes" in why
-    assert "30 s (1.7% of the window)" in why
+    # Two stopped trainers are reported by their launchers within 0.3 s each, a frozen pod and a crashed node
+    # wait out 5 s each; a kill is seen at once.
+    assert (
+        "2 stopped trainers after their launcher's 0.3 s confirmation, 2 frozen pods or crashed nodes" in why
+    )
+    assert "11 s (0.6% of the window)" in why
     assert goodput.loss_reason({"detection": 0.0}, [], 1800.0, 300.0, heartbeat) == ""
 
 

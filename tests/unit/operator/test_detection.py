@@ -477,3 +477,75 @@ def test_a_drill_takes_a_node_away_from_its_job_only(make_pod: MakePod, now: dat
     assert failure.node_conditions == frozenset({"DrillCrash"}) and "drill" in failure.message
     for_other = {"node-a": observe.node_for_job(node, "ml", "other")}
     assert run(pods, {"demo-worker-0": lease(now)}, now, nodes=for_other)[0] == []
+
+
+def micro(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_a_trainer_its_launcher_reports_stopped_fails_at_once(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    _, tracks = run(pods, {name: lease(now) for name in ("demo-worker-0", "demo-worker-1")}, now)
+    later = now + timedelta(seconds=1)
+    stopped_at = now + timedelta(seconds=0.4)
+    leases = {
+        "demo-worker-0": lease(later),
+        "demo-worker-1": lease(
+            later,
+            fault="stopped",
+            **{"fault-since": micro(stopped_at), "fault-message": "rank 1 (pid 7) is stopped (state T)"},
+        ),
+    }
+    (failure,), _ = run(pods, leases, later, tracks)
+    assert (failure.cause, failure.pod, failure.force, failure.alive) == (
+        "TrainerStopped",
+        "demo-worker-1",
+        True,
+        True,
+    )
+    assert failure.message == "demo-worker-1: rank 1 (pid 7) is stopped (state T)"
+    assert failure.occurred_at == stopped_at
+
+
+def test_a_hang_its_launcher_reports_is_no_progress_long_before_the_timeout(
+    make_pod: MakePod, now: datetime
+) -> None:
+    pods = [make_pod("demo-worker-0")]
+    reached = micro(now)
+    _, tracks = run(pods, {"demo-worker-0": lease(now, **{"step-at": reached})}, now)
+    later = now + timedelta(seconds=1.6)
+    hung = lease(
+        later,
+        fault="hung",
+        **{"step-at": reached, "fault-since": reached, "fault-message": "rank 0: no step for 1.60s"},
+    )
+    (failure,), _ = run(pods, {"demo-worker-0": hung}, later, tracks)
+    assert failure.cause == "NoProgress" and failure.force
+    assert failure.message == "demo-worker-0: rank 0: no step for 1.60s"
+    # Outside training the verdict is stale: no hang.
+    assert run(pods, {"demo-worker-0": {**hung, "phase": "rendezvous"}}, later, tracks)[0] == []
+
+
+def test_a_survivor_still_waiting_on_a_replaced_rank_is_not_judged_for_that_wait(
+    make_pod: MakePod, now: datetime
+) -> None:
+    pods = [make_pod("demo-worker-0")]
+    reached = micro(now)
+    _, tracks = run(pods, {"demo-worker-0": lease(now, **{"step-at": reached})}, now)
+    incident = now + timedelta(seconds=2)
+    detection.restart_clocks(tracks, incident)
+    later = incident + timedelta(seconds=0.5)
+    waiting = lease(later, fault="hung", **{"step-at": reached, "fault-since": reached})
+    assert run(pods, {"demo-worker-0": waiting}, later, tracks)[0] == []
+
+
+def test_launcher_hangs_keep_the_blame_rule_of_stalled_workers(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    reached = micro(now)
+    leases = {name: lease(now, step=7, **{"step-at": reached}) for name in ("demo-worker-0", "demo-worker-1")}
+    _, tracks = run(pods, leases, now)
+    later = now + timedelta(seconds=2)
+    verdict = {"fault": "hung", "step-at": reached, "fault-since": reached}
+    both = {name: lease(later, step=7, **verdict) for name in ("demo-worker-0", "demo-worker-1")}
+    failures, _ = run(pods, both, later, tracks)
+    assert [(f.cause, f.pod) for f in failures] == [("NoProgress", "demo-worker-0")]

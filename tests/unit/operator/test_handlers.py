@@ -316,6 +316,8 @@ def test_heartbeat_signal_ignores_renewals_steps_and_timings() -> None:
         ("restored-step", "3"),
         ("restore-source", "peer"),
         ("group-restarts", "2"),
+        ("fault", "stopped"),
+        ("fault", "hung"),
     ]:
         assert heartbeat_signal({**base, key: value}) != heartbeat_signal(base), key
 

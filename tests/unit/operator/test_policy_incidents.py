@@ -28,6 +28,7 @@ LOST = failure("NodeLost", node_conditions=frozenset({"NotReady"}))
         (LOST, "ReplaceWorker", "default-infrastructure", False),
         (failure("HeartbeatTimeout"), "ReplaceWorker", "default-infrastructure", False),
         (HUNG, "ReplaceWorker", "default-infrastructure", False),
+        (failure("TrainerStopped"), "ReplaceWorker", "default-infrastructure", False),
         (failure("Straggler"), "ReplaceWorker", "default-infrastructure", False),
         (
             failure("PodDeleted", pod_conditions=frozenset({"PodDeleted"})),
@@ -77,6 +78,12 @@ def test_user_rules_come_first_and_match_every_class() -> None:
     assert (killed.rule, killed.counts) == ("kills", True)
     # Unmatched classes still get the defaults.
     assert policy.decide(failure("HeartbeatTimeout"), spec).rule == "default-infrastructure"
+    assert policy.decide(failure("TrainerStopped"), spec).rule == "default-infrastructure"
+    stopped = api.FailureRule(match=api.FailureMatch(trainer_stopped=True), action="RestartJob")
+    assert (
+        policy.decide(failure("TrainerStopped"), api.FailurePolicySpec(rules=[stopped])).action
+        == "RestartJob"
+    )
 
 
 def test_infrastructure_restarts_never_spend_the_users_budget() -> None:
