@@ -7,14 +7,15 @@ each peer's figure over Phalanx's from the same `phalanx bench` invocation.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from phalanx.bench.core import Baseline, BenchResult, Metric, fmt
 
 TORCHFT_PUBLISHED = Baseline(text="published: Ray+torchft ~5 s", value=5.0)
 DLROVER_STALL_PUBLISHED = Baseline(text="published: DLRover flash checkpoint 0.2 s stall", value=200.0)
-DLROVER_PERSIST_PUBLISHED = Baseline(text="published: DLRover flash checkpoint persists in the background")
 
 
 # ---------------------------------------------------------------------------------------------- torchft
@@ -188,3 +189,26 @@ def _phalanx_metric(
     if not metric.samples:
         return None, f"{versus.benchmark} has no samples of {versus.metric!r}"
     return metric, ""
+
+
+# ---------------------------------------------------------------------------------------------- DLRover
+
+
+def parse_saves(output: str) -> dict[str, Any] | None:
+    """The `RESULT {json}` line `phalanx.bench.checkpoint_saves` prints last: stalls and persist times in
+    seconds; None when there is none or it is not a JSON object with both lists of numbers."""
+    for line in reversed(output.splitlines()):
+        if not line.startswith("RESULT "):
+            continue
+        try:
+            found = json.loads(line[len("RESULT ") :])
+        except ValueError:
+            return None
+        if not isinstance(found, dict):
+            return None
+        for key in ("stall_s", "persist_s"):
+            values = found.get(key)
+            if not isinstance(values, list) or not all(isinstance(v, int | float) for v in values):
+                return None
+        return found
+    return None

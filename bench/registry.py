@@ -42,12 +42,6 @@ BENCHMARKS: tuple[Entry, ...] = (
         "SIGKILL of the saver at random moments of a save, then a load: 0 corrupt loads in 200 trials",
     ),
     Entry(
-        "peer-dlrover",
-        "phalanx.bench.peer_dlrover",
-        False,
-        "DLRover flash checkpoint beside Phalanx's async save: stall per save and time to persist, 10 MB-1 GB",
-    ),
-    Entry(
         "gang-creation",
         "phalanx.bench.gang_creation",
         True,
@@ -72,12 +66,6 @@ BENCHMARKS: tuple[Entry, ...] = (
         "worker killed -> first step after resume, by stage: hot spare vs new pod vs RestartJob from disk",
     ),
     Entry(
-        "peer-torchft",
-        "phalanx.bench.peer_torchft",
-        False,
-        "torchft (lighthouse + 3 replica groups, CPU/gloo): replica SIGKILLed -> survivors' next committed step",
-    ),
-    Entry(
         "hang-detection",
         "phalanx.bench.hang_detection",
         True,
@@ -88,6 +76,18 @@ BENCHMARKS: tuple[Entry, ...] = (
         "phalanx.bench.goodput",
         True,
         "30 min with a random failure every ~5 min beside an undisturbed twin: goodput, every lost second attributed",
+    ),
+    Entry(
+        "peer-torchft",
+        "phalanx.bench.peer_torchft",
+        False,
+        "torchft (lighthouse + 3 replica groups, CPU/gloo): replica SIGKILLed -> survivors' next committed step",
+    ),
+    Entry(
+        "peer-dlrover",
+        "phalanx.bench.peer_dlrover",
+        False,
+        "DLRover flash checkpoint beside Phalanx's async save: stall per save and time to persist, 10 MB-1 GB",
     ),
 )
 

@@ -169,7 +169,7 @@ def peer_lines(results: list[BenchResult], started_at: str = "") -> list[str]:
         "## Peers, measured",
         "",
         "Each peer ran the same failure or the same saves on this machine; the ratio is the peer's figure over "
-        "Phalanx's (above 1: Phalanx is faster), both from this invocation.",
+        "Phalanx's (above 1: the peer takes longer or loses more), both from this invocation.",
         "",
         *_table(
             ["benchmark", "peer metric", "peer", "Phalanx metric", "Phalanx", "peer / Phalanx", "published"],
