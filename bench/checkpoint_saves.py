@@ -7,7 +7,8 @@ It prints one line, `RESULT {"stall_s": [...], "persist_s": [...], ...}`:
 
 - stall: the time the training loop is blocked in the save call;
 - persist: from the save call until the checkpoint is persisted (Phalanx: `Checkpointer.wait()` returns;
-  DLRover: its tracker file names the step, written by its saver after the fsynced checkpoint file).
+  DLRover: its tracker file names the step, written by its saver after the checkpoint file; DLRover writes
+  that file with torch.save and fsyncs only its done and tracker files).
 
 DLRover runs as its flash checkpoint's documentation describes for a process not started by `dlrover-run`:
 `DdpCheckpointer(dir)` starts its own saver process, and `save_checkpoint(step, state_dict,

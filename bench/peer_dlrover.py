@@ -121,7 +121,7 @@ def metrics(
                 name=f"dlrover persist, {size} MB",
                 unit="ms",
                 samples=[value * 1e3 for value in dlrover_figures.get("persist_s", [])],
-                description="save call -> DLRover's tracker file names the step (its saver fsynced the file)",
+                description="save call -> DLRover's tracker file names the step (written and fsynced last)",
                 versus=Versus(benchmark=NAME, metric=persist_name),
             ),
         ]
@@ -152,7 +152,11 @@ def run(context: Any, quick: bool) -> BenchResult:
         "torch thread, waiting for every save to persist before the next.",
         "Sizes and saves measured after a warm-up: "
         + ", ".join(f"{size} MB x {saves}" for size, saves in plan.items())
-        + ". Persist: from the save call until the checkpoint is on disk, as each system reports it.",
+        + ". Persist: from the save call until each system says the checkpoint is on disk.",
+        "Not the same durability: DLRover's saver writes the checkpoint file with torch.save and fsyncs only "
+        "its small done and tracker files (dlrover/python/elastic_agent/torch/ckpt_saver.py, "
+        "common/storage.py), so its persist time can end before the data leaves the page cache; Phalanx's "
+        "saver hashes and fsyncs the checkpoint data before it commits.",
     ]
     if reason:
         notes.insert(0, f"DLRover could not run here: {reason}")
