@@ -411,6 +411,13 @@ def run(context: Any, quick: bool) -> BenchResult:
         "torchft/ddp.py), which crashed the survivors here whenever the kill landed in the backward pass.",
         *failures,
     ]
+    if trials:
+        median = statistics.median(trial.outcome.seconds for trial in trials)
+        notes.append(
+            f"Kill -> next committed step: median {median:.2f} s, of which {HEARTBEAT_TIMEOUT_MS / 1000:g} s is "
+            "the lighthouse's heartbeat timeout: it forms a quorum without the killed replica only once that "
+            "replica's heartbeats are that old."
+        )
     if not trials:
         return unavailable_result(f"torchft {version}: " + "; ".join(failures), notes[: -len(failures)])
     return BenchResult(
