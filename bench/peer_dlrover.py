@@ -82,6 +82,8 @@ def run_saves(system: str, size_mb: int, saves: int, folder: Path) -> dict[str, 
             for leftover in SHM_DIR.glob(f"{run_id}_*"):
                 leftover.unlink(missing_ok=True)
             shutil.rmtree(folder / f"{system}-{size_mb}", ignore_errors=True)
+            # DLRover leaves its checkpoint data unsynced: written back now, not during the next measurement.
+            os.sync()
     figures = peers.parse_saves(output)
     if figures is None:
         tail = " / ".join(log_path.read_text(errors="replace").strip().splitlines()[-4:])
