@@ -3,7 +3,7 @@
 `python -m phalanx.bench.checkpoint_saves --system phalanx|dlrover --size-mb N --saves K --dir D` builds the
 checkpoint-stall benchmark's model of N MB of float32 parameters, warms the system up (its saver started,
 its buffers written once), then saves K times on durable steps, waiting each time until the save is on disk.
-It prints one line, `RESULT {"stall_s": [...], "persist_s": [...], ...}`:
+It prints one line, `RESULT {"stall_s": [...], "persist_s": [...], ...}` (or `ERROR <exception>`):
 
 - stall: the time the training loop is blocked in the save call;
 - persist: from the save call until the checkpoint is persisted (Phalanx: `Checkpointer.wait()` returns;
@@ -23,11 +23,13 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "RESULT "
+ERROR_PREFIX = "ERROR "
 PERSIST_WAIT_S = 600.0
 POLL_S = 0.002
 
@@ -109,10 +111,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # the training loop's one core, as in checkpoint-stall
     model = Blob(args.size_mb * MB)
-    if args.system == "phalanx":
-        figures = phalanx_saves(model, args.dir, args.saves)
-    else:
-        figures = dlrover_saves(model, args.dir, args.saves)
+    try:
+        if args.system == "phalanx":
+            figures = phalanx_saves(model, args.dir, args.saves)
+        else:
+            figures = dlrover_saves(model, args.dir, args.saves)
+    except Exception as error:
+        # The cause, on stdout for the benchmark: a failed DLRover engine also prints errors of its own
+        # from its destructor, after this one.
+        traceback.print_exc()
+        print(f"{ERROR_PREFIX}{type(error).__name__}: {error}", flush=True)
+        return 1
     figures.update(system=args.system, size_mb=args.size_mb, pid=os.getpid())
     print(RESULT_PREFIX + json.dumps(figures), flush=True)
     return 0

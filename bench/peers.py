@@ -151,8 +151,12 @@ def comparison_rows(results: list[BenchResult], started_at: str = "") -> list[Ro
             peer_value = metric.summary().get(stat)
             ours_metric, missing = _phalanx_metric(by_name.get(metric.versus.benchmark), metric, started_at)
             ours_value = ours_metric.summary().get(stat) if ours_metric else None
-            if reason and peer_value is None:
-                ratio_cell = f"peer could not run here: {reason}"
+            if peer_value is None:
+                ratio_cell = (
+                    f"peer could not run here: {reason}"
+                    if reason
+                    else "no peer samples (its failures are in the notes)"
+                )
             elif missing:
                 ratio_cell = missing
             else:
@@ -212,3 +216,11 @@ def parse_saves(output: str) -> dict[str, Any] | None:
                 return None
         return found
     return None
+
+
+def saves_error(output: str) -> str:
+    """The `ERROR <exception>` line `phalanx.bench.checkpoint_saves` prints when its saves failed, or ""."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("ERROR "):
+            return line[len("ERROR ") :].strip()
+    return ""

@@ -88,6 +88,20 @@ def test_saves_result_is_the_last_result_line() -> None:
     assert peers.parse_saves(saves_line(stall_s=[0.01])) is None
 
 
+def test_a_failed_saves_run_names_its_cause_not_the_destructor_noise_after_it() -> None:
+    output = "ERROR TimeoutError: Timed out waiting for socket server: factory.\n"
+    assert peers.saves_error(output) == "TimeoutError: Timed out waiting for socket server: factory."
+    assert peers.saves_error(saves_line(stall_s=[0.01], persist_s=[0.1])) == ""
+
+
+def test_a_peer_without_samples_but_no_reason_points_to_the_notes() -> None:
+    result = torchft([])
+    assert (
+        peers.comparison_rows([recovery(), result], NOW)[0].ratio
+        == "no peer samples (its failures are in the notes)"
+    )
+
+
 def recovery(started_at: str = NOW, hot_spare: list[float] | None = None) -> BenchResult:
     return BenchResult(
         name="recovery",
