@@ -43,6 +43,17 @@ class Baseline(Model):
     """One comparable number in the metric's unit, when there is one."""
 
 
+class Versus(Model):
+    """The Phalanx figure a peer's metric is set beside: the report shows the peer's over Phalanx's."""
+
+    benchmark: str
+    """Registry name of the benchmark that measures Phalanx's figure (it may be the peer's own)."""
+    metric: str
+    """Name of Phalanx's metric in that benchmark."""
+    stat: Statistic = "p50"
+    """Which statistic of both metrics is compared."""
+
+
 class Summary(Model):
     """Statistics of a metric's samples (None when there are no samples)."""
 
@@ -93,6 +104,8 @@ class Metric(Model):
     """Other systems' numbers for this quantity, if any."""
     why_missed: str = ""
     """Why the target is out of reach in this run, from what the run itself measured (shown only when missed)."""
+    versus: Versus | None = None
+    """For a peer's metric: the Phalanx metric of the same run it is compared with, as a ratio."""
 
     def summary(self) -> Summary:
         return summarize(self.samples)

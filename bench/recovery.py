@@ -38,7 +38,7 @@ from typing import Any
 
 from phalanx.bench import faults
 from phalanx.bench.cluster import BenchCluster, BenchError, wait_for
-from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target
+from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Versus
 
 NAME = "recovery"
 TITLE = "Worker killed -> training resumed (hot spare, new pod, restart from a durable checkpoint)"
@@ -245,6 +245,8 @@ def metrics_for(variant: Variant, trials: list[Trial]) -> list[Metric]:
         "hot-spare": Target(op="<=", value=2, stat="p50", text="p50 <= 2 s with a hot spare"),
         "new-pod": Target(op="<=", value=5, stat="p50", text="p50 <= 5 s with a new pod (no spare)"),
     }.get(name)
+    # The restart-everything baseline is a peer of its own: the report sets it beside the hot spare.
+    peer = variant.restart_job
     total = Metric(
         name=f"{name}: kill -> first step",
         unit="s",
@@ -252,6 +254,7 @@ def metrics_for(variant: Variant, trials: list[Trial]) -> list[Metric]:
         description=f"{variant.title}: kill request to the end of the first step after the resume",
         target=total_target,
         baseline=Baseline(text="HyperPod < 2 min; DLRover ~2 min pod relaunch; Ray+torchft ~5 s", value=5.0),
+        versus=Versus(benchmark=NAME, metric="hot-spare: kill -> first step") if peer else None,
     )
     found = [total]
     if spare:
@@ -288,6 +291,7 @@ def metrics_for(variant: Variant, trials: list[Trial]) -> list[Metric]:
             samples=[float(v) for v in values(trials, "steps_lost_log")],
             description="highest step completed before the restore - restored step (replayed steps)",
             target=Target(op="<=", value=0, stat="max", text="0 steps lost") if replaced else None,
+            versus=Versus(benchmark=NAME, metric="hot-spare: steps lost", stat="max") if peer else None,
         )
     )
     found.append(

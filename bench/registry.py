@@ -77,6 +77,18 @@ BENCHMARKS: tuple[Entry, ...] = (
         True,
         "30 min with a random failure every ~5 min beside an undisturbed twin: goodput, every lost second attributed",
     ),
+    Entry(
+        "peer-torchft",
+        "phalanx.bench.peer_torchft",
+        False,
+        "torchft (lighthouse + 3 replica groups, CPU/gloo): replica SIGKILLed -> survivors' next committed step",
+    ),
+    Entry(
+        "peer-dlrover",
+        "phalanx.bench.peer_dlrover",
+        False,
+        "DLRover flash checkpoint beside Phalanx's async save: stall per save and time to persist, 10 MB-1 GB",
+    ),
 )
 
 

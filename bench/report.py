@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field
 
+from phalanx.bench import peers
 from phalanx.bench.core import BenchResult, Metric, Model, fmt
 from phalanx.bench.machine import Machine
 
@@ -159,6 +160,36 @@ def summary_lines(results: list[BenchResult]) -> list[str]:
     return _table(["benchmark", "metric", "n", "p50", "p95", "max", "target", "baseline", "verdict"], rows)
 
 
+def peer_lines(results: list[BenchResult], started_at: str = "") -> list[str]:
+    """The peers measured on this machine, each figure over Phalanx's from the same invocation."""
+    rows = peers.comparison_rows(results, started_at)
+    if not rows:
+        return []
+    return [
+        "## Peers, measured",
+        "",
+        "Each peer ran the same failure or the same saves on this machine; the ratio is the peer's figure over "
+        "Phalanx's (above 1: the peer takes longer or loses more), both from this invocation.",
+        "",
+        *_table(
+            ["benchmark", "peer metric", "peer", "Phalanx metric", "Phalanx", "peer / Phalanx", "published"],
+            [
+                [
+                    row.benchmark,
+                    row.metric,
+                    row.peer,
+                    row.phalanx_metric,
+                    row.phalanx,
+                    row.ratio,
+                    row.published,
+                ]
+                for row in rows
+            ],
+        ),
+        "",
+    ]
+
+
 def missed_lines(results: list[BenchResult]) -> list[str]:
     lines = []
     for result in results:
@@ -241,7 +272,9 @@ def render_markdown(run: Run) -> str:
         lines += ["## Local cluster", ""]
         lines += [f"- {key}: {value}" for key, value in run.cluster.items()]
         lines.append("")
-    lines += ["## Summary", "", *summary_lines(run.results), "", "## Targets missed", ""]
+    lines += ["## Summary", "", *summary_lines(run.results), ""]
+    lines += peer_lines(run.results, run.started_at)
+    lines += ["## Targets missed", ""]
     lines += missed_lines(run.results)
     lines.append("")
     for result in run.results:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.bench import faults, recovery
+from phalanx.bench import faults, peers, recovery
+from phalanx.bench.core import BenchResult
 
 T0 = 1_800_000_000.0
 KILL = T0 + 10.0
@@ -131,3 +132,18 @@ def test_the_replacing_variants_carry_the_targets_and_the_restart_baseline_none(
     baseline = {m.name: m for m in recovery.metrics_for(recovery.VARIANTS[2], trials)}
     assert all(m.target is None for m in baseline.values())
     assert baseline["restart-job: trainer start-up"].samples == [6.4, 6.4, 6.4]
+
+
+def test_the_restart_everything_baseline_is_set_beside_the_hot_spare_in_the_peers_table() -> None:
+    spare_trials = [trial_with(n, 4.0, 1.0) for n in range(1, 4)]
+    restart_trials = [trial_with(n, 12.0, 6.4) for n in range(1, 4)]
+    result = BenchResult(
+        name=recovery.NAME,
+        title="",
+        started_at="2026-01-01T00:00:00+00:00",
+        metrics=recovery.metrics_for(recovery.VARIANTS[0], spare_trials)
+        + recovery.metrics_for(recovery.VARIANTS[2], restart_trials),
+    )
+    rows = {row.metric: row for row in peers.comparison_rows([result], "2026-01-01T00:00:00+00:00")}
+    assert set(rows) == {"restart-job: kill -> first step", "restart-job: steps lost"}
+    assert rows["restart-job: kill -> first step"].ratio == "3x"
