@@ -8,13 +8,15 @@ from pathlib import Path
 
 import yaml
 
+from phalanx.images import containerd
+
 PAUSE_IMAGE = "localhost/pause:3.2"
 """The sandbox image, built locally from the Kubernetes sources' pause.c: no registry is needed."""
 CNI_BIN_DIR = "/usr/lib/cni"
 """Where Debian's containernetworking-plugins put the plugins (not /opt/cni/bin)."""
 CNI_CONF_DIR = Path("/etc/cni/net.d")
 CNI_CONF_NAME = "10-phalanx-bridge.conflist"
-CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+CONTAINERD_SOCKET = containerd.SOCKET
 CONTAINERD_ROOT = Path("/var/lib/containerd")
 CONTAINERD_STATE = Path("/run/containerd")
 KUBELET_ROOT = Path("/var/lib/kubelet")

@@ -17,6 +17,7 @@ from pathlib import Path
 from phalanx.devcluster import binaries
 from phalanx.devcluster.realnode import config
 from phalanx.errors import UserFacingError
+from phalanx.images.cli import image_cache
 
 PAUSE_SOURCE = "kubernetes-1.20.2/build/pause/linux/pause.c"
 PAUSE_VERSION = "3.2"
@@ -28,7 +29,7 @@ BUSYBOX_BINARY = Path("/bin/busybox")
 
 
 def images_dir() -> Path:
-    return binaries.cache_dir() / "images"
+    return image_cache()
 
 
 Files = dict[str, tuple[bytes | None, int]]
@@ -136,25 +137,3 @@ def _write_atomically(target: Path, content: bytes) -> None:
     partial = target.with_suffix(".partial")
     partial.write_bytes(content)
     partial.replace(target)
-
-
-def imported(reference: str) -> bool:
-    listed = subprocess.run(
-        ["ctr", "--address", str(config.CONTAINERD_SOCKET), "-n", "k8s.io", "images", "ls", "-q"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return reference in listed.stdout.split()
-
-
-def import_archive(archive: Path) -> None:
-    """Loads an image archive into the node's containerd (the namespace kubelet's CRI uses)."""
-    result = subprocess.run(
-        ["ctr", "--address", str(config.CONTAINERD_SOCKET), "-n", "k8s.io", "images", "import", str(archive)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise UserFacingError(f"importing {archive} into containerd failed: {result.stderr.strip()}")

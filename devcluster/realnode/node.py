@@ -22,6 +22,7 @@ from phalanx.devcluster import binaries, processes
 from phalanx.devcluster.pki import Pki
 from phalanx.devcluster.realnode import config, host, images
 from phalanx.errors import UserFacingError
+from phalanx.images import containerd
 
 NODE_NAME = "real-node-0"
 DAEMONS = ("containerd", "kubelet", "kube-proxy")
@@ -176,8 +177,8 @@ def up(settings: config.NodeSettings, pki: Pki, api_port: int, kubectl: str, kub
                 (config.PAUSE_IMAGE, images.pause_archive),
                 (images.BUSYBOX_IMAGE, images.busybox_archive),
             ):
-                if not images.imported(reference):
-                    images.import_archive(archive())
+                if not containerd.imported(reference):
+                    containerd.import_archive(archive())
     # The node's Ready condition can be left over from before a restart: the daemons must answer too
     # (kubelet's API is what `kubectl logs/exec` reach).
     _wait(

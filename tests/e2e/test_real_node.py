@@ -202,3 +202,134 @@ def test_a_second_real_node_is_refused_with_a_clear_reason(tmp_path: Path) -> No
     layout = controlplane.Layout(tmp_path)
     with pytest.raises(Exception, match="at most 1"):
         controlplane.up(layout.root, nodes=0, real_nodes=2, quiet=True)
+
+
+OPERATOR_NAMESPACE = "phalanx-system"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "phalanx"
+
+
+def job_status(real: RealNodeCluster, namespace: str) -> dict:
+    return json.loads(real.kubectl("get", "tj", "tinygpt", "-n", namespace, "-o", "json")).get("status") or {}
+
+
+def active_workers(real: RealNodeCluster, namespace: str) -> list[dict]:
+    found = json.loads(
+        real.kubectl("get", "pods", "-n", namespace, "-l", "phalanx.dev/role=worker", "-o", "json")
+    )
+    return [
+        pod
+        for pod in found["items"]
+        if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+    ]
+
+
+def test_the_operator_image_runs_the_example_through_a_killed_container_and_a_deleted_pod(
+    real: RealNodeCluster, tmp_path: Path
+) -> None:
+    """What a platform team does first: build the images, `helm install`, `kubectl apply` the example."""
+    import helm_python
+
+    wheels = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else "")
+    build = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", "image", "build", *(["--wheels", wheels] if wheels else [])],
+        capture_output=True, text=True, timeout=1500, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert "imported into containerd" in build.stdout
+
+    helm = helm_python.Config(kubeconfig_path=str(real.kubeconfig), namespace=OPERATOR_NAMESPACE)
+    helm.install(str(CHART), "phalanx", values={"reconcileIntervalSeconds": 2}, namespace=OPERATOR_NAMESPACE,
+                 create_namespace=True)  # fmt: skip
+    operator = wait_for(
+        lambda: [
+            pod
+            for pod in json.loads(real.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "json"))[
+                "items"
+            ]
+            if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
+            )
+        ],
+        180,
+        message=lambda: real.kubectl("get", "pods", "-A", "-o", "wide"),
+    )[0]
+    name = operator["metadata"]["name"]
+    # From its image, as the chart says: non-root, read-only root file system, probes the kubelet calls.
+    assert real.kubectl("exec", "-n", OPERATOR_NAMESPACE, name, "--", "id", "-u").strip() == "10001"
+    touched = subprocess.run(
+        [str(real.state_dir / "bin" / "kubectl"), f"--kubeconfig={real.kubeconfig}", "exec", "-n",
+         OPERATOR_NAMESPACE, name, "--", "touch", "/opt/phalanx/x"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert touched.returncode != 0 and "Read-only file system" in touched.stderr
+    wait_for(
+        lambda: "kube-probe" in real.kubectl("logs", "-n", OPERATOR_NAMESPACE, name),
+        60,
+        message="the kubelet's probes in the operator's log",
+    )
+
+    namespace = "tinygpt"
+    real.kubectl("create", "namespace", namespace)
+    example = (EXAMPLES / "tinygpt.yaml").read_text()
+    # Long enough to fail twice on the way: about 0.1 s per step.
+    example = example.replace('args: ["--steps", "300", "--print-every", "25"]',
+                              'args: ["--steps", "700", "--print-every", "25", "--step-delay", "0.1"]')  # fmt: skip
+    example = example.replace("keep: 3", "keep: 100")  # every checkpoint stays, the emergency save too
+    assert "--step-delay" in example and "keep: 100" in example
+    real.kubectl("apply", "-n", namespace, "-f", "-", input=example)
+
+    def step() -> int:
+        return int(job_status(real, namespace).get("step") or 0)
+
+    wait_for(lambda: step() >= 80, 300, message=lambda: real.kubectl("get", "tj,pods", "-n", namespace))
+    # 1. A worker's container killed outright (SIGKILL to its task, as the OOM killer or a crash would).
+    victim = active_workers(real, namespace)[0]
+    container_id = victim["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    killed = subprocess.run(
+        ["ctr", "--namespace", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", container_id],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert killed.returncode == 0, killed.stderr
+    wait_for(
+        lambda: int((job_status(real, namespace).get("restarts") or {}).get("total") or 0) >= 1,
+        120,
+        message=lambda: real.kubectl("get", "tj,pods", "-n", namespace),
+    )
+    first = job_status(real, namespace)
+    assert first.get("spares", {}) is not None
+    at_kill = step()
+    wait_for(lambda: step() >= at_kill + 40, 240, message="training to go on after the kill")
+
+    # 2. A worker deleted with kubectl: the kubelet's SIGTERM, and the launcher's save inside the grace period.
+    deleted = active_workers(real, namespace)[0]["metadata"]["name"]
+    real.kubectl("delete", "pod", deleted, "-n", namespace, "--wait=false")
+    wait_for(
+        lambda: int((job_status(real, namespace).get("restarts") or {}).get("total") or 0) >= 2,
+        120,
+        message=lambda: real.kubectl("get", "tj,pods", "-n", namespace),
+    )
+    wait_for(
+        lambda: any(
+            c["type"] == "Succeeded" and c["status"] == "True"
+            for c in job_status(real, namespace).get("conditions", [])
+        ),
+        600,
+        interval=2,
+        message=lambda: real.kubectl("get", "tj,pods", "-n", namespace),
+    )
+    real.kubectl("wait", "--for=condition=Succeeded", "tj/tinygpt", "-n", namespace, "--timeout=30s")
+
+    final = job_status(real, namespace)
+    causes = final["restarts"]["byCause"]
+    assert sum(causes.values()) == 2, causes
+    assert "PodDeleted" in causes, causes
+    events = real.kubectl("get", "events", "-n", namespace, "-o", "jsonpath={.items[*].reason}").split()
+    assert "SparePromoted" in events
+    # The emergency save on SIGTERM is a durable checkpoint off the 50-step interval, on the claim's volume.
+    claim = json.loads(real.kubectl("get", "pvc", "tinygpt-checkpoints", "-n", namespace, "-o", "json"))
+    volume = json.loads(real.kubectl("get", "pv", claim["spec"]["volumeName"], "-o", "json"))
+    saved = sorted(int(p.name.split("-")[1]) for p in Path(volume["spec"]["hostPath"]["path"]).glob("step-*"))
+    off_interval = [step for step in saved if step % 50]
+    assert off_interval, f"no emergency save on SIGTERM among the durable checkpoints {saved}"
+    assert int(final["step"]) == 700

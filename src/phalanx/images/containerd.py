@@ -31,3 +31,14 @@ def import_archive(archive: Path, socket: Path = SOCKET) -> None:
             f"ctr images import {archive} failed ({detail}); the archive itself is complete"
         )
     print(f"{archive.name}: imported into containerd ({NAMESPACE}) in {time.monotonic() - started:.0f} s")
+
+
+def imported(reference: str, socket: Path = SOCKET) -> bool:
+    """Whether an image of that exact name is in the node's containerd already."""
+    listed = subprocess.run(
+        ["ctr", "--address", str(socket), "--namespace", NAMESPACE, "images", "ls", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return reference in listed.stdout.split()
