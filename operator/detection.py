@@ -405,6 +405,9 @@ def _pod_failure(
         killed = code in KILL_EXIT_CODES and reason != OOM_REASON
         cause = KILLED if killed else EXIT_CODE
         message = f"{name} exited with code {code}" + (f" ({reason})" if reason else "")
+        said = _terminated(pod, trainer).get("message")
+        if said:
+            message += f": {said}"
         return Failure(
             cause, message=message, exit_code=code, pod_conditions=conditions, occurred_at=finished, **base
         )

@@ -12,6 +12,8 @@ from phalanx.operator import api, capacity, names, topology
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
+TERMINATION_MESSAGE_CHARS = 1024
+"""What the operator keeps of a container's termination message (it goes into conditions and Events)."""
 
 
 def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
@@ -30,6 +32,9 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
                 # When the failure happened (a regroup asks only groups older than that to re-form).
                 "finishedAt": terminated.get("finishedAt"),
             }
+            if terminated.get("message"):
+                # The launcher's own words on why it stopped (its termination message, worker/termination.py).
+                entry["terminated"]["message"] = str(terminated["message"])[:TERMINATION_MESSAGE_CHARS]
         if container.get("restartCount"):
             entry["restartCount"] = container["restartCount"]
             last = (container.get("lastState") or {}).get("terminated") or {}

@@ -42,14 +42,17 @@ from phalanx.worker import (
     drillhook,
     heartbeat,
     jobwatch,
+    oomwatch,
     preflight,
     regroup,
     rendezvous,
     rollback,
     scaling,
+    termination,
     trainerwatch,
     warmstart,
 )
+from phalanx.worker import fatal as trainer_fatal
 from phalanx.worker.checkpoint import durable, tiers
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
@@ -283,6 +286,7 @@ class PhalanxAgent(LocalElasticAgent):
         self._store_lost_at: float | None = None
         self._last_reconnect_try = 0.0
         self.stop_reason: LauncherStop | None = None
+        self._oom = oomwatch.OomWatch()
 
     # -- worker lifecycle -------------------------------------------------------------------------
 
@@ -307,6 +311,8 @@ class PhalanxAgent(LocalElasticAgent):
         os.environ[heartbeat.GROUP_ATTEMPT_ENV] = str(self._attempt)
         os.environ["PHALANX_RESTART_CAUSE"] = self._restart_cause
         self._step_at_start = self._reporter.current().step
+        trainer_fatal.clear(self._reporter.status_dir)
+        self._oom.group_started()
         # From here on the group counts as started: a regroup request must know whether it predates it.
         self._reporter.attempt = self._attempt
         self._reporter.group_started = time.time()
@@ -397,9 +403,16 @@ class PhalanxAgent(LocalElasticAgent):
             # is no failure and spends nothing.
             self._restart("preflight: restart from its checkpoint")
             return
+        if -signal.SIGKILL in codes and self._oom.killed_since_start():
+            self._give_up(result, LauncherStop(LauncherExit.OOM_KILLED, self._oom.describe()))
         fatal = [FATAL_TRAINER_EXITS[code] for code in codes if code in FATAL_TRAINER_EXITS]
         if fatal:
-            self._give_up(result, LauncherStop(fatal[0], f"training process exit codes {codes}: not retried"))
+            # What the training processes said before they left comes first: it is what the user must fix.
+            reasons = list(dict.fromkeys(trainer_fatal.read(self._reporter.status_dir)))
+            said = f"training process exit codes {codes}: not retried"
+            self._give_up(
+                result, LauncherStop(fatal[0], "; ".join(reasons) + f" ({said})" if reasons else said)
+            )
         progressed = self._made_progress()
         self._failures_without_progress = 0 if progressed else self._failures_without_progress + 1
         if self._failures_without_progress >= self._settings.max_failures_without_progress:
@@ -859,6 +872,7 @@ CHECKPOINT_DIR_ENV = "PHALANX_CHECKPOINT_DIR"
 def _fail_preflight(reporter: PodReporter, reason: str, message: str) -> int:
     """The pod fails the preflight before any training: its last heartbeat says why; the launcher's exit code."""
     logger.error("preflight failed: %s", message)
+    termination.write(f"preflight failed: {message}")
     reporter.preflight_failure = {
         "preflight": preflight.FAILED,
         "preflight_reason": reason,
@@ -932,6 +946,7 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
             result = agent.run()
         except LauncherStop as stop:
             logger.error("%s", stop)
+            termination.write(str(stop))
             close_rendezvous = stop.code != LauncherExit.RENDEZVOUS_UNREACHABLE
             return int(stop.code)
         if result is None:  # a standby released because the job ended

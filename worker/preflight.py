@@ -38,7 +38,6 @@ import json
 import math
 import os
 import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from phalanx.worker import fatal
 from phalanx.worker.checkpoint import durable, layout, tiers
 from phalanx.worker.exitcodes import TrainerExit
 
@@ -406,17 +406,8 @@ class Preflight:
             self.publisher.publish(preflight=outcome, preflight_reason=reason, preflight_message=message)
 
     def _exit(self, code: int) -> None:
-        """Close the checkpointer, leave the process group and end the process with `code` at once: the
-        training script's own threads (a watchdog, a data loader) and torch's C++ teardown at interpreter exit
-        could otherwise hold it, and the launcher acts on the code."""
-        with contextlib.suppress(Exception):
-            self.checkpointer.close()
-        with contextlib.suppress(Exception):
-            _leave_process_group()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(int(code))
+        """Close the checkpointer, leave the process group and end the process with `code` at once."""
+        fatal.exit_now(code, cleanups=[self.checkpointer.close, _leave_process_group])
 
 
 def forget_local_tier(directory: Path) -> list[int]:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from phalanx.devcluster.agent import podstatus, volumes
@@ -28,6 +29,8 @@ from phalanx.devcluster.agent.kube import ApiError, with_retry
 from phalanx.devcluster.agent.nodes import HOST_IP, capacity
 from phalanx.devcluster.agent.podstatus import ContainerRecord, PodRecord, Terminated
 from phalanx.devcluster.agent.runtime import CONTAINER_MARKER, ContainerProcess
+from phalanx.worker.termination import MAX_BYTES as TERMINATION_MESSAGE_BYTES
+from phalanx.worker.termination import TERMINATION_LOG_ENV
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +267,24 @@ class PodWorker:
                     podstatus.exit_reason(code),
                     record.running_since,
                     podstatus.now(),
+                    message=self._termination_message(name, record.restart_count),
                     container_id=record.container_id,
                 ),
             )
+
+    def _termination_log(self, container: str, restart: int) -> Path:
+        return self.dir / "termination" / f"{container}-{restart}"
+
+    def _termination_message(self, container: str, restart: int) -> str:
+        """What the container wrote to its termination log, cut as the kubelet cuts it."""
+        try:
+            return (
+                self._termination_log(container, restart)
+                .read_bytes()[:TERMINATION_MESSAGE_BYTES]
+                .decode(errors="replace")
+            )
+        except OSError:
+            return ""
 
     def _record_exit(self, record: ContainerRecord, terminated: Terminated) -> None:
         """A run ended: keep it as the state, or as lastState with a backoff when the restart policy restarts it."""
@@ -393,6 +411,11 @@ class PodWorker:
         )
         container_id = f"phalanx://{self.uid}/{record.name}/{restart}"
         env[CONTAINER_MARKER] = container_id
+        # The kubelet mounts a termination-log file into each container; the agent names one instead.
+        termination_log = self._termination_log(record.name, restart)
+        termination_log.parent.mkdir(parents=True, exist_ok=True)
+        termination_log.unlink(missing_ok=True)
+        env[TERMINATION_LOG_ENV] = str(termination_log)
         spec = {
             "container": record.name,
             "argv": argv,

@@ -150,6 +150,10 @@ def kubelet_yaml(client_ca: Path, dns_ip: str) -> str:
         "resolvConf": "/etc/resolv.conf",
         "serializeImagePulls": False,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "5%", "imagefs.available": "5%"},
+        # A memory-backed emptyDir is a tmpfs of its sizeLimit, as on Kubernetes 1.22 and later where this
+        # gate is on by default: a snapshot that does not fit in /dev/shm fails to allocate (and says which
+        # setting to raise) instead of the pod being evicted later for using more than the limit.
+        "featureGates": {"SizeMemoryBackedVolumes": True},
     }
     return yaml.safe_dump(config, sort_keys=False)
 

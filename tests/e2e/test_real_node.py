@@ -224,10 +224,9 @@ def active_workers(real: RealNodeCluster, namespace: str) -> list[dict]:
     ]
 
 
-def test_the_operator_image_runs_the_example_through_a_killed_container_and_a_deleted_pod(
-    real: RealNodeCluster, tmp_path: Path
-) -> None:
-    """What a platform team does first: build the images, `helm install`, `kubectl apply` the example."""
+@pytest.fixture(scope="module")
+def operator_pod(real: RealNodeCluster) -> str:
+    """What a platform team does first: build the images and `helm install` the chart. The operator's pod."""
     import helm_python
 
     wheels = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else "")
@@ -254,8 +253,12 @@ def test_the_operator_image_runs_the_example_through_a_killed_container_and_a_de
         180,
         message=lambda: real.kubectl("get", "pods", "-A", "-o", "wide"),
     )[0]
-    name = operator["metadata"]["name"]
-    # From its image, as the chart says: non-root, read-only root file system, probes the kubelet calls.
+    return str(operator["metadata"]["name"])
+
+
+def test_the_operator_runs_from_its_image_as_the_chart_says(real: RealNodeCluster, operator_pod: str) -> None:
+    """Non-root, read-only root file system, probes the kubelet calls."""
+    name = operator_pod
     assert real.kubectl("exec", "-n", OPERATOR_NAMESPACE, name, "--", "id", "-u").strip() == "10001"
     touched = subprocess.run(
         [str(real.state_dir / "bin" / "kubectl"), f"--kubeconfig={real.kubeconfig}", "exec", "-n",
@@ -269,6 +272,11 @@ def test_the_operator_image_runs_the_example_through_a_killed_container_and_a_de
         message="the kubelet's probes in the operator's log",
     )
 
+
+def test_the_example_trains_through_a_killed_container_and_a_deleted_pod(
+    real: RealNodeCluster, operator_pod: str
+) -> None:
+    """`kubectl apply` of the example, as users do, with the operator from its image."""
     namespace = "tinygpt"
     real.kubectl("create", "namespace", namespace)
     example = (EXAMPLES / "tinygpt.yaml").read_text()
@@ -337,3 +345,139 @@ def test_the_operator_image_runs_the_example_through_a_killed_container_and_a_de
     off_interval = [step for step in saved if step % 50]
     assert off_interval, f"no emergency save on SIGTERM among the durable checkpoints {saved}"
     assert int(final["step"]) == 700
+
+
+def small_job(name: str, claim: str, args: list[str], memory_limit: str, spec: str = "") -> str:
+    """One worker of tinygpt from the worker image: what a user's first job on a real cluster looks like."""
+    return f"""
+apiVersion: phalanx.dev/v1alpha1
+kind: TrainingJob
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  checkpoint: {{claimName: {claim}, path: /checkpoints, intervalSteps: 50}}
+  failurePolicy: {{maxRestarts: 1}}
+  gang: {{scheduleTimeoutSeconds: 120}}
+{spec}
+  template:
+    spec:
+      containers:
+      - name: trainer
+        image: phalanx-worker:0.1.0
+        command: [python, -m, phalanx.worker.examples.tinygpt]
+        args: {json.dumps(args)}
+        resources: {{requests: {{cpu: 100m, memory: 256Mi}}, limits: {{memory: {memory_limit}}}}}
+"""
+
+
+CLAIM = """
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: checkpoints}
+spec: {accessModes: [ReadWriteMany], resources: {requests: {storage: 1Gi}}}
+"""
+
+
+def root_owned_claim(namespace: str, directory: Path) -> str:
+    """A volume made by root and left 0755, as many are: the non-root worker cannot write to it."""
+    return f"""
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {namespace}-root-owned}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {{path: {directory}, type: Directory}}
+  claimRef: {{namespace: {namespace}, name: checkpoints}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: checkpoints}}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  volumeName: {namespace}-root-owned
+  resources: {{requests: {{storage: 1Gi}}}}
+"""
+
+
+def failed_condition(real: RealNodeCluster, namespace: str, name: str) -> dict | None:
+    status = json.loads(real.kubectl("get", "tj", name, "-n", namespace, "-o", "json")).get("status") or {}
+    return next(
+        (c for c in status.get("conditions", []) if c["type"] == "Failed" and c["status"] == "True"), None
+    )
+
+
+def test_a_users_mistakes_on_a_real_node_are_named_in_the_job(
+    real: RealNodeCluster, operator_pod: str, tmp_path: Path
+) -> None:
+    """Three first-day mistakes at once, each in its own namespace, each told in the job's status in words:
+    a trainer that outgrows its memory limit (the kernel's OOM kill), shared memory too small for the
+    in-memory snapshot, and a checkpoint volume the non-root worker cannot write."""
+    grow = ["--steps", "200", "--step-delay", "0.05", "--print-every", "5"]
+    locked = tmp_path / "root-owned"
+    locked.mkdir(mode=0o755)
+    os.chown(locked, 0, 0)
+    jobs = {
+        # 1 GiB more state at step 3 in a container limited to 768 MiB.
+        "oom": CLAIM + "---" + small_job(
+            "oom", "checkpoints", [*grow, "--grow-state-at-step", "3", "--grow-state-mb", "1024"], "768Mi",
+            spec="  sharedMemory: {sizeLimit: 64Mi}\n  preflight: {enabled: false}",
+        ),
+        # 32 MiB more state at step 2 with 16 MiB of /dev/shm: the snapshot's slot cannot be claimed.
+        "shm": CLAIM + "---" + small_job(
+            "shm", "checkpoints", [*grow, "--grow-state-at-step", "2", "--grow-state-mb", "32"], "1Gi",
+            spec="  sharedMemory: {sizeLimit: 16Mi}\n  preflight: {enabled: false}",
+        ),
+        # The preflight's storage check, before any training.
+        "locked": root_owned_claim("locked", locked) + "---" + small_job(
+            "locked", "checkpoints", grow, "1Gi", spec="  preflight: {enabled: true, steps: 10}"
+        ),
+    }  # fmt: skip
+    for namespace, manifest in jobs.items():
+        real.kubectl("create", "namespace", namespace)
+        real.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+    def incidents(namespace: str) -> list[dict]:
+        status = json.loads(real.kubectl("get", "tj", namespace, "-n", namespace, "-o", "json")).get("status")
+        return (status or {}).get("incidents") or []
+
+    # 1. OOM: the container ends OOMKilled and the failure policy's default-oom rule replaces it, counted.
+    oom = wait_for(
+        lambda: [i for i in incidents("oom") if "OOMKilled" in (i.get("message") or "")],
+        240,
+        message=lambda: real.kubectl("get", "tj,pods", "-n", "oom", "-o", "wide") + str(incidents("oom")),
+    )[0]
+    assert oom["rule"] == "default-oom" and oom["action"] == "ReplaceWorker", oom
+    assert "killed for memory" in oom["message"] and "768 MiB" in oom["message"], oom
+    pods = json.loads(real.kubectl("get", "pods", "-n", "oom", "-o", "json"))["items"]
+    reasons = [
+        (c.get("state", {}).get("terminated") or {}).get("reason")
+        for pod in pods
+        for c in pod["status"].get("containerStatuses", [])
+    ]
+    assert "OOMKilled" in reasons or oom["worker"] not in {p["metadata"]["name"] for p in pods}, reasons
+
+    # 2. Shared memory: the job fails at once (no restart can help), the condition says which field to raise.
+    shm = wait_for(
+        lambda: failed_condition(real, "shm", "shm"),
+        240,
+        message=lambda: real.kubectl("get", "tj,pods", "-n", "shm") + str(incidents("shm")),
+    )
+    assert "does not fit" in shm["message"] and "spec.sharedMemory.sizeLimit" in shm["message"], shm
+    assert not [i for i in incidents("shm") if i.get("action") == "ReplaceWorker"], incidents("shm")
+
+    # 3. A root-owned volume: the preflight names the user, the owner and what to set.
+    locked_failed = wait_for(
+        lambda: failed_condition(real, "locked", "locked"),
+        240,
+        message=lambda: real.kubectl("get", "tj,pods", "-n", "locked") + str(incidents("locked")),
+    )
+    message = locked_failed["message"]
+    assert "Permission denied" in message and "uid 10001" in message, message
+    assert "belongs to uid 0" in message and "fsGroup" in message, message
+    for namespace in jobs:
+        real.kubectl("delete", "namespace", namespace, "--wait=false")
+    real.kubectl("delete", "pv", "locked-root-owned", "--wait=false")

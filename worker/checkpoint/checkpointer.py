@@ -23,9 +23,10 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from phalanx.worker import autointerval
+from phalanx.worker import autointerval, fatal, heartbeat
 from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store, tiers
 from phalanx.worker.checkpoint.collectives import Group
+from phalanx.worker.exitcodes import TrainerExit
 from phalanx.worker.state import TrainState, capture_rng, restore_rng
 
 log = logging.getLogger(__name__)
@@ -292,7 +293,13 @@ class Checkpointer:
             "created_unix": time.time(),
             rollback.EPOCH_KEY: self.rollback_epoch,
         }
-        return self.store.write(payload.plan(content), meta, pinned=self._pinned)
+        try:
+            return self.store.write(payload.plan(content), meta, pinned=self._pinned)
+        except shm_store.SnapshotSpaceError as error:
+            if not os.environ.get(heartbeat.STATUS_DIR_ENV):
+                raise  # not under the launcher: the script decides
+            # Under the launcher: every retry would fail alike, so the job stops here with the reason.
+            fatal.stop(TrainerExit.NO_SNAPSHOT_SPACE, error.strerror or str(error), cleanups=[self.close])
 
     def _submit_newest(self, newest: shm_store.SlotInfo | None = None) -> None:
         if self._persister.in_flight is not None:

@@ -41,6 +41,8 @@ def test_kubelet_trusts_only_the_clusters_client_certificates(tmp_path: Path) ->
     assert kubelet["authorization"]["mode"] == "Webhook"
     assert kubelet["cgroupDriver"] == "cgroupfs"
     assert kubelet["clusterDNS"] == ["10.1.2.3"]
+    # /dev/shm volumes are tmpfs of their sizeLimit, as on Kubernetes 1.22 and later.
+    assert kubelet["featureGates"] == {"SizeMemoryBackedVolumes": True}
     argv = config.kubelet_argv("/bin/kubelet", settings(tmp_path))
     assert "--node-ip=10.1.2.3" in argv and "--hostname-override=real-node-0" in argv
 

@@ -234,6 +234,13 @@ def test_oom_kill_is_not_an_outside_kill(make_pod: MakePod, now: datetime) -> No
     assert failure.cause == "ExitCode" and "OOMKilled" in failure.pod_conditions
 
 
+def test_the_launchers_termination_message_says_why(make_pod: MakePod, now: datetime) -> None:
+    pod = make_pod("demo-worker-0", phase="Failed", exit_code=2)
+    pod["status"]["containerStatuses"][0]["terminated"]["message"] = "the in-memory snapshot does not fit"
+    (failure,), _ = run([pod], {}, now)
+    assert failure.message == "demo-worker-0 exited with code 2: the in-memory snapshot does not fit"
+
+
 def test_evicted_and_disruption_target(make_pod: MakePod, now: datetime) -> None:
     evicted = make_pod("demo-worker-0", phase="Failed")
     evicted["status"]["reason"] = "Evicted"

@@ -197,6 +197,20 @@ def test_pod_summaries_keep_only_what_decisions_need(body: dict[str, Any]) -> No
     assert summary["status"]["containerStatuses"] == [{"name": "trainer", "ready": True}]
 
 
+def test_pod_summaries_keep_a_bounded_termination_message() -> None:
+    from phalanx.operator.status import TERMINATION_MESSAGE_CHARS, summarize_pod
+
+    terminated = {"exitCode": 2, "reason": "Error", "message": "x" * 5000}
+    summary = summarize_pod(
+        {
+            "metadata": {"name": "w-0"},
+            "status": {"containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]},
+        }
+    )
+    kept = summary["status"]["containerStatuses"][0]["terminated"]
+    assert kept["message"] == "x" * TERMINATION_MESSAGE_CHARS and kept["exitCode"] == 2
+
+
 def test_pod_summaries_keep_the_nodes_a_pod_was_kept_off() -> None:
     from phalanx.operator.status import summarize_pod
     from phalanx.operator.topology import avoid_nodes

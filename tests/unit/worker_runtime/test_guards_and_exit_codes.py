@@ -6,8 +6,8 @@ import sys
 
 from localjob import LocalJob, wait_for
 
-from phalanx.worker import rendezvous
-from phalanx.worker.exitcodes import LauncherExit
+from phalanx.worker import rendezvous, termination
+from phalanx.worker.exitcodes import LauncherExit, TrainerExit
 
 
 def test_nan_loss_is_rolled_back_and_training_finishes(job: LocalJob) -> None:
@@ -99,3 +99,40 @@ def test_unreachable_rendezvous_exits_3(job: LocalJob) -> None:
     job.stop_store()
     job.start_node("a", [], nnodes="1", launcher_args=["--join-timeout", "3", "--store-timeout", "1"])
     assert job.wait_node("a", 60) == LauncherExit.RENDEZVOUS_UNREACHABLE, job.node_output("a")
+
+
+# tinygpt whose snapshots find /dev/shm full: the memory cannot be claimed, as in a pod whose shared memory is
+# smaller than its state.
+SHM_FULL = (
+    "import errno, os, sys\n"
+    "def full(fd, offset, length):\n"
+    "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+    "os.posix_fallocate = full\n"
+    "from phalanx.worker.examples import tinygpt\n"
+    "sys.exit(tinygpt.main(sys.argv[1:]))\n"
+)
+
+
+def test_a_snapshot_that_does_not_fit_stops_the_pod_at_once_with_the_reason(job: LocalJob, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    termination_log = tmp_path / "termination-log"
+    job.start_node(
+        "a",
+        [],
+        nnodes="1",
+        command=[
+            sys.executable,
+            "-c",
+            SHM_FULL,
+            "--steps",
+            "12",
+            "--checkpoint-dir",
+            str(job.checkpoint_dir),
+        ],
+        env={termination.TERMINATION_LOG_ENV: str(termination_log)},
+    )
+    assert job.wait_node("a", 90) == LauncherExit.BAD_CONFIG, job.node_output("a")
+    output = job.node_output("a")
+    assert output.count("group attempt") == 1, "the launcher retried a setting no restart can fix"
+    said = termination_log.read_text()
+    assert "does not fit" in said and "spec.sharedMemory.sizeLimit" in said, said
+    assert f"exit codes [{TrainerExit.NO_SNAPSHOT_SPACE}]" in said, said
