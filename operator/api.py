@@ -414,8 +414,9 @@ class SharedMemorySpec(ApiModel):
     mounts something there). In-memory snapshots, the launcher's status files and DataLoader workers live there;
     64 MiB holds none of them for a real model."""
     size_limit: str | None = None
-    """The volume's size limit (a quantity such as `8Gi`): room for two in-memory snapshots of this worker's
-    state (model, optimizer, RNG) plus DataLoader buffers. Unset: no limit of its own; its pages count toward
+    """The volume's size limit (a quantity such as `8Gi`): room for three in-memory snapshots of this worker's
+    state (model, optimizer, RNG: two for double buffering, one for the save in flight) plus DataLoader
+    buffers. Unset: no limit of its own; its pages count toward
     the container's memory limit either way. A snapshot that does not fit fails with a message naming this
     field."""
 
