@@ -1,5 +1,6 @@
 # Everything Phalanx needs installs from this file and pyproject.toml.
 #   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
+#   make demo-real  the same on a real node (root): the images built first, a worker's container SIGKILLed
 #   make test   the type check, then every test: unit and end-to-end against the real control plane (built once, cached)
 #   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
 #   make image  the operator and worker images without a registry (buildah; docs/images.md)
@@ -11,7 +12,7 @@ PIP_FIND_LINKS ?= /opt/wheels
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: install deps control-plane test unit e2e lint typecheck demo bench image clean
+.PHONY: install deps control-plane test unit e2e lint typecheck demo demo-real bench image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -63,6 +64,11 @@ e2e: control-plane
 
 demo: control-plane
 	$(BIN)/phalanx demo
+
+# The demo on a real node (containerd, kubelet, kube-proxy on this host; root), the images built first and
+# cached (`make image`'s build, with the same local wheel folder).
+demo-real: control-plane
+	$(BIN)/phalanx demo --real-nodes $(if $(wildcard $(PIP_FIND_LINKS)),--wheels $(PIP_FIND_LINKS))
 
 # Benchmarks: the cluster benchmarks share a local cluster started for the run and stopped after; report.md,
 # results.json and plots go to bench/results/ (p50/p95/max, the machine, every timeout, the baselines).

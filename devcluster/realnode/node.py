@@ -147,8 +147,10 @@ def node_ready(kubectl: str, kubeconfig: Path) -> bool:
     return result.stdout.strip() == "True"
 
 
-def up(settings: config.NodeSettings, pki: Pki, api_port: int, kubectl: str, kubeconfig: Path) -> None:
-    """Starts whatever of containerd, kubelet and kube-proxy is not running, then waits for Ready."""
+def require_host() -> dict[str, Path]:
+    """What a real node needs of this host, each missing piece one line: root, the Debian packages (installed
+    when root can) and kubelet with kube-proxy. Commands that do long work first (the demo's image build) call
+    it before that work, not only when the node starts. Returns the node's binaries."""
     host.require_root()
     host.ensure_packages()
     node_binaries, missing = binaries.find_node_binaries()
@@ -156,6 +158,12 @@ def up(settings: config.NodeSettings, pki: Pki, api_port: int, kubectl: str, kub
         raise UserFacingError(
             f"the real node needs {', '.join(missing)}: run `phalanx dev install --real-node` once (about 12 minutes)"
         )
+    return node_binaries
+
+
+def up(settings: config.NodeSettings, pki: Pki, api_port: int, kubectl: str, kubeconfig: Path) -> None:
+    """Starts whatever of containerd, kubelet and kube-proxy is not running, then waits for Ready."""
+    node_binaries = require_host()
     host.save_sysctls(settings.saved_sysctls)
     host.write_sysctl("net.ipv4.ip_forward", "1")
     host.write_sysctl("net.bridge.bridge-nf-call-iptables", "1")

@@ -1,8 +1,13 @@
 """`phalanx demo`: the whole product on one machine, in one command.
 
 Brings up the local cluster, installs the operator with its Helm chart, applies the tiny-GPT example,
-kills one worker mid-training through the node agent's fault injection, waits for the job to finish and
-prints a short report (steps, time, restarts, recovery, final loss, logs and a loss plot).
+kills one worker mid-training, waits for the job to finish and prints a short report (steps, time, restarts,
+recovery, final loss, logs and a loss plot).
+
+By default every pod runs on the node agent's nodes (processes: cheap, no root), which kill a worker through
+their fault injection. `--real-nodes` runs on a real node instead (containerd, kubelet and kube-proxy on this
+host, as root): the operator and worker images are built first (cached: several minutes the first time,
+seconds after) and the worker's container is killed for real, SIGKILL to its task through containerd's `ctr`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import itertools
 import json
 import subprocess
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,11 +26,23 @@ import yaml
 
 from phalanx import assets
 from phalanx.devcluster import controlplane
+from phalanx.devcluster.realnode import host
+from phalanx.devcluster.realnode import node as real_node
 from phalanx.errors import UserFacingError
+from phalanx.images import cli as images_cli
+from phalanx.images import containerd
+from phalanx.operator.validation import trainer_container_index
 
 DEMO_NAMESPACE = "phalanx-demo"
 OPERATOR_NAMESPACE = "phalanx-system"
 RELEASE = "phalanx"
+AGENT_KILL = "agent"
+CONTAINER_KILL = "container"
+KILL_DESCRIPTIONS = {
+    AGENT_KILL: "its processes killed by the node agent's fault injection",
+    CONTAINER_KILL: "SIGKILL to its container's task through ctr",
+}
+"""How the demo kills a worker (summary.json's `kill_method`), as the output words it."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +50,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="local cluster + operator + a TrainingJob trained through a failure"
     )
     parser.add_argument("--state-dir", type=Path, default=controlplane.default_state_dir())
-    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="the node agent's nodes (default: 4, none with --real-nodes)"
+    )
+    parser.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="run on a real node (containerd, kubelet, kube-proxy on this host; root): the images are built "
+        "first (several minutes the first time, seconds after) and a worker's container is SIGKILLed",
+    )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=images_cli.default_wheels(),
+        help="--real-nodes: a folder of wheels for the worker image's build (default: $PIP_FIND_LINKS if a folder)",
+    )
+    parser.add_argument(
+        "--context",
+        type=Path,
+        default=None,
+        help="--real-nodes: the Phalanx checkout the images are built from (default: the one around the cwd)",
+    )
     parser.add_argument(
         "--example", type=Path, default=None, help="TrainingJob manifest (default: the shipped tinygpt.yaml)"
     )
@@ -156,12 +194,120 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
     return (parse(end) - parse(start)).total_seconds()
 
 
+def agent_nodes(args: argparse.Namespace) -> int:
+    """4 by default; none beside a real node unless asked, so that every pod runs in a real container there."""
+    if args.nodes is not None:
+        return int(args.nodes)
+    return 0 if args.real_nodes else 4
+
+
+def real_node_conflict(
+    config: controlplane.ClusterConfig | None, all_running: bool, state_dir: Path
+) -> str | None:
+    """Why a real-node demo cannot use the cluster already in `state_dir`, if it cannot.
+
+    `up` leaves a running cluster as it is, so one started without a real node (an earlier `phalanx demo`)
+    would quietly train on the agent's nodes; better to say so before the image build.
+    """
+    if config is None or config.real_nodes or not all_running:
+        return None
+    return (
+        f"the cluster in {state_dir} runs without a real node: stop it first "
+        f"(`phalanx dev down --state-dir {state_dir}`) or pass another --state-dir"
+    )
+
+
+def prepare_real_node(args: argparse.Namespace) -> list[Path]:
+    """Checks what a real node and the image build need, cheapest first, then builds the images (cached).
+
+    Every check is one line (UserFacingError) raised before any daemon starts: `up` itself would only find
+    a missing piece after the control plane is up, and tear it down again.
+    """
+    host.require_root()
+    context = images_cli.resolve_context(args.context)
+    wheels = images_cli.check_wheels(args.wheels)
+    layout = controlplane.Layout(args.state_dir.resolve())
+    all_running = len(controlplane.running_components(layout)) == len(controlplane.COMPONENT_ORDER)
+    conflict = real_node_conflict(layout.load_config(), all_running, layout.root)
+    if conflict:
+        raise UserFacingError(conflict)
+    real_node.require_host()
+    say("building the operator and worker images (several minutes the first time, seconds after)")
+    return images_cli.build_images(context, wheels=wheels)
+
+
+def start_cluster(args: argparse.Namespace) -> controlplane.Layout:
+    """The local cluster, and with --real-nodes its real node holding the freshly built images."""
+    if not args.real_nodes:
+        say("bringing up the local cluster")
+        return controlplane.up(args.state_dir, nodes=agent_nodes(args))
+    archives = prepare_real_node(args)
+    say("bringing up the local cluster with a real node")
+    layout = controlplane.up(args.state_dir, nodes=agent_nodes(args), real_nodes=1)
+    images_cli.import_images(archives)
+    return layout
+
+
+@dataclass(frozen=True)
+class Kill:
+    method: str
+    """AGENT_KILL or CONTAINER_KILL."""
+    container: str | None = None
+    """The containerd id of the killed container (CONTAINER_KILL)."""
+
+
+def kill_method(pod: dict[str, Any]) -> str:
+    """How the victim dies for real: the agent's nodes run pods as processes and take its kill annotation;
+    the real node runs containers, which its kubelet never kills on an annotation: only containerd can."""
+    return CONTAINER_KILL if (pod.get("spec") or {}).get("nodeName") == real_node.NODE_NAME else AGENT_KILL
+
+
+def container_id(pod: dict[str, Any]) -> str:
+    """The containerd id of the pod's training container, from its status (`containerd://<id>`)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    name = containers[trainer_container_index(pod) or 0]["name"] if containers else None
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    runtime, _, found = ((statuses.get(name) or {}).get("containerID") or "").partition("://")
+    if runtime != "containerd" or not found:
+        raise UserFacingError(
+            f"pod {pod['metadata']['name']} has no containerd container {name!r} to kill (status: {runtime or 'none'})"
+        )
+    return found
+
+
+def ctr_kill_command(container: str) -> list[str]:
+    """SIGKILL to the container's task, as the OOM killer or a crash would: no SIGTERM, no grace period."""
+    return [
+        "ctr", "--address", str(containerd.SOCKET), "--namespace", containerd.NAMESPACE,
+        "tasks", "kill", "--signal", "SIGKILL", container,
+    ]  # fmt: skip
+
+
+def kill_container(container: str) -> None:
+    command = ctr_kill_command(container)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    except OSError as error:
+        raise UserFacingError(f"`{' '.join(command)}` could not run: {error}") from None
+    if result.returncode != 0:
+        raise UserFacingError(f"`{' '.join(command)}` failed: {result.stderr.strip()}")
+
+
+def kill_worker(kube: Kube, pod: dict[str, Any]) -> Kill:
+    method, name = kill_method(pod), pod["metadata"]["name"]
+    if method == AGENT_KILL:
+        kube("annotate", "pod", name, "-n", DEMO_NAMESPACE, "phalanx.dev/kill=demo", "--overwrite")
+        return Kill(method)
+    container = container_id(pod)
+    kill_container(container)
+    return Kill(method, container)
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     example = args.example or assets.example("tinygpt.yaml")
     chart = args.chart or assets.chart_dir()
-    say("bringing up the local cluster")
-    layout = controlplane.up(args.state_dir, nodes=args.nodes)
+    layout = start_cluster(args)
     kube = Kube(layout)
     kube("apply", "-f", str(assets.crds_dir()))
     install_operator(layout, chart)
@@ -207,11 +353,14 @@ def run(args: argparse.Namespace) -> int:
     workers = kube.json(
         "pods", "-n", DEMO_NAMESPACE, "-l", f"phalanx.dev/job-name={name},phalanx.dev/role=worker"
     )
-    victim = sorted(pod["metadata"]["name"] for pod in workers["items"])[-1]
+    if not workers["items"]:
+        raise UserFacingError(f"no worker pod of {name} to kill: `kubectl get pods -n {DEMO_NAMESPACE}`")
+    victim_pod = max(workers["items"], key=lambda pod: str(pod["metadata"]["name"]))
+    victim = victim_pod["metadata"]["name"]
     step_at_kill = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step")
-    kube("annotate", "pod", victim, "-n", DEMO_NAMESPACE, "phalanx.dev/kill=demo", "--overwrite")
+    kill = kill_worker(kube, victim_pod)
     killed_at = time.monotonic()
-    say(f"killed the processes of worker {victim} at step {step_at_kill} (node agent fault injection)")
+    say(f"killed worker {victim} at step {step_at_kill} ({KILL_DESCRIPTIONS[kill.method]})")
 
     resumed_after = None
     deadline = time.monotonic() + args.timeout
@@ -245,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
         "preflight": status.get("preflight"),
         "killed_worker": victim,
         "killed_at_step": step_at_kill,
+        "kill_method": kill.method,
+        "killed_container": kill.container,
         "seconds_until_progress_after_kill": round(resumed_after, 1) if resumed_after else None,
         "incidents": incidents,
         "first_loss": records[0]["loss"] if records else None,
@@ -291,7 +442,8 @@ def _format_summary(summary: dict[str, Any], layout: controlplane.Layout) -> str
         f"job                {summary['job']}: {summary['result']}",
         f"steps              {summary['steps']} in {summary['training_seconds']} s of training",
         f"preflight          {_preflight_line(summary.get('preflight'))}",
-        f"injected failure   killed {summary['killed_worker']} at step {summary['killed_at_step']}",
+        f"injected failure   killed {summary['killed_worker']} at step {summary['killed_at_step']} "
+        f"({KILL_DESCRIPTIONS[summary.get('kill_method') or AGENT_KILL]})",
         f"restarts           {restarts.get('total', 0)} ({by_cause})",
         f"recovery           {', '.join(f'{s:.1f} s' for s in recoveries) if recoveries else 'n/a'} (operator), "
         f"progress again {summary['seconds_until_progress_after_kill']} s after the kill",

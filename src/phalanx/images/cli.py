@@ -62,33 +62,62 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build_parser.set_defaults(handler=_build)
 
 
-def _build(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    variant = build.check_torch_variant(args.torch)
-    context = args.context.resolve() if args.context else find_checkout(Path.cwd())
+def resolve_context(given: Path | None) -> Path:
+    """The checkout whose Dockerfile builds the images: checked before anything is installed or built."""
+    context = given.resolve() if given else find_checkout(Path.cwd())
     if context is None or not (context / "Dockerfile").is_file():
         raise UserFacingError("no Phalanx checkout here: run it inside one or pass --context")
-    if args.wheels is not None and not args.wheels.is_dir():
-        raise UserFacingError(f"--wheels {args.wheels}: not a folder")
+    return context
+
+
+def check_wheels(wheels: Path | None) -> Path | None:
+    if wheels is not None and not wheels.is_dir():
+        raise UserFacingError(f"--wheels {wheels}: not a folder")
+    return wheels.resolve() if wheels else None
+
+
+def build_images(
+    context: Path,
+    target: str = "all",
+    torch_variant: str = "cpu",
+    torch_index_url: str | None = None,
+    wheels: Path | None = None,
+) -> list[Path]:
+    """Builds the targets and saves their archives (all cached: seconds when nothing changed).
+
+    Shared by `phalanx image build` and `phalanx demo --real-nodes`, which imports them only once its node's
+    containerd runs. Returns the archives.
+    """
     packages.ensure()
     cache = image_cache()
     base_image = base.ensure_base(base.spec_for_this_host(), cache)
     options = build.BuildOptions(
         base_image=base_image,
-        torch_variant=variant,
-        torch_index_url=args.torch_index_url,
-        wheels=args.wheels.resolve() if args.wheels else None,
+        torch_variant=torch_variant,
+        torch_index_url=torch_index_url,
+        wheels=wheels,
     )
-    archives = []
-    for target in build.targets_named(args.target):
-        tag = build.build(target, options, context)
-        archives.append(build.save_archive(tag, cache))
+    return [
+        build.save_archive(build.build(each, options, context), cache) for each in build.targets_named(target)
+    ]
+
+
+def import_images(archives: list[Path], socket: Path = containerd.SOCKET) -> None:
+    for archive in archives:
+        containerd.import_archive(archive, socket)
+
+
+def _build(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    variant = build.check_torch_variant(args.torch)
+    context = resolve_context(args.context)
+    wheels = check_wheels(args.wheels)
+    archives = build_images(context, args.target, variant, args.torch_index_url, wheels)
     if not args.no_import and args.containerd_socket.is_socket():
-        for archive in archives:
-            containerd.import_archive(archive, args.containerd_socket)
+        import_images(archives, args.containerd_socket)
     else:
         reason = "not imported" if args.no_import else f"no containerd at {args.containerd_socket}"
-        print(f"{reason}: the image archives are in {cache}")
+        print(f"{reason}: the image archives are in {image_cache()}")
         for archive in archives:
             print(f"  {archive}")
     print(f"images ready in {time.monotonic() - started:.0f} s")
