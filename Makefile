@@ -12,7 +12,7 @@ PIP_FIND_LINKS ?= /opt/wheels
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: install deps control-plane test unit e2e lint typecheck demo demo-real bench image clean
+.PHONY: install deps control-plane real-node test unit e2e lint typecheck demo demo-real bench image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,7 +30,12 @@ deps: $(VENV)/.deps-stamp
 install: deps
 	$(PIP) install --no-deps --no-build-isolation -e .
 
+# The control plane alone serves the agent's nodes (the demo, the benchmarks); the tests and the real-node demo
+# also need kubelet and kube-proxy, built with it the first time when both are missing.
 control-plane: install
+	$(BIN)/phalanx dev install
+
+real-node: install
 	$(BIN)/phalanx dev install --real-node
 
 lint: install
@@ -38,7 +43,7 @@ lint: install
 	$(BIN)/ruff format --check src operator worker devcluster tests bench examples
 
 # CI (`.ci/run`) runs this: lint and the type check first, then every test.
-test: lint typecheck control-plane
+test: lint typecheck real-node
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
@@ -59,7 +64,7 @@ typecheck: install
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-e2e: control-plane
+e2e: real-node
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
 demo: control-plane
@@ -67,7 +72,7 @@ demo: control-plane
 
 # The demo on a real node (containerd, kubelet, kube-proxy on this host; root), the images built first and
 # cached (`make image`'s build, with the same local wheel folder).
-demo-real: control-plane
+demo-real: real-node
 	$(BIN)/phalanx demo --real-nodes $(if $(wildcard $(PIP_FIND_LINKS)),--wheels $(PIP_FIND_LINKS))
 
 # Benchmarks: the cluster benchmarks share a local cluster started for the run and stopped after; report.md,
