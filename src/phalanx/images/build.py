@@ -58,6 +58,8 @@ def bud_args(target: Target, options: BuildOptions, context: Path) -> list[str]:
         # A failed step leaves no working container behind.
         "--force-rm",
         "--pull=false",
+        # runc, as on the real node: buildah's other runtime (crun) refuses a host with cgroups in hybrid mode.
+        "--runtime=runc",
         # pip reaches the package index exactly as the host does (its proxy, its resolver).
         "--network=host",
         "--build-arg",

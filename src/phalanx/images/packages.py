@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 
 from phalanx.errors import UserFacingError
 
-REQUIRED = ("buildah", "mmdebstrap")
-"""buildah builds and stores the images; mmdebstrap makes the Debian base."""
+REQUIRED = ("buildah", "mmdebstrap", "runc")
+"""buildah builds and stores the images, running the Dockerfile's steps with runc; mmdebstrap makes the
+Debian base."""
 ROOTLESS = ("uidmap",)
 """Without root, buildah and mmdebstrap map users through newuidmap/newgidmap."""
 

@@ -101,6 +101,8 @@ def test_the_tags_are_the_ones_the_chart_and_the_examples_name() -> None:
 def test_bud_builds_one_target_with_cached_layers_on_the_local_base_never_pulling() -> None:
     args = build.bud_args(build.TARGETS["operator"], options(), Path("/repo"))
     assert args[:5] == ["buildah", "bud", "--layers", "--force-rm", "--pull=false"]
+    # runc runs the steps: crun (buildah's other runtime) refuses hosts with cgroups in hybrid mode.
+    assert "--runtime=runc" in args
     assert flag_values(args, "--build-arg") == ["BASE_IMAGE=localhost/phalanx-base:key"]
     assert flag_values(args, "--target") == ["operator"]
     assert flag_values(args, "--tag") == [f"phalanx:{__version__}"]
@@ -173,17 +175,17 @@ def test_missing_packages_are_listed_in_one_line_saying_what_to_install(
         packages.ensure()
     message = str(raised.value)
     assert "\n" not in message
-    assert "apt-get install buildah mmdebstrap" in message
+    assert "apt-get install buildah mmdebstrap runc" in message
 
 
 def test_without_root_the_user_mapping_tools_are_needed_too() -> None:
-    assert packages.required(is_root=True) == ("buildah", "mmdebstrap")
-    assert packages.required(is_root=False) == ("buildah", "mmdebstrap", "uidmap")
+    assert packages.required(is_root=True) == ("buildah", "mmdebstrap", "runc")
+    assert packages.required(is_root=False) == ("buildah", "mmdebstrap", "runc", "uidmap")
 
 
 def test_a_host_without_dpkg_is_told_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(packages.shutil, "which", lambda name: None)
-    with pytest.raises(UserFacingError, match="needs the Debian packages buildah mmdebstrap"):
+    with pytest.raises(UserFacingError, match="needs the Debian packages buildah mmdebstrap runc"):
         packages.ensure()
 
 
