@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from phalanx.operator import api
@@ -541,6 +541,11 @@ def detect(
             stalled.append(failure)
         elif failure is not None:
             failures.append(failure)
+    if stalled and not failures and _a_peer_fell_silent(stalled, trainers, leases):
+        # A rank waits in a collective on a peer that stopped renewing its heartbeat before the wait was
+        # judged a hang (a frozen pod, a crashed node): the silent peer is the culprit, and its heartbeat
+        # timeout (or its node's loss) replaces it shortly; replacing the waiting survivor would lose it too.
+        stalled = []
     if stalled and not failures:
         # A hung rank stalls every rank in the next collective: all look hung. Replacing one makes the
         # group re-form; the lowest step (then the lowest index) is the likeliest culprit.
@@ -566,6 +571,44 @@ def detect(
                 )
             )
     return failures
+
+
+def _verdict_time(lease: dict[str, Any] | None) -> datetime | None:
+    """When a launcher judged its rank hung: the wait's start plus the threshold it was judged by."""
+    if (lease or {}).get("fault") != FAULT_HUNG:
+        return None
+    since = parse_time((lease or {}).get("fault-since"))
+    threshold = lease_number(lease, "hang-threshold") or 0.0
+    return None if since is None else since + timedelta(seconds=threshold)
+
+
+def _a_peer_fell_silent(
+    stalled: list[Failure], trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]]
+) -> bool:
+    """Whether a worker of the group, not itself judged stalled, last renewed its heartbeat before the
+    earliest launcher's hang verdict among `stalled`: a healthy peer renews every interval while the others
+    wait, so one that did not is frozen or gone."""
+    names = {failure.pod for failure in stalled}
+    verdicts = [
+        moment
+        for pod in trainers
+        if observe.pod_name(pod) in names and (moment := _verdict_time(heartbeat_of(pod, leases))) is not None
+    ]
+    if not verdicts:
+        return False
+    judged = min(verdicts)
+    for pod in trainers:
+        lease = heartbeat_of(pod, leases)
+        if (
+            observe.pod_name(pod) in names
+            or lease is None
+            or lease.get("phase") not in observe.IN_GROUP_PHASES
+        ):
+            continue
+        renewed = parse_time(lease.get("renewTime"))
+        if renewed is not None and renewed < judged:
+            return True
+    return False
 
 
 def _container_restarts(pod: dict[str, Any], container_name: str) -> int:

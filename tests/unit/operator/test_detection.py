@@ -556,3 +556,33 @@ def test_launcher_hangs_keep_the_blame_rule_of_stalled_workers(make_pod: MakePod
     both = {name: lease(later, step=7, **verdict) for name in ("demo-worker-0", "demo-worker-1")}
     failures, _ = run(pods, both, later, tracks)
     assert [(f.cause, f.pod) for f in failures] == [("NoProgress", "demo-worker-0")]
+
+
+def test_a_survivor_waiting_on_a_peer_that_fell_silent_is_not_blamed(
+    make_pod: MakePod, now: datetime
+) -> None:
+    """A frozen pod stops renewing its heartbeat; its peer waits in the next collective and its launcher
+    judges that wait a hang first. The silent peer is the culprit: its heartbeat timeout decides."""
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    reached = micro(now)
+    leases = {name: lease(now, step=7, **{"step-at": reached}) for name in ("demo-worker-0", "demo-worker-1")}
+    _, tracks = run(pods, leases, now)
+    later = now + timedelta(seconds=2)
+    verdict = {"fault": "hung", "step-at": reached, "fault-since": reached, "hang-threshold": 1.4}
+    frozen = lease(later, step=7, age=1.9, **{"step-at": reached})  # last renewed before the verdict
+    waiting = {"demo-worker-0": frozen, "demo-worker-1": lease(later, step=7, **verdict)}
+    assert run(pods, waiting, later, tracks)[0] == []
+    # Once the silent peer is past its heartbeat timeout, it alone is replaced.
+    timeout = later + timedelta(seconds=HEARTBEAT.timeout_seconds)
+    silent = lease(timeout, step=7, age=HEARTBEAT.timeout_seconds + 1.9, **{"step-at": reached})
+    failures, _ = run(
+        pods, {"demo-worker-0": silent, "demo-worker-1": lease(timeout, step=7, **verdict)}, timeout, tracks
+    )
+    assert [(f.cause, f.pod) for f in failures] == [("HeartbeatTimeout", "demo-worker-0")]
+    # A peer that renewed after the verdict is alive: the waiting rank's verdict stands (the blame rule).
+    alive = {
+        "demo-worker-0": lease(later, step=7, age=0.2, **{"step-at": reached}),
+        "demo-worker-1": waiting["demo-worker-1"],
+    }
+    failures, _ = run(pods, alive, later, tracks)
+    assert [(f.cause, f.pod) for f in failures] == [("NoProgress", "demo-worker-1")]

@@ -47,6 +47,8 @@ def worker(rank: int, world_size: int, port: int, out: str) -> None:
     result = gradient(rank, world_size)
     if rank == 0:
         torch.save(result, out)
+    # Both ranks leave together: gloo aborts a rank whose peer closed the connection under it.
+    dist.barrier()
     dist.destroy_process_group()
 
 
