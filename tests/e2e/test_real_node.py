@@ -477,6 +477,7 @@ def test_a_users_mistakes_on_a_real_node_are_named_in_the_job(
         240,
         message=lambda: real.kubectl("get", "tj,pods", "-n", "oom", "-o", "wide") + str(incidents("oom")),
     )[0]
+    print("OOM incident:", oom["message"])  # shown with -rA
     assert oom["rule"] == "default-oom" and oom["action"] == "ReplaceWorker", oom
     assert "killed for memory" in oom["message"] and "768 MiB" in oom["message"], oom
     pods = json.loads(real.kubectl("get", "pods", "-n", "oom", "-o", "json"))["items"]
@@ -493,6 +494,7 @@ def test_a_users_mistakes_on_a_real_node_are_named_in_the_job(
         240,
         message=lambda: real.kubectl("get", "tj,pods", "-n", "shm") + str(incidents("shm")),
     )
+    print("shared memory:", shm["message"])
     assert "does not fit" in shm["message"] and "spec.sharedMemory.sizeLimit" in shm["message"], shm
     assert not [i for i in incidents("shm") if i.get("action") == "ReplaceWorker"], incidents("shm")
 
@@ -503,6 +505,7 @@ def test_a_users_mistakes_on_a_real_node_are_named_in_the_job(
         message=lambda: real.kubectl("get", "tj,pods", "-n", "locked") + str(incidents("locked")),
     )
     message = locked_failed["message"]
+    print("root-owned volume:", message)
     assert "Permission denied" in message and "uid 10001" in message, message
     assert "belongs to uid 0" in message and "fsGroup" in message, message
     for namespace in jobs:
