@@ -305,6 +305,9 @@ def test_the_demo_trains_through_a_sigkilled_container(
     assert re.fullmatch(r"[0-9a-f]{64}", container or ""), container
     assert "SIGKILL to its container's task through ctr" in result.stdout
     assert int((summary["restarts"] or {}).get("total") or 0) >= 1, summary["restarts"]
+    # The hot spare took the killed worker's place.
+    events = real.kubectl("get", "events", "-n", demo.DEMO_NAMESPACE, "-o", "jsonpath={.items[*].reason}")
+    assert "SparePromoted" in events.split(), events
     # Whatever pods of the job are left ran on the real node: there is no other.
     pods = json.loads(real.kubectl("get", "pods", "-n", demo.DEMO_NAMESPACE, "-o", "json"))["items"]
     assert {pod["spec"].get("nodeName") for pod in pods} <= {real_node.NODE_NAME}
