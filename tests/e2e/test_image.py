@@ -72,7 +72,7 @@ def working_container(image: str) -> Iterator[str]:
 def run_in(container: str, *command: str) -> str:
     """The command's output, run as the image runs it (its user, environment and working directory)."""
     result = subprocess.run(
-        ["buildah", "run", container, "--", *command],
+        ["buildah", "run", f"--runtime={build.RUNTIME}", container, "--", *command],
         capture_output=True,
         text=True,
         timeout=300,

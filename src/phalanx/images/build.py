@@ -14,6 +14,9 @@ from phalanx.errors import UserFacingError
 TORCH_VARIANT = re.compile(r"^(cpu|cu\d{3})$")
 """PyTorch's wheel variants: `cpu`, or a CUDA one such as `cu126`."""
 WHEELS_MOUNT = "/wheels"
+RUNTIME = "runc"
+"""The OCI runtime buildah runs the Dockerfile's steps with, as the real node runs containers: buildah's other
+runtime, crun, refuses a host whose cgroups are in hybrid mode."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,7 @@ def bud_args(target: Target, options: BuildOptions, context: Path) -> list[str]:
         # A failed step leaves no working container behind.
         "--force-rm",
         "--pull=false",
-        # runc, as on the real node: buildah's other runtime (crun) refuses a host with cgroups in hybrid mode.
-        "--runtime=runc",
+        f"--runtime={RUNTIME}",
         # pip reaches the package index exactly as the host does (its proxy, its resolver).
         "--network=host",
         "--build-arg",
