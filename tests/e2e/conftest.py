@@ -190,6 +190,21 @@ BENCH_SMOKE_TIMEOUT = 1700
 """Seconds a `phalanx bench --quick` run may take in a test (CI machines run them several times slower)."""
 
 
+def assert_demo_succeeded(result: subprocess.CompletedProcess[str], report: Path) -> dict[str, Any]:
+    """`phalanx demo` trained the tiny GPT to the end through its injected failure and wrote its report; the
+    summary it wrote."""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary: dict[str, Any] = json.loads((report / "summary.json").read_text())
+    assert summary["result"] == "Succeeded"
+    assert summary["steps"] == 300
+    assert summary["preflight"]["state"] == "Passed", summary["preflight"]
+    assert summary["killed_worker"].startswith("tinygpt-worker-")
+    assert summary["final_loss"] < summary["first_loss"]
+    assert (report / "loss.png").stat().st_size > 0
+    assert "=== Phalanx demo ===" in result.stdout
+    return summary
+
+
 def run_bench_smoke(
     cluster: Cluster, benchmarks: list[str], out: Path
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

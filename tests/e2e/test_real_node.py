@@ -29,7 +29,7 @@ from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.realnode import host, images
 from phalanx.devcluster.realnode import node as real_node
 
-from .conftest import wait_for
+from .conftest import assert_demo_succeeded, wait_for
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -289,15 +289,7 @@ def test_the_demo_trains_through_a_sigkilled_container(
          "--report", str(tmp_path), *(["--wheels", wheels] if wheels else [])],
         capture_output=True, text=True, timeout=2400, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["result"] == "Succeeded"
-    assert summary["steps"] == 300
-    assert summary["preflight"]["state"] == "Passed", summary["preflight"]
-    assert summary["killed_worker"].startswith("tinygpt-worker-")
-    assert summary["final_loss"] < summary["first_loss"]
-    assert (tmp_path / "loss.png").stat().st_size > 0
-    assert "=== Phalanx demo ===" in result.stdout
+    summary = assert_demo_succeeded(result, tmp_path)
 
     # The kill was a real one: SIGKILL to the worker's container on the real node, not the agent's annotation.
     assert summary["kill_method"] == demo.CONTAINER_KILL, summary
