@@ -271,7 +271,10 @@ def metrics_for(variant: Variant, trials: list[Trial]) -> list[Metric]:
         "detect": "kill -> incident detectedAt (bounded by the end of its second and by when it was seen)",
         "replace": "detection -> the new worker group's group-started (promotion or new pod, rendezvous)",
         "rendezvous": "survivors left training -> the new group's group-started (overlaps replace)",
-        "trainer start-up": "group-started -> restore begins: training processes spawned, torch, process group",
+        "trainer start-up": (
+            "group-started -> restore begins: survivors' training processes join the new process group "
+            "(live regroup: kept), a spare's or a new pod's start (torch imported beforehand)"
+        ),
         "state load": "seconds the restore itself took (slowest rank, step log)",
         "first step": "restore done -> the first step after it completed (resumed-at)",
     }
@@ -477,6 +480,9 @@ def notes(all_trials: dict[str, list[Trial]], slow: list[str], errors: list[str]
         "torchrun starts them outside the container's process group); the next kill waits until every "
         f"worker trains again, {SETTLE_STEPS} more steps plus a random part of the checkpoint interval, "
         "and the spare is refilled.",
+        "The tiny GPT runs its groups through livegroup.run_groups, so in the hot-spare and new-pod variants "
+        "the survivors keep their training processes (live regroup: the launcher hands them the new group and "
+        "they restore from their own memory); the restart-job baseline deletes every pod.",
         f"Durable checkpoints every {CHECKPOINT_INTERVAL} steps on a claim all pods share, in every variant; "
         "the restart-job baseline resumes from it, the others from in-memory snapshots and peers.",
         "Clocks: the kill time is taken on this machine right before the request; the pods are processes "

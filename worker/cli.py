@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=False,
         help="start every training process cold (env PHALANX_WARM_START=false)",
     )
+    add(
+        "--no-live-regroup",
+        dest="live_regroup",
+        action="store_const",
+        const=False,
+        help="restart the training processes at every regroup (env PHALANX_LIVE_REGROUP=false)",
+    )
     add("--verbose", action="store_true", help="show torchrun's own logs")
     add("command", nargs=argparse.REMAINDER, help="-- then the training command")
 

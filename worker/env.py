@@ -35,6 +35,8 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_METRICS_PORT": "metrics_port",
     "PHALANX_COLLECTIVE_TIMEOUT": "collective_timeout",
     "PHALANX_WARM_START": "warm_start",
+    "PHALANX_LIVE_REGROUP": "live_regroup",
+    "PHALANX_LIVE_LEAVE_TIMEOUT": "live_leave_timeout",
     "POD_NAME": "pod_name",
     "POD_UID": "pod_uid",
     "POD_NAMESPACE": "pod_namespace",
@@ -130,6 +132,13 @@ class LaunchSettings(BaseModel):
     warm_start: bool = True
     """Keep one interpreter per local rank with torch imported, waiting to become the next training process
     (worker/warmstart.py): a restart then skips the import. Off: every training process starts cold."""
+    live_regroup: bool = True
+    """Training processes that run their groups through `phalanx.worker.livegroup.run_groups` outlive a
+    regroup: the launcher hands them the next group instead of killing them (worker/livegroup.py). Off: every
+    regroup restarts the training processes."""
+    live_leave_timeout: float = Field(default=2.0, gt=0)
+    """Seconds live training processes get to leave their group at a step boundary when the group must
+    re-form (a node joins, the operator's regroup request); past it they are killed and started anew."""
     command: tuple[str, ...] = Field(min_length=1)
     """The user's training command."""
 

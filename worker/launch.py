@@ -42,6 +42,7 @@ from phalanx.worker import (
     drillhook,
     heartbeat,
     jobwatch,
+    livegroup,
     oomwatch,
     preflight,
     regroup,
@@ -54,6 +55,7 @@ from phalanx.worker import (
 )
 from phalanx.worker import fatal as trainer_fatal
 from phalanx.worker.checkpoint import durable, tiers
+from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
 from phalanx.worker.metrics import PodMetrics
@@ -131,6 +133,9 @@ class RendezvousClient:
             keep_alive_interval=settings.keepalive_interval,  # type: ignore[arg-type]
             keep_alive_max_attempt=settings.keepalive_max_attempts,
         )
+        # torch's state holder serves a cached copy for a second after each read, so a waiting node would
+        # see a change a second late however often it polls: each poll must read the store.
+        torch_elastic.set_state_cache(self.handler, poll)
         # Every decision of the rendezvous about "full" reads the store's count, not the start-up one.
         scaling.install_live_settings(self.handler, self.max_nodes.current)
         self.publish_node(self.store)
@@ -287,12 +292,20 @@ class PhalanxAgent(LocalElasticAgent):
         self._last_reconnect_try = 0.0
         self.stop_reason: LauncherStop | None = None
         self._oom = oomwatch.OomWatch()
+        self._kept_trainers = False
+        """The running training processes left their group live and wait for the next one (livegroup.py)."""
+        self._members: frozenset[rendezvous.Node] | None = None
+        """The rendezvous nodes of the round the running group formed from (None: not known)."""
 
     # -- worker lifecycle -------------------------------------------------------------------------
 
     def group_started(self) -> float | None:
         """Unix time when the running worker group started; None while none runs."""
         return self._reporter.group_started
+
+    def group_members(self) -> frozenset[rendezvous.Node] | None:
+        """The rendezvous nodes of the running group (None while none runs or when not known)."""
+        return self._members if self._reporter.group_started is not None else None
 
     def training_pids(self) -> list[int]:
         """Pids of the training processes of the group that runs now (empty while none runs)."""
@@ -303,6 +316,7 @@ class PhalanxAgent(LocalElasticAgent):
         # State lives in in-memory snapshots that survive the processes, so a restart kills at once:
         # waiting for ranks stuck in a collective is what makes recoveries slow.
         self._reporter.group_started = None
+        self._kept_trainers = False
         if self._pcontext is not None:
             self._pcontext.close(signal.SIGKILL, timeout=10)
 
@@ -316,23 +330,117 @@ class PhalanxAgent(LocalElasticAgent):
         # From here on the group counts as started: a regroup request must know whether it predates it.
         self._reporter.attempt = self._attempt
         self._reporter.group_started = time.time()
-        pids = super()._start_workers(worker_group)
+        kept = self._kept_trainers and self._pcontext is not None and self._trainers_alive()
+        if kept:
+            pids = self._hand_over_group(worker_group)
+        else:
+            if self._kept_trainers:
+                self._stop_workers(worker_group)  # one died while it waited: the group starts anew
+            livegroup.clear(self._reporter.status_dir)
+            pids = super()._start_workers(worker_group)
+        self._kept_trainers = False
         self._reporter.launcher_phase = None
         logger.info(
-            "group attempt %d (%s): rank %d of %d nodes, world size %d",
+            "group attempt %d (%s): rank %d of %d nodes, world size %d%s",
             self._attempt,
             self._restart_cause,
             worker_group.group_rank,
             worker_group.group_world_size,
             worker_group.workers[0].world_size if worker_group.workers else 0,
+            ", training processes kept" if kept else "",
         )
         return pids
+
+    # -- live regroup (worker/livegroup.py) -------------------------------------------------------
+
+    def _local_ranks(self) -> range:
+        return range(self._settings.nproc_per_node)
+
+    def _trainers_alive(self) -> bool:
+        pids = self.training_pids()
+        states = [trainerwatch.process_state(pid) for pid in pids]
+        return len(pids) == len(self._local_ranks()) and all(
+            state is not None and state not in {"Z", "X"} for state in states
+        )
+
+    def _live_departure(self) -> str | None:
+        """Why the group must re-form because a training process left it on its own (a peer went away)."""
+        if not self._settings.live_regroup:
+            return None
+        directory = self._reporter.status_dir
+        for local_rank in self._local_ranks():
+            if livegroup.left_attempt(directory, local_rank) == self._attempt:
+                reason = livegroup.left_reason(directory, local_rank)
+                return f"local rank {local_rank} left group {self._attempt}: {reason}"
+        return None
+
+    def _release_live(self) -> bool:
+        """Have the running training processes leave their group without ending; True when every one did
+        within the leave timeout (they are kept for the next group), False to kill them instead."""
+        directory = self._reporter.status_dir
+        ranks = self._local_ranks()
+        if (
+            not self._settings.live_regroup
+            or self._pcontext is None
+            or any(livegroup.joined_attempt(directory, rank) != self._attempt for rank in ranks)
+            or not self._trainers_alive()
+        ):
+            return False
+
+        def all_left() -> bool:
+            return all(livegroup.left_attempt(directory, rank) == self._attempt for rank in ranks)
+
+        if not all_left():
+            livegroup.request_leave(directory, self._attempt)
+        deadline = time.monotonic() + self._settings.live_leave_timeout
+        while not all_left():
+            if time.monotonic() >= deadline or not self._trainers_alive():
+                logger.warning(
+                    "training processes did not leave group %d within %gs: restarting them",
+                    self._attempt,
+                    self._settings.live_leave_timeout,
+                )
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _hand_over_group(self, worker_group: Any) -> dict[int, Any]:
+        """Give the kept training processes the group that just formed (instead of starting new ones)."""
+        spec = worker_group.spec
+        restart_count = spec.max_restarts - self._remaining_restarts
+        shared = {
+            name: os.environ[name]
+            for name in (heartbeat.GROUP_ATTEMPT_ENV, "PHALANX_RESTART_CAUSE", ROLLBACK_ENV)
+            if name in os.environ
+        }
+        for worker in worker_group.workers:
+            env = {
+                **shared,
+                "RANK": str(worker.global_rank),
+                "LOCAL_RANK": str(worker.local_rank),
+                "GROUP_RANK": str(worker_group.group_rank),
+                "ROLE_RANK": str(worker.role_rank),
+                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+                "WORLD_SIZE": str(worker.world_size),
+                "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
+                "ROLE_WORLD_SIZE": str(worker.role_world_size),
+                "MASTER_ADDR": str(worker_group.master_addr),
+                "MASTER_PORT": str(worker_group.master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            }
+            livegroup.assign(self._reporter.status_dir, worker.local_rank, self._attempt, env)
+        assert self._pcontext is not None
+        return dict(self._pcontext.pids())
 
     def _rendezvous(self, worker_group: Any) -> None:
         self._reporter.launcher_phase = "rendezvous"
         started = time.monotonic()
         self._read_max_nodes()
+        self._members = None
         super()._rendezvous(worker_group)
+        with contextlib.suppress(Exception):
+            participants = torch_elastic.round_state(self._client.handler).participants
+            self._members = frozenset(rendezvous.node_key(node) for node in participants)
         self._reporter.metrics.rendezvous_seconds.set(time.monotonic() - started)
         with contextlib.suppress(*STORE_ERRORS):
             self._epoch_seen = self._client.restart_epoch()
@@ -362,13 +470,19 @@ class PhalanxAgent(LocalElasticAgent):
                 self._client.reconnect_until(deadline)
                 self._restart_cause = "store-reconnected"
 
-    def _restart(self, cause: str) -> None:
+    def _restart(self, cause: str, keep_trainers: bool = False) -> None:
+        """Re-form the group: the training processes leave it live when `keep_trainers` and they can
+        (worker/livegroup.py), else they are killed and started anew."""
         self._restart_cause = cause
         self._reporter.metrics.restarts.labels(cause=cause).inc()
         self._reporter.group_restarts += 1
         logger.warning("restarting the worker group: %s", cause)
         self._reporter.launcher_phase = "rendezvous"
-        self._stop_workers(self._worker_group)
+        if keep_trainers and self._release_live():
+            self._reporter.group_started = None
+            self._kept_trainers = True
+        else:
+            self._stop_workers(self._worker_group)
         self._worker_group.state = WorkerState.STOPPED
         self._initialize_resilient()
 
@@ -392,9 +506,9 @@ class PhalanxAgent(LocalElasticAgent):
             if result.state in {WorkerState.UNHEALTHY, WorkerState.FAILED}:
                 self._on_failure(result)
                 continue
-            cause = self._membership_change()
+            cause = self._live_departure() or self._membership_change()
             if cause is not None:
-                self._restart(cause)
+                self._restart(cause, keep_trainers=True)
 
     def _on_failure(self, result: RunResult) -> None:
         codes = sorted({failure.exitcode for failure in result.failures.values()})
@@ -692,6 +806,7 @@ FLAG_FIELDS = (
     "heartbeat_interval",
     "collective_timeout",
     "warm_start",
+    "live_regroup",
 )
 
 
@@ -736,6 +851,7 @@ def _prepare_worker_environment(settings: LaunchSettings, status_dir: Path) -> N
     # Training processes get a fresh store per attempt, hosted by the new rank 0, instead of one hosted
     # by the first rank-0 launcher: a reused store would keep stale keys and a dead node's address.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ[livegroup.LIVE_ENV] = "1" if settings.live_regroup else "0"
     if settings.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Pods with their own loopback address share the host's interfaces: gloo must use loopback.
@@ -796,6 +912,7 @@ class JobFollowing:
                 self.writer,
                 settings.heartbeat_interval,
                 forget=client.forget_departed,
+                members=agent.group_members,
             )
             with contextlib.suppress(*STORE_ERRORS, RuntimeError):
                 regrouper.seed()

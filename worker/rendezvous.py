@@ -204,7 +204,16 @@ def publish_node(store: dist.Store, pod_key: str, node: Any) -> None:
         store.set(NODE_KEY_PREFIX + pod_key, f"{node.addr} {node.pid} {node.local_id}")
 
 
-def departed_nodes(store: dist.Store, pod_keys: Sequence[str]) -> set[tuple[str, int, int]]:
+Node = tuple[str, int, int]
+"""A rendezvous node as torch names it: its address, its launcher's pid and its local id."""
+
+
+def node_key(node: Any) -> Node:
+    """The (addr, pid, local_id) of torch's `_NodeDesc`."""
+    return (node.addr, node.pid, node.local_id)
+
+
+def departed_nodes(store: dist.Store, pod_keys: Sequence[str]) -> set[Node]:
     """The rendezvous nodes the named pods' launchers published (pods that never published are skipped)."""
     found = set()
     for pod_key in pod_keys:
@@ -238,7 +247,7 @@ def forget_departed(store: dist.Store, backend: Any, pod_keys: Sequence[str], at
         stale = [
             node
             for node, beat in state.last_heartbeats.items()
-            if (node.addr, node.pid, node.local_id) in wanted and beat > EXPIRED
+            if node_key(node) in wanted and beat > EXPIRED
         ]
         if not stale:
             return []

@@ -73,6 +73,7 @@ __all__ = [
     "node_of",
     "replace_handler_settings",
     "round_state",
+    "set_state_cache",
     "set_subprocess_handler_factory",
     "set_sync_delay",
     "state_backend",
@@ -129,6 +130,12 @@ def swap_store(handler: DynamicRendezvousHandler, store: Store, backend: Rendezv
     holder = state_holder(handler)
     holder._backend = backend
     holder._token = None  # the old connection's token means nothing to the new one
+
+
+def set_state_cache(handler: DynamicRendezvousHandler, seconds: float) -> None:
+    """How long the handler's state holder serves its cached copy of the shared state instead of reading it
+    again (torch: one second, whatever the executor's poll delay)."""
+    state_holder(handler)._cache_duration = seconds
 
 
 def handler_settings(handler: DynamicRendezvousHandler) -> RendezvousSettings:

@@ -7,10 +7,12 @@ Timeouts used here (printed with every failure): heartbeat interval 1 s, timeout
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from phalanx.bench import faults
@@ -104,12 +106,39 @@ def _event_order(event: dict[str, Any]) -> tuple[str, str]:
     return (event.get("lastTimestamp") or "", event["metadata"].get("creationTimestamp") or "")
 
 
+def trainer_pids(pod: str) -> set[int]:
+    """The training processes of a pod on the node agent (processes of this machine): pids of the example
+    started by that pod's launcher."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            command = " ".join(process.info["cmdline"] or ())
+            if "phalanx.worker.examples.tinygpt" in command and process.environ().get("POD_NAME") == pod:
+                found.add(process.pid)
+    return found
+
+
 def test_sigkilled_worker_is_replaced_by_the_spare(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     cluster.apply(fault_job("killed"), namespace)
     victim = training_worker(cluster, namespace, "killed")
+    (survivor,) = [
+        pod.metadata.name
+        for pod in job_pods(cluster, namespace, "killed", "phalanx.dev/role=worker")
+        if pod.metadata.name != victim.metadata.name
+    ]
+    survivor_pids = trainer_pids(survivor)
+    assert survivor_pids, f"no training process of {survivor} found"
     cluster.kubectl("annotate", "pod", victim.metadata.name, "-n", namespace, "phalanx.dev/kill=now")
+
+    def resumed() -> bool:
+        incidents = incidents_of(get_job(cluster, namespace, "killed"), victim.metadata.name)
+        return bool(incidents and incidents[0].get("resumedAt"))
+
+    wait_for(resumed, 120, message="the recovery")
+    # Live regroup: the survivor's training processes were handed the new group, not restarted.
+    assert trainer_pids(survivor) == survivor_pids
     job = wait_succeeded(cluster, namespace, "killed", timeout=400)
     assert_recovered(job, victim.metadata.name, "Killed")
     assert any(e["reason"] == "SparePromoted" for e in events_for(cluster, namespace, "killed"))

@@ -10,6 +10,7 @@ before the request's step is restored instead, once; the abandoned run's states 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
@@ -394,6 +395,20 @@ class Checkpointer:
         if self._durable_pending and self.is_writer:
             self._submit_newest()
             self._collect_persist_result(timeout=timeout)
+
+    def rejoin(self, process_group: dist.ProcessGroup | None = None) -> None:
+        """This process joined a new process group (worker/livegroup.py): ranks and world size are read
+        again. A replicated save in flight finishes first (it is local: the saver process writes it); a
+        sharded one in flight is abandoned, since its collectives ran in the old group (its folder never
+        commits). The operator's rollback request is read again from the environment, which the launcher
+        updates with each group it hands over."""
+        if self._sharded is not None:
+            with contextlib.suppress(Exception):
+                self._sharded.poll(block=True)
+        else:
+            self._collect_persist_result(timeout=None)
+        self.group = Group.resolve(process_group)
+        self.rollback_request = rollback.from_env()
 
     def close(self) -> None:
         """Wait for pending persistence and release the saver process and mappings."""

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from phalanx.worker import livegroup
 from phalanx.worker.autointerval import parse_interval
 from phalanx.worker.data import ElasticSampler, micro_batches, rank_share
 from phalanx.worker.examples.corpus import generate
@@ -149,17 +151,13 @@ def append_json(path: str | None, record: dict[str, Any]) -> None:
         handle.write(json.dumps(record) + "\n")
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """Join the group torchrun formed (if any); the device is chosen at run time."""
-    use_cuda = torch.cuda.is_available()
-    device = torch.device("cpu")
-    if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    if "MASTER_ADDR" not in os.environ:
-        return 0, 1, device
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=process_group_timeout())
-    return dist.get_rank(), dist.get_world_size(), device
+def choose_device() -> torch.device:
+    """CUDA (this process's local rank's device) when present, else the CPU: chosen at run time."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -248,22 +246,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    from phalanx.worker import Checkpointer, TrainState
+    """Set up what outlives a worker group (model, optimizer, data, checkpointer), then train in one group
+    after another (worker/livegroup.py): under the launcher, a lost peer costs this process a new group and
+    a restore from its own memory, not a restart."""
+    from phalanx.worker import TrainState
 
     torch.set_num_threads(args.threads)
-    rank, world_size, device = init_distributed()
-    publisher = StatusPublisher.from_env()
-    publisher.publish(phase="starting", rank=rank, world_size=world_size)
-    watchdog = CollectiveWatchdog().start()
+    device = choose_device()
     clock = StepClock(device=device if device.type == "cuda" else None)
     slow_seconds = args.slow_seconds if args.slow_pod and os.environ.get("POD_NAME") == args.slow_pod else 0.0
 
     dataset = CharDataset(generate(args.corpus_chars), args.block)
     torch.manual_seed(args.seed)
     model = TinyGPT(len(dataset.vocab), args.block, width=args.width, layers=args.layers).to(device)
-    # The only buffer is the constant causal mask: no broadcast of it at every forward, which would also
-    # make the ranks wait for each other before the StepClock's sync point could see it.
-    ddp: nn.Module = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 20
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -279,15 +274,20 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         data_cursor=sampler,
         extra={"grown": grown} if grown is not None else None,
     )
-    ckpt = Checkpointer(
+    training = Training(
+        args,
+        device,
+        dataset,
+        model,
+        optimizer,
+        scheduler,
+        sampler,
+        grown,
+        bad_batch,
         state,
-        directory=args.checkpoint_dir,
-        interval_steps=args.checkpoint_interval,
-        keep=args.checkpoint_keep,
-        snapshot_every=1,
+        clock,
+        slow_seconds,
     )
-    guard = NonFiniteLossGuard(ckpt, sampler, max_rollbacks=args.max_rollbacks)
-    preflight = Preflight.from_env(ckpt, publisher)
 
     def on_sigterm(signum: int, _frame: Any) -> None:
         signal.signal(signum, signal.SIG_IGN)
@@ -295,8 +295,85 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGUSR1, _hang_here)
+    return livegroup.run_groups(training.in_group, timeout=process_group_timeout())
 
-    restores: list[dict[str, Any]] = []
+
+@dataclass
+class Training:
+    """What outlives a worker group in this process; `in_group` trains in the group it is in now."""
+
+    args: argparse.Namespace
+    device: torch.device
+    dataset: CharDataset
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: ElasticSampler
+    grown: GrownState | None
+    bad_batch: list[int] | None
+    state: Any
+    clock: StepClock
+    slow_seconds: float
+    ckpt: Any = None
+    restores: list[dict[str, Any]] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+    def in_group(self) -> dict[str, Any]:
+        from phalanx.worker import Checkpointer
+
+        rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        publisher = StatusPublisher.from_env()
+        publisher.publish(phase="starting", rank=rank, world_size=world_size)
+        if self.ckpt is None:
+            args = self.args
+            self.ckpt = Checkpointer(
+                self.state,
+                directory=args.checkpoint_dir,
+                interval_steps=args.checkpoint_interval,
+                keep=args.checkpoint_keep,
+                snapshot_every=1,
+            )
+        else:
+            self.ckpt.rejoin()
+        # Gradients of a step the last group did not finish must not reach this one's optimizer.
+        self.optimizer.zero_grad(set_to_none=True)
+        # The only buffer is the constant causal mask: no broadcast of it at every forward, which would also
+        # make the ranks wait for each other before the StepClock's sync point could see it.
+        model = self.model
+        ddp: nn.Module = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
+        watchdog = CollectiveWatchdog().start()
+        try:
+            return train_in_group(self, rank, world_size, ddp, publisher, watchdog)
+        finally:
+            watchdog.stop()
+
+
+def train_in_group(
+    training: Training,
+    rank: int,
+    world_size: int,
+    ddp: nn.Module,
+    publisher: StatusPublisher,
+    watchdog: CollectiveWatchdog,
+) -> dict[str, Any]:
+    """Restore, then train until the last step, in the group this process is in now."""
+    args, device, dataset, model, ckpt = (
+        training.args,
+        training.device,
+        training.dataset,
+        training.model,
+        training.ckpt,
+    )
+    optimizer, scheduler, sampler, grown = (
+        training.optimizer,
+        training.scheduler,
+        training.sampler,
+        training.grown,
+    )
+    bad_batch, clock, slow_seconds = training.bad_batch, training.clock, training.slow_seconds
+    restores, started = training.restores, training.started
+    guard = NonFiniteLossGuard(ckpt, sampler, max_rollbacks=args.max_rollbacks)
+    preflight = Preflight.from_env(ckpt, publisher)
 
     def restore(reason: str, do_load: Any) -> int:
         publisher.publish(phase="restoring")
@@ -323,7 +400,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             sampler.skip_batches(1)  # a resume that does not continue the run: the preflight must see it
         return loaded
 
-    started = time.time()
     step = restore("start", load_at_start)
     loss_value = float("nan")
     nans_injected = 0
@@ -401,6 +477,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"step {step} loss {loss_value:.4f} world {world_size}", flush=True)
             if args.fail_at_step and step == args.fail_at_step and rank == world_size - 1:
                 _fail_once(args)
+            livegroup.check()
         ckpt.save(step, force_durable=True)
         ckpt.wait()
     except Terminated:
@@ -412,7 +489,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
         raise
     ckpt.close()
-    watchdog.stop()
     publisher.publish(phase="finished", step=step)
     return {
         "final_step": step,
@@ -469,13 +545,6 @@ def _fail_once(args: argparse.Namespace) -> None:
     os._exit(1)
 
 
-def _peer_lost(error: BaseException) -> bool:
-    text = str(error)
-    return any(
-        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-    )
-
-
 class _nullcontext:
     def __enter__(self) -> None:
         return None
@@ -485,6 +554,7 @@ class _nullcontext:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+
     args = parse_args(argv)
     try:
         summary = train(args)
@@ -496,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _leave_group()  # an abort at exit would turn exit code 86 into a retried failure
         return int(TrainerExit.NON_FINITE_LOSS)
     except RuntimeError as error:
-        if not _peer_lost(error):
+        if not livegroup.peer_lost(error):
             raise
         # Expected when another rank dies: the launcher re-forms the group; no traceback needed. The group
         # is not torn down here: with a peer gone that could wait on it, and the launcher must see the exit.

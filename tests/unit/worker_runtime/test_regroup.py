@@ -364,3 +364,31 @@ def test_every_launcher_drops_the_departed_even_without_a_running_group(store: d
     regrouper.tick()
     assert len(asked) == 1  # once per request
     assert regroup_of(job) == RegroupRequest(NOW, 2, "PodDeleted of w-0", ("w-0",), ("uid-0",))
+
+
+def test_a_group_formed_without_the_departed_is_left_alone_whatever_the_clocks(store: dist.Store) -> None:
+    seed_regroup_epoch(store, 0)
+    rendezvous.publish_node(
+        store, "uid-dead", type("Node", (), {"addr": "10.0.0.9", "pid": 9, "local_id": 0})
+    )
+    job = job_with(
+        {
+            "before": micro_time(NOW + timedelta(seconds=1)),  # after the group started (a clock-skew margin)
+            "epoch": 1,
+            "reason": "Killed of w-9",
+            "departed": ["w-9"],
+            "departedUids": ["uid-dead"],
+        }
+    )
+    members: frozenset[rendezvous.Node] = frozenset({("10.0.0.1", 1, 0), ("10.0.0.2", 2, 0)})
+    regrouper = Regrouper(
+        lambda: job, lambda: store, lambda: NOW.timestamp(), "w1", interval=60, members=lambda: members
+    )
+    assert regrouper.tick() is None and regrouper.settled == 1
+    assert rendezvous.read_restart_epoch(store) == 0
+
+    # A group that still holds the departed pod's node restarts.
+    members = frozenset({("10.0.0.1", 1, 0), ("10.0.0.9", 9, 0)})
+    job["status"]["regroup"]["epoch"] = 2
+    assert regrouper.tick() is Claim.WON
+    assert rendezvous.read_restart_epoch(store) == 1

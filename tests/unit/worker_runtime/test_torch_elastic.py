@@ -205,6 +205,21 @@ def test_the_rendezvous_still_polls_through_the_module_delay() -> None:
     assert "_delay(seconds=1)" in executor
 
 
+def test_the_state_cache_is_the_holders_and_a_zero_cache_reads_the_store_each_time(store: dist.Store) -> None:
+    handler = handler_on(store)
+    holder = torch_elastic.state_holder(handler)
+    assert holder._cache_duration == 1  # torch's default: a second of stale reads
+    torch_elastic.set_state_cache(handler, 0.0)
+    holder.sync()
+    reads = []
+    backend = torch_elastic.state_backend(handler)
+    original = backend.get_state
+    backend.get_state = lambda: reads.append(1) or original()  # type: ignore[method-assign]
+    holder.sync()
+    holder.sync()
+    assert len(reads) == 2
+
+
 def test_the_agent_starts_processes_through_the_replaceable_factory() -> None:
     factory = torch_elastic.subprocess_handler_factory()
     assert callable(factory)

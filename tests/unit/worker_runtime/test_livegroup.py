@@ -1,0 +1,114 @@
+"""Live regroup (worker/livegroup.py): survivors keep their training processes across a recovery."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from localjob import LocalJob, wait_for
+
+from phalanx.worker import livegroup
+
+EXAMPLE = ["--steps", "45", "--step-delay", "0.1", "--global-batch", "16"]
+
+
+def test_survivor_keeps_its_training_process_when_the_spare_replaces_a_killed_node(job: LocalJob) -> None:
+    job.start_node("a", EXAMPLE)
+    job.start_node("b", EXAMPLE)
+    wait_for(lambda: job.last_step() >= 3, 90, "the group to train")
+    job.start_node("spare", EXAMPLE, launcher_args=["--role", "spare"])
+    wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
+    wait_for(lambda: job.last_step() >= 12, 90, "training to go on while the spare stands by")
+    survivor_pids = [process.pid for process in job.trainers("a")]
+    assert len(survivor_pids) == 1
+
+    step_before_kill = job.last_step()
+    job.kill_node("b")
+    wait_for(lambda: job.last_step() > step_before_kill + 2, 90, "training to go on after the kill")
+    assert [process.pid for process in job.trainers("a")] == survivor_pids, job.node_output("a")
+
+    assert job.wait_node("a", 120) == 0, job.node_output("a")
+    assert job.wait_node("spare", 120) == 0, job.node_output("spare")
+    assert "training processes kept" in job.node_output("a")
+    summary = job.any_summary()
+    assert summary["final_step"] == 45 and summary["world_size"] == 2
+    resumed = [event for event in job.restores() if event["step"] > 0]
+    # The survivor restores from its own memory, the spare from the survivor: nothing is read from disk.
+    assert sorted(event["source"] for event in resumed) == ["memory", "peer"], resumed
+    assert min(event["step"] for event in resumed) >= step_before_kill - 1
+
+
+def test_without_live_regroup_the_survivor_restarts_its_training_process(job: LocalJob) -> None:
+    job.start_node("a", EXAMPLE, launcher_args=["--no-live-regroup"])
+    job.start_node("b", EXAMPLE, launcher_args=["--no-live-regroup"])
+    wait_for(lambda: job.last_step() >= 8, 90, "the group to train")
+    survivor_pids = [process.pid for process in job.trainers("a")]
+    victim = job.trainers("b")
+    victim[0].kill()
+    step_before_kill = job.last_step()
+    wait_for(lambda: job.last_step() > step_before_kill + 2, 90, "training to go on after the kill")
+    assert [process.pid for process in job.trainers("a")] != survivor_pids
+    assert job.wait_node("a", 120) == 0, job.node_output("a")
+    assert job.wait_node("b", 120) == 0, job.node_output("b")
+    assert "training processes kept" not in job.node_output("a")
+
+
+def test_a_new_node_joins_a_running_group_without_restarting_it(job: LocalJob) -> None:
+    example = ["--steps", "60", "--step-delay", "0.1", "--global-batch", "16"]
+    job.start_node("a", example, nnodes="1:2")
+    wait_for(lambda: job.last_step() >= 5, 90, "the first node to train alone")
+    first_pids = [process.pid for process in job.trainers("a")]
+    job.start_node("b", example, nnodes="1:2")
+    wait_for(
+        lambda: any(record.get("world_size") == 2 for record in job.steps()), 90, "the group to grow to two"
+    )
+    # The running process left its group at a step boundary and joined the bigger one.
+    assert [process.pid for process in job.trainers("a")] == first_pids, job.node_output("a")
+    assert job.wait_node("a", 120) == 0, job.node_output("a")
+    assert job.wait_node("b", 120) == 0, job.node_output("b")
+    assert job.any_summary()["final_step"] == 60
+
+
+def test_leave_is_asked_once_per_group(tmp_path: Path) -> None:
+    member = livegroup.LiveGroup(tmp_path, local_rank=0, attempt=3)
+    assert not member.leave_requested()
+    livegroup.request_leave(tmp_path, 2)  # an older group's request
+    assert not member.leave_requested()
+    os.utime(livegroup.leave_file(tmp_path), (1, 1))  # a change of the file, whatever the clock's grain
+    livegroup.request_leave(tmp_path, 3)
+    assert member.leave_requested()
+    assert not member.leave_requested()  # seen: the next step does not leave again
+
+
+def test_a_member_that_left_waits_for_a_later_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_GROUP_ATTEMPT", "4")
+    member = livegroup.LiveGroup(tmp_path, local_rank=1, attempt=4, assign_timeout=0.2)
+    livegroup.assign(tmp_path, 1, 4, {"RANK": "0"})  # the group it left: not the next one
+    with pytest.raises(TimeoutError, match="after leaving group 4"):
+        member.next_assignment()
+    livegroup.assign(tmp_path, 1, 5, {"RANK": "1", "PHALANX_GROUP_ATTEMPT": "5"})
+    assert member.next_assignment() == {"RANK": "1", "PHALANX_GROUP_ATTEMPT": "5"}
+
+
+def test_the_launcher_reads_what_its_processes_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PHALANX_GROUP_ATTEMPT", "2")
+    member = livegroup.LiveGroup(tmp_path, local_rank=0)
+    member.join(timeout=timedelta(seconds=5))  # no group named: it joins none
+    assert livegroup.joined_attempt(tmp_path, 0) == 2
+    assert livegroup.left_attempt(tmp_path, 0) is None
+    member.leave("Connection closed by peer")
+    assert livegroup.left_attempt(tmp_path, 0) == 2
+    assert livegroup.left_reason(tmp_path, 0) == "Connection closed by peer"
+    livegroup.clear(tmp_path)
+    assert livegroup.joined_attempt(tmp_path, 0) is None
+
+
+def test_only_a_lost_peer_is_a_reason_to_regroup() -> None:
+    assert livegroup.peer_lost(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234"))
+    assert livegroup.peer_lost(RuntimeError("Connection reset by peer"))
+    assert not livegroup.peer_lost(RuntimeError("CUDA out of memory"))
+    assert not livegroup.peer_lost(ValueError("shape mismatch"))
