@@ -390,8 +390,15 @@ class PhalanxAgent(LocalElasticAgent):
         def all_left() -> bool:
             return all(livegroup.left_attempt(directory, rank) == self._attempt for rank in ranks)
 
-        if not all_left():
-            livegroup.request_leave(directory, self._attempt)
+        if all_left():
+            return True
+        stuck = self._stuck_in_a_step()
+        if stuck is not None:
+            # Blocked in a collective with a peer that froze: it cannot reach a step boundary, and gloo's
+            # wait cannot be interrupted from inside the process. Waiting would only add to the recovery.
+            logger.info("training processes restarted, not kept: %s", stuck)
+            return False
+        livegroup.request_leave(directory, self._attempt)
         deadline = time.monotonic() + self._settings.live_leave_timeout
         while not all_left():
             if time.monotonic() >= deadline or not self._trainers_alive():
@@ -403,6 +410,18 @@ class PhalanxAgent(LocalElasticAgent):
                 return False
             time.sleep(0.01)
         return True
+
+    def _stuck_in_a_step(self) -> str | None:
+        """Which training process of this group has been in one step far longer than its steps take (None:
+        none): one waiting on a peer that stopped answering."""
+        now = time.time()
+        for record in heartbeat.read_records(self._reporter.status_dir):
+            if record.attempt != self._attempt or record.step_at is None or record.step_seconds is None:
+                continue
+            limit = max(STUCK_STEP_FACTOR * record.step_seconds, STUCK_STEP_FLOOR)
+            if record.phase == "training" and now - record.step_at > limit:
+                return f"rank {record.rank} has been in step {(record.step or 0) + 1} for {now - record.step_at:.1f}s"
+        return None
 
     def _hand_over_group(self, worker_group: Any) -> dict[int, Any]:
         """Give the kept training processes the group that just formed (instead of starting new ones)."""
@@ -587,6 +606,11 @@ class PhalanxAgent(LocalElasticAgent):
             self._store_lost_at = time.monotonic()
         return None
 
+
+STUCK_STEP_FACTOR = 3.0
+STUCK_STEP_FLOOR = 1.0
+"""A training process that has spent more than max(factor x its last step's time, floor) seconds in the current
+step is not asked to leave its group live: it waits on a peer (worker/livegroup.py)."""
 
 SILENT_SCRIPT_SECONDS = 10.0
 """How long a running group's processes may take to write their first status record before the pod counts as

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
+import torch.distributed as dist
 from localjob import LocalJob, wait_for
 
 from phalanx.worker import livegroup
@@ -112,3 +117,31 @@ def test_only_a_lost_peer_is_a_reason_to_regroup() -> None:
     assert livegroup.peer_lost(RuntimeError("Connection reset by peer"))
     assert not livegroup.peer_lost(RuntimeError("CUDA out of memory"))
     assert not livegroup.peer_lost(ValueError("shape mismatch"))
+
+
+def test_a_survivor_stuck_with_a_frozen_peer_is_restarted_at_once(job: LocalJob) -> None:
+    job.start_node("a", EXAMPLE)
+    job.start_node("b", EXAMPLE)
+    wait_for(lambda: job.last_step() >= 3, 90, "the group to train")
+    job.start_node("spare", EXAMPLE, launcher_args=["--role", "spare"])
+    wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
+    wait_for(lambda: job.last_step() >= 8, 90, "training to go on while the spare stands by")
+    frozen = [
+        psutil.Process(job.nodes["b"].pid),
+        *psutil.Process(job.nodes["b"].pid).children(recursive=True),
+    ]
+    for process in frozen:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        step = job.last_step()
+        time.sleep(2.0)  # the survivor waits in a collective for its frozen peer
+        store = dist.TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=10))
+        store.add("phalanx/restart-epoch", 1)  # what the operator's regroup request leads to
+        wait_for(lambda: job.last_step() > step + 2, 90, "training to go on without the frozen node")
+        output = job.node_output("a")
+        assert "training processes restarted, not kept: rank 0 has been in step" in output, output
+        assert "did not leave group" not in output  # no leave timeout was waited out
+    finally:
+        for process in frozen:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGKILL)
