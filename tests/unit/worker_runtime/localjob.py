@@ -139,6 +139,26 @@ class LocalJob:
         self.nodes[name] = process
         return process
 
+    def start_pair_with_spare(self, example_args: list[str], trained: int) -> None:
+        """Nodes `a` and `b` train; `spare` stands by; training has gone on to step `trained` since."""
+        self.start_node("a", example_args)
+        self.start_node("b", example_args)
+        wait_for(lambda: self.last_step() >= 3, 90, "the group to train")
+        self.start_node("spare", example_args, launcher_args=["--role", "spare"])
+        wait_for(lambda: "-> standby" in self.node_output("spare"), 60, "the spare to stand by")
+        wait_for(lambda: self.last_step() >= trained, 90, "training to go on while the spare stands by")
+
+    def assert_spare_finished_from_memory(self, steps: int, step_before_kill: int) -> None:
+        """`a` and the spare trained to `steps` after `b` was lost; the survivor restored from its own memory,
+        the spare from the survivor, nothing from disk, at most one step back."""
+        assert self.wait_node("a", 120) == 0, self.node_output("a")
+        assert self.wait_node("spare", 120) == 0, self.node_output("spare")
+        summary = self.any_summary()
+        assert summary["final_step"] == steps and summary["world_size"] == 2
+        resumed = [event for event in self.restores() if event["step"] > 0]
+        assert sorted(event["source"] for event in resumed) == ["memory", "peer"], resumed
+        assert min(event["step"] for event in resumed) >= step_before_kill - 1
+
     def node_output(self, name: str) -> str:
         return (self.root / f"node-{name}.log").read_text(errors="replace")
 

@@ -20,12 +20,7 @@ EXAMPLE = ["--steps", "45", "--step-delay", "0.1", "--global-batch", "16"]
 
 
 def test_survivor_keeps_its_training_process_when_the_spare_replaces_a_killed_node(job: LocalJob) -> None:
-    job.start_node("a", EXAMPLE)
-    job.start_node("b", EXAMPLE)
-    wait_for(lambda: job.last_step() >= 3, 90, "the group to train")
-    job.start_node("spare", EXAMPLE, launcher_args=["--role", "spare"])
-    wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
-    wait_for(lambda: job.last_step() >= 12, 90, "training to go on while the spare stands by")
+    job.start_pair_with_spare(EXAMPLE, trained=12)
     survivor_pids = [process.pid for process in job.trainers("a")]
     assert len(survivor_pids) == 1
 
@@ -33,16 +28,8 @@ def test_survivor_keeps_its_training_process_when_the_spare_replaces_a_killed_no
     job.kill_node("b")
     wait_for(lambda: job.last_step() > step_before_kill + 2, 90, "training to go on after the kill")
     assert [process.pid for process in job.trainers("a")] == survivor_pids, job.node_output("a")
-
-    assert job.wait_node("a", 120) == 0, job.node_output("a")
-    assert job.wait_node("spare", 120) == 0, job.node_output("spare")
+    job.assert_spare_finished_from_memory(45, step_before_kill)
     assert "training processes kept" in job.node_output("a")
-    summary = job.any_summary()
-    assert summary["final_step"] == 45 and summary["world_size"] == 2
-    resumed = [event for event in job.restores() if event["step"] > 0]
-    # The survivor restores from its own memory, the spare from the survivor: nothing is read from disk.
-    assert sorted(event["source"] for event in resumed) == ["memory", "peer"], resumed
-    assert min(event["step"] for event in resumed) >= step_before_kill - 1
 
 
 def test_without_live_regroup_the_survivor_restarts_its_training_process(job: LocalJob) -> None:
@@ -120,12 +107,7 @@ def test_only_a_lost_peer_is_a_reason_to_regroup() -> None:
 
 
 def test_a_survivor_stuck_with_a_frozen_peer_is_restarted_at_once(job: LocalJob) -> None:
-    job.start_node("a", EXAMPLE)
-    job.start_node("b", EXAMPLE)
-    wait_for(lambda: job.last_step() >= 3, 90, "the group to train")
-    job.start_node("spare", EXAMPLE, launcher_args=["--role", "spare"])
-    wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
-    wait_for(lambda: job.last_step() >= 8, 90, "training to go on while the spare stands by")
+    job.start_pair_with_spare(EXAMPLE, trained=8)
     frozen = [
         psutil.Process(job.nodes["b"].pid),
         *psutil.Process(job.nodes["b"].pid).children(recursive=True),

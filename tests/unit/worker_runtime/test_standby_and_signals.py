@@ -12,24 +12,12 @@ from phalanx.worker.rendezvous import RoundView, spare_may_join
 
 def test_standby_replaces_a_killed_node_with_state_from_peers(job: LocalJob) -> None:
     example = ["--steps", "45", "--step-delay", "0.1", "--global-batch", "16"]
-    job.start_node("a", example)
-    job.start_node("b", example)
-    wait_for(lambda: job.last_step() >= 3, 90, "the group to train")
-    job.start_node("spare", example, launcher_args=["--role", "spare"])
-    wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
-    wait_for(lambda: job.last_step() >= 12, 90, "training to go on while the spare stands by")
+    job.start_pair_with_spare(example, trained=12)
     assert not [event for event in job.restores() if event["step"] > 0], "the spare forced a restart"
 
     step_before_kill = job.last_step()
     job.kill_node("b")
-
-    assert job.wait_node("a", 120) == 0, job.node_output("a")
-    assert job.wait_node("spare", 120) == 0, job.node_output("spare")
-    summary = job.any_summary()
-    assert summary["final_step"] == 45 and summary["world_size"] == 2
-    resumed = [event for event in job.restores() if event["step"] > 0]
-    assert sorted(event["source"] for event in resumed) == ["memory", "peer"], resumed
-    assert min(event["step"] for event in resumed) >= step_before_kill - 1
+    job.assert_spare_finished_from_memory(45, step_before_kill)
 
 
 def test_spare_started_first_leaves_both_slots_to_the_workers(job: LocalJob) -> None:
