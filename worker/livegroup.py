@@ -48,10 +48,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from phalanx.worker.heartbeat import GROUP_ATTEMPT_ENV, STATUS_DIR_ENV
+
 LIVE_ENV = "PHALANX_LIVE_REGROUP"
 """`1`: the launcher hands live processes their next group (set by the launcher for its training processes)."""
-STATUS_DIR_ENV = "PHALANX_STATUS_DIR"
-GROUP_ATTEMPT_ENV = "PHALANX_GROUP_ATTEMPT"
 ASSIGN_WAIT_ENV = "PHALANX_LIVE_ASSIGN_TIMEOUT"
 """Seconds a process that left its group waits for the next one before it gives up (default: twice the
 rendezvous join timeout)."""
