@@ -881,8 +881,14 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             b.status.state = "Backoff"
             return
 
-    _scale_down(b, workers, spec.replicas, workers=True)
-    kept_workers = min(len(workers), spec.replicas)
+    # Workers over `replicas` go only where the gang as a whole is over its size (a scale-down). Within the
+    # gang's size they are torch swapping roles: it promoted a spare over a member whose keep-alive lapsed,
+    # and that member, still labelled a worker, has yet to rejoin as the standby. Deleting the highest index
+    # there would kill the spare that just took the slot and break the group a second time.
+    gang_surplus = len(workers) + len(spares) - expected
+    removed_workers = min(max(len(workers) - spec.replicas, 0), max(gang_surplus, 0))
+    _scale_down(b, workers, len(workers) - removed_workers, workers=True)
+    kept_workers = len(workers) - removed_workers
     # Only a surplus over the whole gang removes spares: a spare about to take a failed worker's slot
     # and the new spare refilling the pool both stay.
     surplus = kept_workers + len(spares) - expected

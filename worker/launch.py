@@ -234,6 +234,12 @@ class RendezvousClient:
             else 0
         )
 
+    def dropped(self) -> bool:
+        """Whether the group re-formed without this node: it is no participant of the rendezvous (its
+        keep-alive lapsed while it stalled). Reads the local copy, synced by `waiting_with_room`."""
+        state = torch_elastic.round_state(self.handler)
+        return torch_elastic.node_of(self.handler) not in state.participants
+
     def wait_for_formed_group(self) -> None:
         """Keep a spare out of the rendezvous until joining cannot take a worker's slot.
 
@@ -601,6 +607,10 @@ class PhalanxAgent(LocalElasticAgent):
             waiting = self._client.waiting_with_room()
             if waiting > 0:
                 return f"{waiting} node(s) waiting to join"
+            if self._client.dropped():
+                # Its training processes wait on peers that went on without them: they rejoin (the group is
+                # full, so as the standby) instead of being judged hung.
+                return "the group re-formed without this node (its rendezvous keep-alive lapsed)"
         except STORE_ERRORS as error:
             logger.warning("rendezvous store lost (%s); training continues", type(error).__name__)
             self._store_lost_at = time.monotonic()
@@ -611,6 +621,13 @@ STUCK_STEP_FACTOR = 3.0
 STUCK_STEP_FLOOR = 1.0
 """A training process that has spent more than max(factor x its last step's time, floor) seconds in the current
 step is not asked to leave its group live: it waits on a peer (worker/livegroup.py)."""
+
+STALL_GAP_SECONDS = 2.0
+"""A pause this long between two of the reporter's looks (it looks every `PodReporter.POLL_SECONDS`) means the
+launcher itself stood still."""
+STALL_GRACE_SECONDS = 1.0
+"""How long after such a stall the launcher holds its verdict on its training processes: its agent looks at
+the group every `monitor_interval` (0.2 s) and restarts it if it re-formed without this node."""
 
 SILENT_SCRIPT_SECONDS = 10.0
 """How long a running group's processes may take to write their first status record before the pod counts as
@@ -650,6 +667,8 @@ class PodReporter:
         self._schedule = heartbeat.RenewalSchedule(settings.heartbeat_interval)
         self._watch = trainerwatch.TrainerWatch(settings.hang_factor, settings.hang_floor)
         self._verdict: trainerwatch.Verdict | None = None
+        self._last_look = time.monotonic()
+        self._stalled_until = 0.0
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._lease: Any = None
@@ -672,6 +691,9 @@ class PodReporter:
         phase = self._launcher_phase
         if phase == "rendezvous" and self.standby_probe():
             phase = "standby"
+        if phase is None and self.group_left():
+            # The records still say training until the agent's loop notices (it may have been stalled).
+            phase = "rendezvous"
         if records is None:
             records = heartbeat.read_records(self.status_dir)
         status = heartbeat.combine(records, phase, attempt=self.attempt, launcher_since=self._launcher_since)
@@ -694,6 +716,10 @@ class PodReporter:
             preflight_reason=failure["preflight_reason"],
             preflight_message=failure["preflight_message"],
         )
+
+    def group_left(self) -> bool:
+        """Some training process has left the running group live (worker/livegroup.py): it re-forms."""
+        return self.attempt is not None and livegroup.any_left(self.status_dir, self.attempt)
 
     def silent_script(self) -> bool:
         """The group has run `SILENT_SCRIPT_SECONDS` and no training process of this pod ever wrote a status
@@ -746,11 +772,23 @@ class PodReporter:
                 logger.warning("heartbeat failed: %s", error)
             wait = min(self.POLL_SECONDS, self._schedule.wait_hint(time.monotonic()))
 
+    def _recently_stalled(self) -> bool:
+        """Whether the launcher itself stood still (stopped, starved of CPU) until a moment ago. What it sees
+        of its training processes then spans its own stall, and its agent has yet to look at the group
+        (re-formed without this node meanwhile, say): a verdict waits `STALL_GRACE_SECONDS`."""
+        now = time.monotonic()
+        gap, self._last_look = now - self._last_look, now
+        if gap > STALL_GAP_SECONDS:
+            self._stalled_until = now + STALL_GRACE_SECONDS
+        return now < self._stalled_until
+
     def _judge(
         self, status: heartbeat.PodStatus, records: list[heartbeat.StatusRecord]
     ) -> heartbeat.PodStatus:
         """The status with the launcher's verdict on its training processes (trainerwatch.py)."""
-        if self._launcher_phase is not None or self.attempt is None:
+        stalled = self._recently_stalled()
+        if self._launcher_phase is not None or self.attempt is None or self.group_left():
+            # A process between groups waits for its next one: it is not in a step, hung or not.
             self._watch.reset()
             self._verdict = None
         else:
@@ -766,6 +804,8 @@ class PodReporter:
             states = {pid: trainerwatch.process_state(pid) for pid in pids}
             ranks = {record.pid: record.rank for record in current.values()}
             verdict = self._watch.observe(current, states, ranks, status.checkpoint_save_seconds, time.time())
+            if stalled:
+                verdict = None
             if verdict is not None and (self._verdict is None or verdict.kind != self._verdict.kind):
                 logger.warning("training process fault: %s", verdict.message)
             self._verdict = verdict

@@ -125,6 +125,11 @@ def left_attempt(directory: Path, local_rank: int) -> int | None:
     return _attempt_in(left_file(directory, local_rank))
 
 
+def any_left(directory: Path, attempt: int) -> bool:
+    """Whether some training process has left group `attempt`: the group is over, whoever has noticed yet."""
+    return any(_attempt_in(path) == attempt for path in directory.glob("live-left-*.json"))
+
+
 def left_reason(directory: Path, local_rank: int) -> str:
     content = _read(left_file(directory, local_rank)) or {}
     return str(content.get("reason") or "")

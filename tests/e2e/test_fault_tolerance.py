@@ -324,6 +324,53 @@ def test_no_false_alarm_with_frequent_checkpoints(
     assert final["status"]["goodput"] == 1.0
 
 
+def test_a_launcher_stalled_past_its_keepalive_swaps_roles_with_the_spare(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """A worker's launcher stalls (SIGSTOP, its training processes left running) longer than the rendezvous
+    keep-alive (5 s) and well within the heartbeat timeout: torch drops it and promotes the spare, and the
+    worker rejoins as the standby. No failure happened: every pod stays, nothing is counted."""
+    cluster.apply(fault_job("stalled", heartbeat=PATIENT_HEARTBEAT), namespace)
+    victim = training_worker(cluster, namespace, "stalled")
+    (spare,) = job_pods(cluster, namespace, "stalled", "phalanx.dev/role=spare")
+    before = {p.metadata.name: p.metadata.uid for p in job_pods(cluster, namespace, "stalled", TRAINERS)}
+    launcher = [
+        pid
+        for pid in faults.pod_processes(victim.metadata.name, namespace)
+        if pid not in faults.trainer_processes(victim.metadata.name, namespace)
+    ]
+    assert faults.signal_all(launcher, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: any(e["reason"] == "SparePromoted" for e in events_for(cluster, namespace, "stalled")),
+            30,
+            message=f"torch to promote {spare.metadata.name}",
+        )
+    finally:
+        faults.signal_all(launcher, signal.SIGCONT)
+
+    def victim_stands_by() -> bool:
+        lease = cluster.get_json("lease", victim.metadata.name, "-n", namespace)
+        return lease["metadata"].get("annotations", {}).get("phalanx.dev/phase") == "standby"
+
+    wait_for(victim_stands_by, 60, message=f"{victim.metadata.name} to rejoin as the standby")
+    wait_for(
+        lambda: (
+            [pod.metadata.name for pod in job_pods(cluster, namespace, "stalled", "phalanx.dev/role=spare")]
+            == [victim.metadata.name]
+        ),
+        30,
+        message=f"{victim.metadata.name} to be labelled the spare",
+    )
+    # Before the job ends: a finished job removes its spares.
+    after = {p.metadata.name: p.metadata.uid for p in job_pods(cluster, namespace, "stalled", TRAINERS)}
+    assert after == before, "a role swap must not delete the spare that took the slot, nor any pod"
+    job = wait_succeeded(cluster, namespace, "stalled", timeout=400)
+    assert incidents_of(job) == [], job["status"]["incidents"]
+    assert job["status"]["restarts"]["total"] == 0, job["status"]["restarts"]
+    assert job["status"]["step"] == STEPS
+
+
 POOL_LABEL = "phalanx.dev/e2e-pool"
 
 

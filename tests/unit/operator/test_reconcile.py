@@ -683,6 +683,36 @@ def test_removing_a_training_worker_on_scale_down_asks_for_a_regroup(
     }
 
 
+def test_a_spare_torch_promoted_over_a_lapsed_member_is_not_scaled_down(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # worker-0's rendezvous keep-alive lapsed (a stall shorter than the heartbeat timeout): torch promoted the
+    # spare, and worker-0 still reports training until it rejoins as the standby. Three pods report training
+    # in a gang of three: a role swap, not a scale-down; the spare that took the slot must stay.
+    job = make_job(replicas=2, spares=1, heartbeat={"intervalSeconds": 1, "timeoutSeconds": 10})
+    pods = _running_gang(make_pod)
+    steady = _steady(job, pods, now)
+    leases = {
+        "demo-worker-0": _lease(now, 10, age=3.0),
+        "demo-worker-1": _lease(now, 10),
+        "demo-worker-2": _lease(now, 10, phase="restoring"),
+    }
+    swapped = plan(
+        _with_status(job, steady), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert swapped.delete_pods == [] and swapped.force_delete_pods == [] and swapped.create_pods == []
+    assert swapped.relabel_pods == {"demo-worker-2": "worker"}
+    assert "regroup" not in swapped.status
+    # A real scale-down of that gang still removes a worker.
+    smaller = make_job(
+        replicas=1, minReplicas=1, spares=1, heartbeat={"intervalSeconds": 1, "timeoutSeconds": 10}
+    )
+    down = plan(
+        _with_status(smaller, steady), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert down.delete_pods == ["demo-worker-2"] and down.create_pods == []
+
+
 def test_a_straggler_is_removed_with_its_grace_period_and_its_group_re_forms(
     make_job: MakeJob, make_pod: MakePod, now: datetime
 ) -> None:

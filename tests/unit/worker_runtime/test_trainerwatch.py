@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from phalanx.worker import trainerwatch
+from phalanx.worker import launch, livegroup, trainerwatch
+from phalanx.worker.env import settings_from
 from phalanx.worker.heartbeat import PodStatus, RenewalSchedule, StatusRecord, lease_annotations
+from phalanx.worker.metrics import PodMetrics
 from phalanx.worker.trainerwatch import (
     HUNG,
     MIN_SAMPLES,
@@ -208,3 +211,53 @@ def test_time_in_training_before_a_save_without_a_new_step_still_counts() -> Non
     assert clock.waited(5.5) == pytest.approx(0.9)
     clock.observe(training(2, 5.6))
     assert list(clock.samples) == [pytest.approx(1.0)]
+
+
+def _running_reporter(tmp_path: Path) -> launch.PodReporter:
+    env = {"PHALANX_RDZV_ENDPOINT": "rdzv.ns.svc:29400", "PHALANX_JOB_UID": "uid-9", "POD_IP": "127.0.3.4"}
+    reporter = launch.PodReporter(
+        settings_from(env, {"command": ("python", "train.py")}), tmp_path, PodMetrics()
+    )
+    reporter.attempt = 1
+    reporter.launcher_phase = None  # the group runs
+    return reporter
+
+
+def _judged_after_steady_steps(reporter: launch.PodReporter) -> str | None:
+    """The reporter's verdict on a rank that made regular steps long ago and none since."""
+    base = time.time() - 100.0
+    status = PodStatus(phase="training")
+    for step in range(1, MIN_SAMPLES + 3):
+        reporter._judge(status, [training(step, base + step * 0.1)])
+    return reporter._judge(status, [training(MIN_SAMPLES + 2, base + (MIN_SAMPLES + 2) * 0.1)]).fault
+
+
+def test_a_launcher_that_stood_still_holds_its_verdict_for_a_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _judged_after_steady_steps(_running_reporter(tmp_path)) == HUNG
+    # The same rank seen right after the launcher itself was stopped for a while: its agent looks at the group
+    # (re-formed without this node, say) before the training processes are judged.
+    stalled = _running_reporter(tmp_path)
+    real = time.monotonic
+    monkeypatch.setattr(launch.time, "monotonic", lambda: real() + launch.STALL_GAP_SECONDS + 1)
+    assert _judged_after_steady_steps(stalled) is None
+    monkeypatch.setattr(
+        launch.time, "monotonic", lambda: real() + launch.STALL_GAP_SECONDS + 1 + launch.STALL_GRACE_SECONDS
+    )
+    assert (
+        stalled._judge(PodStatus(phase="training"), [training(MIN_SAMPLES + 2, time.time() - 90)]).fault
+        == HUNG
+    )
+
+
+def test_a_process_that_left_its_group_waits_for_the_next_one_and_is_not_judged(tmp_path: Path) -> None:
+    reporter = _running_reporter(tmp_path)
+    livegroup.assign(tmp_path, 0, 1, {})  # any file of the exchange; only the left one counts
+    assert _judged_after_steady_steps(reporter) == HUNG
+    (tmp_path / "live-left-0.json").write_text('{"attempt": 1, "reason": "a peer left"}')
+    assert _judged_after_steady_steps(reporter) is None
+    assert reporter.current().phase == "rendezvous"
+    # A process that left an earlier group says nothing of this one.
+    reporter.attempt = 2
+    assert not reporter.group_left()
