@@ -454,7 +454,8 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
             b.mark_done(failure.pod, failure.uid, kept=True)
         failures = [failure for failure in failures if not failure.spare]
     for failure, decision in _decisions(failures, spec):
-        incident = incidents.open_incident(failure, decision, b.now, b.status.step, unreported)
+        step = _step_at_failure(b, trainers, failure.occurred_at)
+        incident = incidents.open_incident(failure, decision, b.now, step, unreported)
         b.status.incidents = incidents.append(b.status.incidents, incident)
         b.plan.detected.append(incident)
         b.event("Warning", failure.cause, incidents.detected_text(incident))
@@ -531,6 +532,28 @@ def _remember_rendezvous(b: _Builder) -> None:
     running = b.status.gang.scheduled_time is not None
     found = detection.rendezvous_memory(b.observed.pods, b.observed.nodes, names.RENDEZVOUS_CONTAINER)
     b.status.rendezvous = found if running else None
+
+
+def _step_at_failure(b: _Builder, trainers: list[dict[str, Any]], failed_at: datetime | None) -> int | None:
+    """The job's step when a failure happened. torch may have re-formed the group before the operator saw
+    the failure (the failed member's rendezvous keep-alive lapsed first): the new group's steps then count
+    in the job's step, and taking them as the step the failure stopped training at would count as lost the
+    steps trained since. Then it is the highest step heard from a group formed no later than the failure."""
+    if failed_at is None:
+        return b.status.step
+    before: list[int] = []
+    re_formed = False
+    for pod in trainers:
+        lease = _heartbeat(pod, b)
+        started = parse_time((lease or {}).get("group-started"))
+        step = detection.lease_step(lease)
+        if started is None or step is None:
+            continue
+        if started > failed_at:
+            re_formed = True
+        else:
+            before.append(step)
+    return max(before) if re_formed and before else b.status.step
 
 
 def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.HeartbeatSpec) -> None:

@@ -1007,3 +1007,39 @@ def test_a_silent_spare_once_training_finished_is_no_incident(
     }
     result = plan(make_job(), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
     assert result.detected == [] and result.status.get("incidents", []) == []
+
+
+def test_a_group_torch_re_formed_before_the_loss_was_seen_counts_no_steps_lost(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # worker-0's node went silent at 12:00:00 at step 21. Its keep-alive lapsed first: torch promoted the
+    # spare, and the new group restored step 21 and trained on to step 26 before the node was seen lost.
+    job = make_job(heartbeat={"intervalSeconds": 1, "timeoutSeconds": 30})
+    pods = _running_gang(make_pod)
+    pods[0] = make_pod("demo-worker-0", node="node-b")
+    old_group = "2026-01-01T11:50:00.000000Z"
+    leases = {name: {**lease, "group-started": old_group} for name, lease in _gang_leases(now, 21).items()}
+    nodes = {**HEALTHY_NODES, "node-b": {"labels": {}, "ready": "True", "noExecute": []}}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=nodes))
+    later = now + timedelta(seconds=8)
+    new_group = {
+        "group-started": "2026-01-01T12:00:05.000000Z",
+        "resumed-at": "2026-01-01T12:00:05.400000Z",
+        "restored-step": "21",
+        "restore-source": "memory",
+    }
+    leases = {
+        "demo-worker-0": {**_lease(later, 21, age=8.0), "group-started": old_group},
+        "demo-worker-1": {**_lease(later, 26), **new_group},
+        "demo-worker-2": {**_lease(later, 26), **new_group},
+    }
+    lost = {**nodes, "node-b": {"labels": {}, "ready": "Unknown", "noExecute": []}}
+    seen = plan(_with_status(job, steady), Observed(pods=pods, now=later, leases=leases, nodes=lost))
+    (incident,) = seen.status["incidents"]
+    assert incident["cause"] == "NodeLost" and incident["detectedStep"] == 21
+    pods = pods[1:]
+    del leases["demo-worker-0"]
+    closed = plan(_with_status(job, seen), Observed(pods=pods, now=later, leases=leases, nodes=lost))
+    (incident,) = closed.status["incidents"]
+    assert incident["resumedAt"] == "2026-01-01T12:00:05.400000Z"
+    assert (incident["stepsLost"], incident["restoredStep"]) == (0, 21)
