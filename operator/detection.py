@@ -13,6 +13,7 @@ re-form only worker groups started before it (`status.regroup`), and recovery is
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from phalanx.operator import api
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
+from phalanx.operator.viewclock import Gap, seen_age
 
 # Failure causes (the keys of status.restarts.byCause).
 EXIT_CODE = "ExitCode"
@@ -128,14 +130,15 @@ def node_lost_at(
     return _at_most(max(known) if known else None, now)
 
 
-def _seconds_since(moment: str | None, now: datetime) -> float | None:
-    parsed = parse_time(moment)
-    return None if parsed is None else (now - parsed).total_seconds()
+def _seconds_since(moment: str | None, now: datetime, gaps: Sequence[Gap] = ()) -> float | None:
+    """Seconds from the stamp `moment` to `now`, leaving out the gaps in the operator's view."""
+    return seen_age(parse_time(moment), now, gaps)
 
 
-def heartbeat_age(lease: dict[str, Any] | None, now: datetime) -> float | None:
-    """Seconds since the Lease was last renewed (None: no Lease, or no renewal known)."""
-    return None if lease is None else _seconds_since(lease.get("renewTime"), now)
+def heartbeat_age(lease: dict[str, Any] | None, now: datetime, gaps: Sequence[Gap] = ()) -> float | None:
+    """Seconds since the Lease was last renewed, the gaps in the operator's view left out (None: no Lease, or
+    no renewal known): a heartbeat is late only by time the operator was watching."""
+    return None if lease is None else _seconds_since(lease.get("renewTime"), now, gaps)
 
 
 def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -304,10 +307,11 @@ def next_heartbeat_deadline(
     tracks: list[api.WorkerTrack],
     heartbeat: api.HeartbeatSpec,
     now: datetime,
+    gaps: Sequence[Gap] = (),
 ) -> float | None:
     """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
     what this reconcile saw (None when no clock runs): a reconcile then judges it on time, not at the
-    next periodic one."""
+    next periodic one. `gaps`: the stale stretches of the operator's view, which no clock counts."""
     judged = {(track.pod, track.uid): track for track in tracks}
     deadlines: list[float] = []
     for pod in trainers:
@@ -321,10 +325,10 @@ def next_heartbeat_deadline(
         allowed = heartbeat.timeout_seconds + (
             EXITING_GRACE_SECONDS if lease.get("phase") == EXITING_PHASE else 0
         )
-        silent = _seconds_since(lease.get("renewTime"), now)
+        silent = _seconds_since(lease.get("renewTime"), now, gaps)
         if silent is not None:
             deadlines.append(allowed - silent)
-        stalled = _seconds_since(track.since, now)
+        stalled = _seconds_since(track.since, now, gaps)
         if lease.get("phase") == TRAINING_PHASE and stalled is not None:
             deadlines.append(heartbeat.progress_timeout_seconds - stalled)
     # A deadline already past was judged by this reconcile: only the ones ahead call for a wake-up.
@@ -444,13 +448,15 @@ def _heartbeat_failure(
     heartbeat: api.HeartbeatSpec,
     now: datetime,
     spare: bool,
+    gaps: Sequence[Gap] = (),
 ) -> Failure | None:
-    """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time."""
+    """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time. Silence
+    and stalls count only time outside `gaps`, when the operator's view was current."""
     if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
         return None
     name = observe.pod_name(pod)
     base = {"pod": name, "uid": pod["metadata"].get("uid"), "node": track.node, "spare": spare, "alive": True}
-    silent = _seconds_since(lease.get("renewTime"), now)
+    silent = _seconds_since(lease.get("renewTime"), now, gaps)
     allowed = heartbeat.timeout_seconds
     if lease.get("phase") == EXITING_PHASE:
         # The launcher ended on its own and said so; its exit code, in the pod's status, decides.
@@ -463,7 +469,7 @@ def _heartbeat_failure(
     fault = _launcher_fault(lease, track, now)
     if fault is not None:
         return replace(fault, message=f"{name}: {fault.message}", **base)
-    stalled = _seconds_since(track.since, now)
+    stalled = _seconds_since(track.since, now, gaps)
     if (
         lease.get("phase") == TRAINING_PHASE
         and stalled is not None
@@ -515,11 +521,13 @@ def detect(
     heartbeat: api.HeartbeatSpec,
     trainer: str,
     now: datetime,
+    gaps: Sequence[Gap] = (),
 ) -> list[Failure]:
     """Every failure of the job's trainer pods now, in pod index order (vanished pods last).
 
     `tracks` is this reconcile's memory (after `update_tracks`); `known` the (pod, uid) pairs the operator
-    knew before it, since only a pod it knew can be deleted or restarted behind its back.
+    knew before it, since only a pod it knew can be deleted or restarted behind its back. `gaps`: the stale
+    stretches of the operator's view (`viewclock`), left out of every heartbeat's and progress clock's age.
     """
     by_key = {(track.pod, track.uid): track for track in tracks}
     failures: list[Failure] = []
@@ -536,7 +544,7 @@ def detect(
         spare = observe.observed_role(pod, lease) == "spare"
         failure = _pod_failure(pod, judged, trainer, nodes, spare, lease, now)
         if failure is None and track is not None:
-            failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare)
+            failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare, gaps)
         if failure is not None and failure.cause == NO_PROGRESS:
             stalled.append(failure)
         elif failure is not None:

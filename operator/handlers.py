@@ -23,18 +23,31 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import api, capacity, checkpointing, health, names, reconcile, throttle
+from phalanx.operator import (
+    api,
+    builders,
+    capacity,
+    checkpointing,
+    health,
+    names,
+    reconcile,
+    throttle,
+    validation,
+    viewclock,
+)
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Plan
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
-from phalanx.operator.timeutil import now
+from phalanx.operator.timeutil import now, parse_time
 from phalanx.operator.wakeups import Wakeups
 
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
 CLUSTER_KEY = "cluster"
-"""The one key of the job-history index: every TrainingJob's failure history under it."""
+"""The one key of the job-history and waiting-gang indexes: every TrainingJob under it."""
+GLOBAL_DEFAULT_PRIORITY = ""
+"""Key of the PriorityClass index under which the cluster's default class (`globalDefault`) is kept too."""
 STATUS_WRITE_ATTEMPTS = 4
 """Status writes per reconcile while only the job's metadata or spec moves under it (409 Conflict)."""
 
@@ -82,8 +95,11 @@ class JobReconciler:
         max_gang_pods: int | None = None,
         create_batch: int | None = None,
         creations: throttle.CreationThrottle | None = None,
+        view: viewclock.OperatorView | None = None,
     ) -> None:
         self.kube = kube
+        # The gaps in the operator's own view (paused, restarted, a stalled watch): no heartbeat is late for them.
+        self.view = view
         self.metrics = metrics
         self.clock_margin = clock_margin
         self.max_gang_pods = max_gang_pods
@@ -125,9 +141,13 @@ class JobReconciler:
         nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
         histories: Iterable[checkpointing.JobHistory | None] = (),
+        waiting: Iterable[dict[str, Any]] = (),
+        priorities: Mapping[Any, Iterable[int]] | None = None,
     ) -> Plan | None:
         """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
-        gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval)."""
+        gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval);
+        `waiting`: the jobs whose gangs wait to be placed (`waiting_gang`), `priorities`: PriorityClass values
+        by name, which together say what room the jobs ranked before this one are promised."""
         key = (namespace, name)
         with self._locks_guard:
             if key in self._queued:
@@ -169,9 +189,14 @@ class JobReconciler:
                 health=self.health.snapshot(key),
                 cluster=checkpointing.cluster_history(list(histories), job["metadata"].get("uid"), moment),
                 clock_margin=self.clock_margin,
-                capacity=cluster_view(key, pods, nodes) if _gang_unplaced(job, job_pods) else None,
+                capacity=(
+                    cluster_view(key, pods, nodes, earlier_gangs(job, waiting, pods, priorities or {}))
+                    if _gang_unplaced(job, job_pods)
+                    else None
+                ),
                 max_gang_pods=self.max_gang_pods,
                 create_batch=self.create_batch,
+                view_gaps=self.view.gaps(namespace) if self.view is not None else (),
             )
             plan = reconcile.plan(job, observed)
             self._settle_health(key, plan)
@@ -313,20 +338,87 @@ def cluster_view(
     key: tuple[str, str],
     pods: Mapping[Any, Iterable[dict[str, Any]]],
     nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    earlier: Iterable[capacity.Gang] = (),
 ) -> capacity.ClusterView:
-    """Every node, and what the live pods of the other TrainingJobs request on the nodes they are bound to
-    (the job's own pods are the gang itself, never counted against it)."""
+    """Every node, what the live pods of the other TrainingJobs request on the nodes they are bound to, what
+    those not bound yet request, and the `earlier` gangs (the job's own pods are the gang itself, never
+    counted against it)."""
     every_node = {name: summary for name, store in nodes.items() if (summary := _first(store)) is not None}
     bound: dict[str, list[dict[str, str]]] = {}
+    pending: list[dict[str, str]] = []
     for job_key, store in pods.items():
         if job_key == key:
             continue
         for pod in store:
+            if observe.phase(pod) in observe.FINISHED_PHASES or observe.is_terminating(pod):
+                continue
             node = (pod.get("spec") or {}).get("nodeName")
-            if node and observe.phase(pod) not in observe.FINISHED_PHASES:
-                requests = (pod.get("spec") or {}).get("requests") or {}
+            requests = (pod.get("spec") or {}).get("requests") or {}
+            if node:
                 bound.setdefault(node, []).append({capacity.PODS: "1", **requests})
-    return capacity.ClusterView(every_node, bound)
+            else:
+                pending.append(dict(requests))
+    return capacity.ClusterView(every_node, bound, pending, tuple(earlier))
+
+
+def waiting_gang(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A job whose gang waits to be placed, as the waiting-gangs index keeps it (None: placed, suspended,
+    finished, or being deleted)."""
+    metadata, spec, status = (dict(body.get(key) or {}) for key in ("metadata", "spec", "status"))
+    if metadata.get("deletionTimestamp") or spec.get("suspend"):
+        return None
+    if (status.get("gang") or {}).get("scheduledTime") or status.get("state") in ("Succeeded", "Failed"):
+        return None
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+def job_priority(job: Mapping[str, Any], priorities: Mapping[Any, Iterable[int]]) -> int:
+    """The priority its pods get: the template's `priority`, else its PriorityClass's value, else the
+    cluster's default class (`globalDefault`), else 0."""
+    pod_spec = (((job.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    if isinstance(pod_spec.get("priority"), int):
+        return int(pod_spec["priority"])
+    named = _first(priorities.get(pod_spec.get("priorityClassName") or GLOBAL_DEFAULT_PRIORITY))
+    return int(named) if named is not None else 0
+
+
+def earlier_gangs(
+    job: Mapping[str, Any],
+    waiting: Iterable[dict[str, Any]],
+    pods: Mapping[Any, Iterable[dict[str, Any]]],
+    priorities: Mapping[Any, Iterable[int]],
+) -> list[capacity.Gang]:
+    """The gangs of the jobs ranked before `job` that wait to be placed and have no pod yet (those with pods
+    count through their pods), in rank order."""
+
+    def rank_of(other: Mapping[str, Any]) -> tuple[int, str, str, str]:
+        meta = other.get("metadata") or {}
+        return capacity.rank(
+            job_priority(other, priorities), meta.get("creationTimestamp"), meta["namespace"], meta["name"]
+        )
+
+    mine = rank_of(job)
+    gangs: list[tuple[tuple[int, str, str, str], capacity.Gang]] = []
+    for other in waiting:
+        meta = other.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        if key == (job["metadata"]["namespace"], job["metadata"]["name"]) or rank_of(other) >= mine:
+            continue
+        if any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in pods.get(key, ())):
+            continue
+        spec, issues = validation.parse_spec(other.get("spec"))
+        if spec is None or issues:
+            continue
+        pod_spec = builders.build_worker_pod(dict(other), spec, 0, names.ROLE_WORKER)["spec"]
+        gangs.append(
+            (rank_of(other), capacity.Gang(f"{key[0]}/{key[1]}", pod_spec, spec.replicas + spec.spares))
+        )
+    return [gang for _, gang in sorted(gangs, key=lambda item: item[0])]
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:
@@ -384,6 +476,20 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # Every job under one key: the automatic checkpoint interval weighs the cluster's failure history.
         return {CLUSTER_KEY: checkpointing.job_history(dict(body))}
 
+    @kopf.index(api.GROUP, api.VERSION, api.PLURAL, id="phalanx_waiting_gangs", registry=registry)
+    def phalanx_waiting_gangs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        # The jobs whose gangs wait to be placed: each capacity check keeps room for those ranked before it.
+        waiting = waiting_gang(dict(body))
+        return {CLUSTER_KEY: waiting} if waiting is not None else {}
+
+    @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", id="phalanx_priorities", registry=registry)
+    def phalanx_priorities(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+        value = int(body.get("value") or 0)
+        entries = {name: value}
+        if body.get("globalDefault"):
+            entries[GLOBAL_DEFAULT_PRIORITY] = value
+        return entries
+
     wakeups = Wakeups(settings.reconcile_interval_seconds)
 
     def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
@@ -395,6 +501,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             kwargs["phalanx_nodes"],
             logger,
             histories=kwargs["phalanx_job_histories"].get(CLUSTER_KEY, ()),
+            waiting=kwargs["phalanx_waiting_gangs"].get(CLUSTER_KEY, ()),
+            priorities=kwargs["phalanx_priorities"],
         )
         if plan is not None:
             # The indexes in kwargs are live: the wake-up reconciles with what is observed then.
@@ -458,6 +566,20 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
         if changed and type is not None and job_name is not None:
             run(job_name, namespace, logger, **kwargs)
+
+    @kopf.on.event(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        id="view_canary",
+        labels={viewclock.CANARY_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    def view_canary(namespace: str | None, body: kopf.Body, type: str | None, **_: Any) -> None:
+        # The operator's own canary came through the Lease watch: its view is current up to that renewal.
+        renewed = parse_time((body.get("spec") or {}).get("renewTime"))
+        if reconciler.view is not None and renewed is not None and type != "DELETED":
+            reconciler.view.saw(namespaced(namespace), renewed)
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", registry=registry)
     def trainingjob_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:

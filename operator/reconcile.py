@@ -26,6 +26,7 @@ from phalanx.operator import (
     preflight,
     topology,
     validation,
+    viewclock,
 )
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time
@@ -89,6 +90,9 @@ class Observed:
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
+    view_gaps: tuple[viewclock.Gap, ...] = ()
+    """Stretches of time during which the operator's own view was stale (paused, restarted, a watch that
+    stalled; `viewclock.ViewClock`), the one going on last: no heartbeat or progress clock counts them."""
 
 
 @dataclass(frozen=True)
@@ -434,10 +438,11 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         spec.heartbeat,
         trainer,
         b.now,
+        b.observed.view_gaps,
     )
     detection.sync_restarts(b.status.tracking, trainers, trainer)
     b.plan.wake_after = detection.next_heartbeat_deadline(
-        trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now
+        trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now, b.observed.view_gaps
     )
     _delete_again(b, trainers, spec.heartbeat)
     disrupted = False
@@ -564,8 +569,8 @@ def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.He
         if (observe.pod_name(pod), pod["metadata"].get("uid")) not in done or observe.is_terminating(pod):
             continue
         node = (pod.get("spec") or {}).get("nodeName")
-        renewed = parse_time((_heartbeat(pod, b) or {}).get("renewTime"))
-        silent = renewed is not None and (b.now - renewed).total_seconds() > heartbeat.timeout_seconds
+        silence = detection.heartbeat_age(_heartbeat(pod, b), b.now, b.observed.view_gaps)
+        silent = silence is not None and silence > heartbeat.timeout_seconds
         b.delete([pod], force=silent or detection.node_problem(node, b.observed.nodes) is not None)
 
 
@@ -1004,7 +1009,7 @@ def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
         and (node := (pod.get("spec") or {}).get("nodeName"))
         and (lease := _heartbeat(pod, b)) is not None
         and lease.get("phase") not in ("finished", detection.EXITING_PHASE)
-        and (detection.heartbeat_age(lease, b.now) or 0.0) > quiet_after
+        and (detection.heartbeat_age(lease, b.now, b.observed.view_gaps) or 0.0) > quiet_after
     }
     horizon = b.now - timedelta(seconds=SUSPECT_NODE_SECONDS)
     suspect = {

@@ -170,6 +170,8 @@ def test_all_handlers_register_with_ids_matching_their_kwargs() -> None:
         "phalanx_leases",
         "phalanx_nodes",
         "phalanx_job_histories",
+        "phalanx_waiting_gangs",
+        "phalanx_priorities",
     }
     resource_ids = {handler.id for handler in registry._changing.get_all_handlers()}
     assert {"created", "updated", "resumed", "deleted"} <= resource_ids
@@ -235,6 +237,8 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_leases={},
         phalanx_nodes={},
         phalanx_job_histories={},
+        phalanx_waiting_gangs={},
+        phalanx_priorities={},
     )
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
 
@@ -288,6 +292,8 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
             phalanx_leases={},
             phalanx_nodes={},
             phalanx_job_histories={},
+            phalanx_waiting_gangs={},
+            phalanx_priorities={},
         )
         return kube.calls.count(("get", "demo")) - before
 
@@ -520,3 +526,57 @@ def test_the_cluster_view_counts_other_jobs_live_pods_and_is_taken_only_before_a
     assert not handlers._gang_unplaced(job, [own])  # an attempt is under way
     assert not handlers._gang_unplaced({**job, "status": {"gang": {"scheduledTime": "t"}}}, [])
     assert not handlers._gang_unplaced(make_job(suspend=True), [])
+
+
+def test_a_reconcile_after_the_operator_was_paused_replaces_no_worker(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """The index still shows the Leases of before a 60 s pause: with the view clock's gap left out, no
+    heartbeat is late; judged by the wall clock alone, every worker would be replaced."""
+    from datetime import timedelta
+
+    from phalanx.operator import viewclock
+    from phalanx.operator.timeutil import format_micro_time, now
+
+    paused_at = now() - timedelta(seconds=60)
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1"), make_pod("demo-rdzv", role="rendezvous")]
+    stale = {"phase": "training", "step": "50", "renewTime": format_micro_time(paused_at)}
+    leases = {("ml", "demo-worker-0"): [stale], ("ml", "demo-worker-1"): [stale]}
+    healthy = {"node-a": [{"labels": {}, "ready": "True", "noExecute": []}]}
+
+    def deletions(view: viewclock.OperatorView | None) -> list[tuple[str, str]]:
+        kube = FakeKube(make_job(spares=0))
+        reconciler = handlers.JobReconciler(kube, OperatorMetrics(), view=view)  # type: ignore[arg-type]
+        logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): pods}, leases, healthy, logger)
+        return [call for call in kube.calls if call[0].startswith("delete")]
+
+    assert len(deletions(None)) == 2
+    view = viewclock.OperatorView(["phalanx-system"], clusterwide=True)
+    view.saw("phalanx-system", paused_at)
+    assert deletions(view) == []
+
+
+def test_the_gangs_ranked_before_a_job_are_those_waiting_without_pods(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    def job(name: str, created: str, **template_spec: Any) -> dict[str, Any]:
+        body = make_job()
+        body["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp=created)
+        body["spec"]["template"]["spec"].update(template_spec)
+        return body
+
+    older = job("older", "2026-01-01T10:00:00Z")
+    started = job("started", "2026-01-01T10:30:00Z")
+    urgent = job("urgent", "2026-01-01T12:00:00Z", priorityClassName="urgent")
+    newer = job("newer", "2026-01-01T11:00:00Z")
+    waiting = [w for body in (older, started, urgent, newer) if (w := handlers.waiting_gang(body)) is not None]
+    placed = {**job("placed", "2026-01-01T09:00:00Z"), "status": {"gang": {"scheduledTime": "x"}}}
+    assert handlers.waiting_gang(placed) is None
+    pods = {("ml", "started"): [make_pod("started-worker-0")]}
+    priorities = {"urgent": [1000]}
+    gangs = handlers.earlier_gangs(newer, waiting, pods, priorities)
+    assert [gang.name for gang in gangs] == ["ml/urgent", "ml/older"]
+    assert gangs[0].count == 3  # two workers and a spare
+    assert handlers.earlier_gangs(urgent, waiting, pods, priorities) == []
+    assert handlers.job_priority(newer, {handlers.GLOBAL_DEFAULT_PRIORITY: [7]}) == 7
