@@ -316,3 +316,13 @@ def test_the_trainer_container_is_a_container_name_defaulting_to_trainer() -> No
     node = spec["properties"]["trainerContainer"]
     assert node["default"] == "trainer" and node["maxLength"] == 63
     assert re.fullmatch(node["pattern"], "main") and not re.fullmatch(node["pattern"], "Main_1")
+
+
+def test_a_bound_kubernetes_cannot_apply_exactly_is_refused_by_the_generator() -> None:
+    # Integers meet `int64(minimum)`: -0.5 would become 0 and refuse the integer 0 the model accepts.
+    with pytest.raises(TypeError, match="no exact structural form"):
+        crd._kube_minimum(-0.5, exclusive=False)
+    with pytest.raises(TypeError, match="no exact structural form"):
+        crd._kube_maximum(-0.5)
+    assert crd._kube_minimum(0.5, exclusive=True) == (0.5, True)
+    assert crd._kube_minimum(2, exclusive=False) == (2, False)
