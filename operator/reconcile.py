@@ -248,12 +248,10 @@ class _Builder:
 
 
 def _trainer_name(spec: api.TrainingJobSpec | None, job: dict[str, Any]) -> str:
-    template = spec.template if spec is not None else (job.get("spec") or {}).get("template") or {}
-    index = validation.trainer_container_index(template)
-    containers = (template.get("spec") or {}).get("containers") or []
-    if index is None or not isinstance(containers[index], dict):
-        return names.TRAINER_CONTAINER
-    return containers[index].get("name") or names.TRAINER_CONTAINER
+    if spec is not None:
+        return spec.trainer_container
+    chosen = (job.get("spec") or {}).get("trainerContainer")
+    return chosen if isinstance(chosen, str) and chosen else names.TRAINER_CONTAINER
 
 
 def _observe_into_status(b: _Builder, spec: api.TrainingJobSpec | None, trainer: str, desired: int) -> None:

@@ -189,6 +189,26 @@ def test_a_failed_worker_is_replaced_once_and_counted_once(
     assert second.status["restarts"]["total"] == 1 and second.delete_pods == ["demo-worker-1"]
 
 
+def test_the_exits_judged_are_those_of_the_chosen_trainer_container(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(trainerContainer="main")
+    containers = job["spec"]["template"]["spec"]["containers"]
+    containers[0]["name"] = "main"
+    containers.append({"name": "trainer", "image": "busybox", "command": ["sleep", "inf"]})
+    pods = _running_gang(make_pod)
+    # A sidecar called `trainer` that ended says nothing about training; `main` failing does.
+    pods[0]["status"]["containerStatuses"] = [
+        {"name": "trainer", "ready": False, "terminated": {"exitCode": 0}}
+    ]
+    pods[1] = make_pod("demo-worker-1", phase="Failed", exit_code=3, container="main")
+    result = plan(job, Observed(pods=pods, now=now))
+    (incident,) = result.status["incidents"]
+    assert incident["worker"] == "demo-worker-1" and incident["cause"] == "ExitCode"
+    assert "code 3" in incident["message"], incident
+    assert result.status["replicas"]["active"] == 1 and result.delete_pods == ["demo-worker-1"]
+
+
 def test_a_permanent_exit_code_fails_the_job(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:
     rules = [{"name": "bad-config", "match": {"exitCodes": [3]}, "action": "FailJob"}]
     pods = _running_gang(make_pod)
