@@ -21,7 +21,7 @@ from typing import Any
 from phalanx.operator import api
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
-from phalanx.operator.viewclock import Gap, seen_age
+from phalanx.operator.viewclock import Gap, seen_age, unseen_seconds
 
 # Failure causes (the keys of status.restarts.byCause).
 EXIT_CODE = "ExitCode"
@@ -101,6 +101,52 @@ def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> s
     if health.get("drill"):
         return NODE_DRILL_CRASH
     return None
+
+
+# Node problems the node controller infers from silence: after a gap in everyone's view (the API server or
+# etcd away) it reports them for nodes that never stopped.
+INFERRED_NODE_PROBLEMS = (NODE_NOT_READY, NODE_UNREACHABLE, NODE_NO_EXECUTE)
+
+
+def confirmed_nodes(
+    nodes: dict[str, dict[str, Any]] | None,
+    pods: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    now: datetime,
+    gaps: Sequence[Gap] = (),
+) -> dict[str, dict[str, Any]] | None:
+    """The nodes' health with the problems not (yet) to be believed shown as healthy.
+
+    The node controller calls a node NotReady or unreachable (and taints it NoExecute) when it has not heard
+    from it for its grace period. After the control plane itself was away (the API server or etcd hung, a
+    watch that stalled) it does so for every node at once, although none stopped. So a node's problem counts
+    only when (1) no pod of the job on it renewed its heartbeat after the problem began (a pod that still talks
+    vouches for its node), and (2) the problem has lasted at least as long as the stale stretches of the
+    operator's own view since the node was last heard from (`gaps`): a real crash is judged at once, a silence
+    that fell inside an outage only once it outlasts it (by then the node has long reported Ready again).
+    Deleted nodes and drills are always believed."""
+    if nodes is None:
+        return None
+    renewed_on: dict[str, list[datetime]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        renewed = parse_time((heartbeat_of(pod, leases) or {}).get("renewTime"))
+        if node and renewed is not None:
+            renewed_on.setdefault(node, []).append(renewed)
+    confirmed = dict(nodes)
+    for name, health in nodes.items():
+        problem = node_problem(name, nodes)
+        if problem not in INFERRED_NODE_PROBLEMS:
+            continue
+        since = parse_time(health.get("noExecuteSince" if problem == NODE_NO_EXECUTE else "readySince"))
+        if since is None:
+            continue
+        heard = parse_time(health.get("readyHeartbeat")) or since
+        vouched = any(renewed > since for renewed in renewed_on.get(name, ()))
+        outlasted = (now - since).total_seconds() >= unseen_seconds(min(heard, since), now, gaps)
+        if vouched or not outlasted:
+            confirmed[name] = {**health, "ready": "True", "noExecute": [], "unconfirmed": problem}
+    return confirmed
 
 
 def _at_most(moment: datetime | None, now: datetime) -> datetime:

@@ -7,7 +7,7 @@ operator restart, asks for the same deterministic names, so nothing is ever dupl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -1118,6 +1118,13 @@ def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
 
 def plan(job: dict[str, Any], observed: Observed) -> Plan:
     """Decide one reconcile of `job`."""
+    # A node problem the control plane may have made up during an outage is not acted on until confirmed.
+    observed = replace(
+        observed,
+        nodes=detection.confirmed_nodes(
+            observed.nodes, observed.pods, observed.leases, observed.now, observed.view_gaps
+        ),
+    )
     b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
     spec, issues = validation.check(job.get("spec"), job_name, observed.max_gang_pods)

@@ -17,6 +17,7 @@ import pytest
 from phalanx.devcluster import controlplane
 
 from ..e2e.conftest import Cluster, Operator, operator_ready, wait_for
+from ..e2e.test_fault_scenarios import _checkpoint_claim
 from ..e2e.test_fault_tolerance import HEARTBEAT, fault_job, incidents_of, training_worker
 from ..e2e.test_operator import events_for, get_job, job_pods, trainingjob, wait_succeeded
 
@@ -239,3 +240,34 @@ def test_a_control_plane_outage_replaces_no_healthy_pod(
     workers = [pod.metadata.name for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker")]
     assert all(steps_after[w] > steps_before.get(w, 0) for w in workers), (steps_before, steps_after)
     assert_untouched(cluster, namespace, name, before, f"after {component} hung for 20 s")
+
+
+def test_a_worker_killed_during_the_preflight(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    """A worker SIGKILLed while the preflight trains: the spare takes its slot, the preflight still passes (its
+    check is not fooled into a mismatch by the kill), and the job trains to the end with one incident."""
+    cluster.apply(_checkpoint_claim(), namespace)
+    job = fault_job(
+        "pfkill",
+        checkpoint={"claimName": "checkpoints", "path": "/ckpt", "intervalSteps": 20},
+        preflight={"enabled": True, "steps": 40},
+    )
+    cluster.apply(job, namespace)
+
+    def preflight_training() -> Any:
+        current = get_job(cluster, namespace, "pfkill")
+        if ((current.get("status") or {}).get("preflight") or {}).get("state") != "Running":
+            return None
+        steps = heartbeat_steps(cluster, namespace, "pfkill")
+        workers = job_pods(cluster, namespace, "pfkill", "phalanx.dev/role=worker")
+        return next((pod for pod in workers if steps.get(pod.metadata.name, 0) >= 5), None)
+
+    victim = wait_for(preflight_training, 240, interval=0.2, message="the preflight to train").metadata.name
+    cluster.kubectl("annotate", "pod", victim, "-n", namespace, "phalanx.dev/kill=now")
+    final = wait_succeeded(cluster, namespace, "pfkill", timeout=400)
+    status = final["status"]
+    assert status["preflight"]["state"] == "Passed", status["preflight"]
+    assert [incident["cause"] for incident in incidents_of(final)] == ["Killed"], status.get("incidents")
+    assert status["restarts"]["total"] == 1, status["restarts"]
+    assert status["restarts"].get("counted", 0) == 0, status["restarts"]
+    reasons = [event["reason"] for event in events_for(cluster, namespace, "pfkill")]
+    assert "PreflightFailed" not in reasons and "Passed" in reasons, reasons

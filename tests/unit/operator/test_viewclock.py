@@ -182,7 +182,9 @@ def test_a_paused_operator_judges_no_heartbeat_late_for_its_pause(
     # Without the gap the stale view reads as 61 s of silence and 61 s at one step on every worker.
     assert {f.cause for f in judge(pods, stale, resumed, tracks)[0]} == {"HeartbeatTimeout"}
     assert judge(pods, stale, resumed, tracks, gaps)[0] == []
-    assert detection.next_heartbeat_deadline(pods, stale, tracks, HEARTBEAT, resumed, gaps) == pytest.approx(2)
+    assert detection.next_heartbeat_deadline(pods, stale, tracks, HEARTBEAT, resumed, gaps) == pytest.approx(
+        2
+    )
 
 
 def test_a_real_silence_is_still_judged_after_the_gap(
@@ -206,3 +208,50 @@ def test_no_progress_is_not_judged_over_a_gap(make_pod: MakePod) -> None:
     renewed = {"demo-worker-0": lease(T0 + seconds(60.5), step=50)}
     assert [f.cause for f in judge(pods, renewed, T0 + seconds(61), tracks)[0]] == ["NoProgress"]
     assert judge(pods, renewed, T0 + seconds(61), tracks, (Gap(T0 + seconds(3)),))[0] == []
+
+
+def unreachable(since: datetime, heard: datetime) -> dict[str, Any]:
+    return {
+        "labels": {},
+        "ready": "Unknown",
+        "readySince": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "readyHeartbeat": heard.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "noExecute": ["node.kubernetes.io/unreachable"],
+        "noExecuteSince": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def test_a_crashed_node_is_believed_at_once(make_pod: MakePod) -> None:
+    pods = [make_pod("demo-worker-0", node="node-a")]
+    nodes = {"node-a": unreachable(since=T0, heard=T0 - seconds(8))}
+    leases = {"demo-worker-0": lease(T0 - seconds(8), step=50)}
+    confirmed = detection.confirmed_nodes(nodes, pods, leases, T0 + seconds(0.5))
+    assert confirmed is not None and detection.node_problem("node-a", confirmed) == "Unreachable"
+
+
+def test_nodes_the_control_plane_called_lost_after_its_own_outage_are_not_believed(make_pod: MakePod) -> None:
+    """etcd hung for 20 s: every node is unreachable when it comes back, and so is the operator's view."""
+    pods = [make_pod("demo-worker-0", node="node-a")]
+    nodes = {"node-a": unreachable(since=T0 + seconds(21), heard=T0)}
+    leases = {"demo-worker-0": lease(T0, step=50)}
+    outage = (Gap(T0 + seconds(3), T0 + seconds(20.5)),)
+    now = T0 + seconds(21.5)
+    assert detection.node_problem("node-a", detection.confirmed_nodes(nodes, pods, leases, now)) is not None
+    held = detection.confirmed_nodes(nodes, pods, leases, now, outage)
+    assert detection.node_problem("node-a", held) is None
+    assert held is not None and held["node-a"]["unconfirmed"] == "Unreachable"
+    # A problem that outlasts the outage is a real one.
+    later = T0 + seconds(21 + 18)
+    assert detection.node_problem("node-a", detection.confirmed_nodes(nodes, pods, leases, later, outage))
+
+
+def test_a_pod_that_still_renews_its_heartbeat_vouches_for_its_node(make_pod: MakePod) -> None:
+    pods = [make_pod("demo-worker-0", node="node-a")]
+    nodes = {"node-a": unreachable(since=T0, heard=T0 - seconds(8))}
+    leases = {"demo-worker-0": lease(T0 + seconds(1), step=50)}
+    assert (
+        detection.node_problem("node-a", detection.confirmed_nodes(nodes, pods, leases, T0 + seconds(2)))
+        is None
+    )
+    gone = detection.confirmed_nodes({}, pods, leases, T0 + seconds(2))
+    assert detection.node_problem("node-a", gone) == "Deleted"
