@@ -570,7 +570,9 @@ def test_the_gangs_ranked_before_a_job_are_those_waiting_without_pods(
     started = job("started", "2026-01-01T10:30:00Z")
     urgent = job("urgent", "2026-01-01T12:00:00Z", priorityClassName="urgent")
     newer = job("newer", "2026-01-01T11:00:00Z")
-    waiting = [w for body in (older, started, urgent, newer) if (w := handlers.waiting_gang(body)) is not None]
+    waiting = [
+        w for body in (older, started, urgent, newer) if (w := handlers.waiting_gang(body)) is not None
+    ]
     placed = {**job("placed", "2026-01-01T09:00:00Z"), "status": {"gang": {"scheduledTime": "x"}}}
     assert handlers.waiting_gang(placed) is None
     pods = {("ml", "started"): [make_pod("started-worker-0")]}
