@@ -762,10 +762,35 @@ class HealthStatus(ApiModel):
     """The latest rollback: what started it, from and to which step, and when."""
 
 
+MAX_SKIPPED_CHECKPOINTS = 10
+"""Checkpoints passed over that `status.checkpoint.skipped` names at most (the newest steps)."""
+
+
+class SkippedCheckpoint(ApiModel):
+    """A checkpoint a worker's restore passed over, newer than the state it restored (the worker's heartbeat
+    `phalanx.dev/checkpoint-skipped`)."""
+
+    step: int
+    """The checkpoint's step."""
+    tier: str
+    """Where it was: `durable` (the durable tier, or `checkpoint.path` when it is the only tier), `fast` (the
+    shared fast tier) or `local` (a node's own tier, `localTier`)."""
+    reason: str
+    """`Torn` (no manifest: a save or copy cut short), `Corrupt` (an unreadable manifest, or files that
+    disagree with it: size, sha256, missing) or `OtherFormat` (another manifest format, or sharded state where
+    replicated is restored, or the reverse)."""
+    message: str = ""
+    """The detail, as the worker found it (at most 160 characters)."""
+    pod: str | None = None
+    """The pod whose restore passed it over first (the one that read that location)."""
+    seen_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator first saw it reported."""
+
+
 class CheckpointStatus(ApiModel):
-    """The durable-checkpoint interval in force and what it was chosen from (`spec.checkpoint.intervalSteps`).
-    Written only when the interval changes (by more than a fifth, `auto`), so the figures are those of the
-    last change, not live readings."""
+    """The durable-checkpoint interval in force and what it was chosen from (`spec.checkpoint.intervalSteps`),
+    and the checkpoints restores passed over. The interval is written only when it changes (by more than a
+    fifth, `auto`), so its figures are those of the last change, not live readings."""
 
     mode: CheckpointMode
     """`fixed` (the spec's number) or `auto` (chosen by the operator; the launchers pass it to the trainers)."""
@@ -788,6 +813,10 @@ class CheckpointStatus(ApiModel):
     reason: str = ""
     """How the interval was reached, e.g. the Young/Daly figures, a bound, or the bootstrap before the first
     save cost was measured."""
+    skipped: list[SkippedCheckpoint] | None = Field(default=None, max_length=MAX_SKIPPED_CHECKPOINTS)
+    """Checkpoints the workers' restores passed over (torn, corrupt, of another format), each named once
+    however many workers and restores reported it: the newest 10 steps. Each new one is also named in a
+    `CheckpointSkipped` Warning Event."""
 
 
 PreflightState = Literal["Running", "Passed", "Failed"]
@@ -863,7 +892,7 @@ class TrainingJobStatus(ApiModel):
     health: HealthStatus | None = None
     """Training-health signals on now and the step-time baseline (`spec.health`)."""
     checkpoint: CheckpointStatus | None = None
-    """The durable-checkpoint interval in force and its inputs."""
+    """The durable-checkpoint interval in force and its inputs, and the checkpoints restores passed over."""
     preflight: PreflightStatus | None = None
     """The preflight's progress and outcome (`spec.preflight`)."""
 

@@ -652,10 +652,33 @@ def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
         workers=b.status.replicas.desired or spec.replicas,
         cluster=b.observed.cluster,
     )
-    decision = checkpointing.choose(spec.checkpoint, b.status.checkpoint, measured)
+    previous = b.status.checkpoint
+    passed_over = previous.skipped if previous is not None else None
+    if previous is not None:
+        # The interval is chosen on its own figures: the checkpoints passed over are followed below.
+        previous = previous.model_copy(update={"skipped": None})
+    decision = checkpointing.choose(spec.checkpoint, previous, measured)
     b.status.checkpoint = decision.status
     if decision.event is not None:
         b.event("Normal", checkpointing.REASON_CHECKPOINT_INTERVAL, decision.event)
+    _follow_skipped_checkpoints(b, decision.status, passed_over)
+
+
+def _follow_skipped_checkpoints(
+    b: _Builder, checkpoint: api.CheckpointStatus, previous: list[api.SkippedCheckpoint] | None
+) -> None:
+    """The checkpoints the workers' restores passed over (their heartbeats' `checkpoint-skipped`) into
+    `status.checkpoint.skipped`, with one Warning Event naming those it did not name yet."""
+    reported = [
+        api.SkippedCheckpoint(**entry, pod=observe.pod_name(pod), seen_at=format_time(b.now))
+        for pod in sorted(b.observed.pods, key=observe.pod_name)
+        if observe.is_trainer(pod)
+        for entry in observe.skipped_checkpoints(_heartbeat(pod, b))
+    ]
+    followed = checkpointing.follow_skipped(previous, reported)
+    checkpoint.skipped = followed.entries
+    if followed.event is not None:
+        b.event("Warning", checkpointing.REASON_CHECKPOINT_SKIPPED, followed.event)
 
 
 def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:

@@ -6,6 +6,7 @@ memory stays small with many jobs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from phalanx.operator import api, capacity, names, topology
@@ -94,6 +95,42 @@ def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+SKIPPED_ANNOTATION = "checkpoint-skipped"
+"""A worker's Lease annotation (without the prefix) naming the checkpoints its latest restore passed over."""
+MAX_SKIPPED_PER_LEASE = 16
+"""Entries read from one Lease at most (the worker sends 8): a bigger one is not the worker's."""
+MAX_SKIPPED_MESSAGE = 160
+
+
+def skipped_checkpoints(lease: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The checkpoints a worker's latest restore passed over, from its heartbeat (`checkpoint-skipped`: a JSON
+    list of `{step, tier, reason, message}`); what does not parse as such is left out."""
+    text = (lease or {}).get(SKIPPED_ANNOTATION)
+    if not text:
+        return []
+    try:
+        raw = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    found = []
+    for item in (raw if isinstance(raw, list) else [])[:MAX_SKIPPED_PER_LEASE]:
+        if not isinstance(item, dict):
+            continue
+        step, tier, reason = item.get("step"), item.get("tier"), item.get("reason")
+        message = item.get("message")
+        valid_step = isinstance(step, int) and not isinstance(step, bool) and step >= 0
+        if valid_step and isinstance(tier, str) and isinstance(reason, str) and tier and reason:
+            found.append(
+                {
+                    "step": step,
+                    "tier": tier[:32],
+                    "reason": reason[:64],
+                    "message": str(message or "")[:MAX_SKIPPED_MESSAGE],
+                }
+            )
+    return found
+
+
 def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
     """What the operator needs of a node: its labels, its Ready status (and since when the node last said
     so), and its NoExecute taints (and since when)."""
@@ -144,6 +181,7 @@ SIGNAL_FIELDS = (
     "resumed-at",
     "restored-step",
     "restore-source",
+    SKIPPED_ANNOTATION,
     "preflight",
     "fault",
     "ownerUid",
