@@ -3,7 +3,8 @@
 Order inside one reconcile: read the job (under the job's lock, so a reconcile queued behind another plans
 from the status that one stored), create missing children and pods, delete pods, write the status once
 (guarded by the job's resourceVersion), then post the Events, so an Event never describes a status that was
-not stored.
+not stored. `CreatedPods` names only the pods whose creation the API server accepted; a pod it refused is a
+`FailedCreate` Warning with its answer, and the job's creations back off (`throttle.py`).
 
 What wakes a reconcile: the job's own changes, a timer, its pods' changes, and those heartbeat changes that
 call for action (`status.heartbeat_signal`: phase, rank, group, resumption), and a heartbeat that turns a
@@ -38,7 +39,7 @@ from phalanx.operator import (
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
-from phalanx.operator.reconcile import Plan
+from phalanx.operator.reconcile import Event, Plan
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
 from phalanx.operator.timeutil import now, parse_time
 from phalanx.operator.wakeups import Wakeups
@@ -50,6 +51,8 @@ GLOBAL_DEFAULT_PRIORITY = ""
 """Key of the PriorityClass index under which the cluster's default class (`globalDefault`) is kept too."""
 STATUS_WRITE_ATTEMPTS = 4
 """Status writes per reconcile while only the job's metadata or spec moves under it (409 Conflict)."""
+FAILED_CREATE = "FailedCreate"
+"""Warning Event reason: the API server refused a pod of the job (`throttle.rejection_message`)."""
 
 
 def _first(store: Iterable[Any] | None) -> Any:
@@ -222,16 +225,22 @@ class JobReconciler:
         for child in plan.ensure:
             self._guarded("ensure", self.kube.ensure, child)
         key = (namespace, job["metadata"]["name"])
-        created = self._each("create", self._create_pod, [(key, pod, logger) for pod in plan.create_pods])
-        paused = self.creations.paused_for(key)
+        generation = job["metadata"].get("generation")
+        outcomes = self._each(
+            "create", self._create_pod, [(key, pod, generation, logger) for pod in plan.create_pods]
+        )
+        paused = self.creations.paused_for(key, generation)
         if paused:
             # Wake the job when its creations may go on, rather than at the next periodic reconcile.
             plan.wake_after = paused if plan.wake_after is None else min(plan.wake_after, paused)
         elif plan.create_pods:
             self.creations.succeeded(key)
-        for pod, was_created in zip(plan.create_pods, created, strict=True):
-            if was_created:
+        created: set[str] = set()
+        for pod, outcome in zip(plan.create_pods, outcomes, strict=True):
+            if outcome is True:
+                created.add(pod["metadata"]["name"])
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
+        rejections = [outcome for outcome in outcomes if isinstance(outcome, throttle.Rejection)]
         # Grace 0 first: the survivors' connections to a frozen or lost worker close at once.
         self._each("delete", self.kube.delete_pod, [(namespace, pod, 0) for pod in plan.force_delete_pods])
         self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])
@@ -255,19 +264,36 @@ class JobReconciler:
                 namespace, job["metadata"]["name"], plan.status.get("checkpoint")
             )
             for event in plan.events:
-                self._guarded("event", self.kube.post_event, job, event)
+                # `CreatedPods` names only the pods the API server accepted just now.
+                if (posted := event.for_created(created)) is not None:
+                    self._guarded("event", self.kube.post_event, job, posted)
+        if rejections:
+            # What the API server answered, whether or not the status was stored: it is not in the status, and
+            # these pods are not sent again before the pause ends, so this is the one Event of this refusal.
+            failed = Event("Warning", FAILED_CREATE, throttle.rejection_message(rejections))
+            self._guarded("event", self.kube.post_event, job, failed)
 
-    def _create_pod(self, key: tuple[str, str], pod: dict[str, Any], logger: Any) -> bool | None:
-        """Create one of the job's pods unless its creations pause; a throttled or failing answer starts (or
-        lengthens) the pause, so the rest of the batch is not sent."""
-        if self.creations.paused_for(key):
+    def _create_pod(
+        self, key: tuple[str, str], pod: dict[str, Any], generation: int | None, logger: Any
+    ) -> bool | throttle.Rejection | None:
+        """Create one of the job's pods unless its creations pause: True when created, False when it existed,
+        a `Rejection` when the API server refused the pod itself, None when not sent or not now. Any refusal
+        starts (or continues) the pause, so the rest of the batch is not sent."""
+        if self.creations.paused_for(key, generation):
             return None
         try:
             return self.kube.create(pod)
         except ApiException as error:
             self.metrics.api_errors.labels(operation="create").inc()
+            name = pod["metadata"]["name"]
+            if throttle.is_rejection(error.status):
+                # Sending it again would get the same answer: back off as for throttling, and say why.
+                pause = self.creations.refused(key, generation=generation)
+                answer = throttle.describe_answer(error.status, error.reason, error.body)
+                logger.warning(f"pod {name} refused: {answer}; pausing creations {pause:.1f}s")
+                return throttle.Rejection(name, answer, pause)
             if not throttle.is_refusal(error.status):
-                logger.warning(f"create failed: {error.status} {error.reason}")
+                logger.warning(f"create of {name} failed: {error.status} {error.reason}")
                 return None
             pause = self.creations.refused(key, throttle.retry_after_seconds(error.headers))
             logger.info(f"pod creations refused ({error.status} {error.reason}); pausing them {pause:.1f}s")

@@ -7,6 +7,7 @@ operator restart, asks for the same deterministic names, so nothing is ever dupl
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -58,6 +59,20 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    pods: tuple[str, ...] = ()
+    """The pods a `CreatedPods` Event reports: it is posted after their creations, naming only those the
+    API server accepted (`for_created`), and not at all when it accepted none."""
+
+    def for_created(self, created: Collection[str]) -> Event | None:
+        """The Event as posted once `created` are the pods whose creation succeeded."""
+        if not self.pods:
+            return self
+        kept = tuple(pod for pod in self.pods if pod in created)
+        return created_pods_event(kept) if kept else None
+
+
+def created_pods_event(pods: Sequence[str]) -> Event:
+    return Event("Normal", "CreatedPods", "created " + ", ".join(pods), tuple(pods))
 
 
 @dataclass(frozen=True)
@@ -976,7 +991,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         ]
         b.status.start_time = format_time(min(created, default=b.now))
     if new_pods:
-        b.event("Normal", "CreatedPods", "created " + ", ".join(pod["metadata"]["name"] for pod in new_pods))
+        b.plan.events.append(created_pods_event([pod["metadata"]["name"] for pod in new_pods]))
 
     leaving = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     remaining = [pod for pod in live if observe.pod_name(pod) not in leaving]

@@ -57,8 +57,9 @@ class OperatorSettings(BaseModel):
     """Pods of one job created per reconcile: a large gang is created over several reconciles, so one job's
     creations never queue ahead of every other job's requests for long."""
     create_backoff_seconds: float = Field(default=1.0, gt=0, le=60)
-    """First pause of a job's pod creations after the API server answered one with 429 (throttled) or a 5xx;
-    doubles with each further refusal (up to `createMaxBackoffSeconds`), or follows its `Retry-After`."""
+    """First pause of a job's pod creations after the API server answered one with 429 (throttled), a 5xx, or
+    another 4xx refusing the pod itself (a `FailedCreate` Event); doubles with each further refusal (up to
+    `createMaxBackoffSeconds`), or follows its `Retry-After`."""
     create_max_backoff_seconds: float = Field(default=60.0, gt=0, le=3600)
     """Longest pause of a job's pod creations after refusals by the API server."""
     view_interval_seconds: float = Field(default=1.0, ge=0, le=10)

@@ -6,12 +6,16 @@ condition and the Event tell the user exactly what to fix.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from phalanx.operator import api, formats, names
+
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+"""An RFC 1035 label: what a Service's name must be (and a pod's hostname, which also allows a leading digit)."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,16 @@ def validate_spec(
         limit = names.MAX_HOSTNAME - names.WORKER_SUFFIX_ROOM
         issues.append(
             SpecIssue("metadata.name", f"must be at most {limit} characters (pods use it as hostname)")
+        )
+    if job_name and not DNS_LABEL.fullmatch(job_name):
+        # A TrainingJob's name may hold dots or start with a digit; its Services' names and its pods'
+        # hostnames may not, and the API server would refuse every one of them.
+        issues.append(
+            SpecIssue(
+                "metadata.name",
+                "must be lowercase letters, digits and '-', starting with a letter (Services and pod "
+                "hostnames are named after it)",
+            )
         )
     return issues
 

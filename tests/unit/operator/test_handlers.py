@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -495,6 +496,7 @@ def test_throttled_creations_pause_the_job_and_resume_after_the_backoff(make_job
         "refused",
     ]
     assert plan.wake_after == 2.0  # woken when the pause ends, not at the next periodic reconcile
+    assert ("event", "FailedCreate") not in kube.calls  # "not now" is no fault of the job's
     assert metrics.registry.get_sample_value("phalanx_api_errors_total", {"operation": "create"}) == 1
     kube.calls.clear()
     moment[0] = 1.0
@@ -582,3 +584,154 @@ def test_the_gangs_ranked_before_a_job_are_those_waiting_without_pods(
     assert gangs[0].count == 3  # two workers and a spare
     assert handlers.earlier_gangs(urgent, waiting, pods, priorities) == []
     assert handlers.job_priority(newer, {handlers.GLOBAL_DEFAULT_PRIORITY: [7]}) == 7
+
+
+INVALID = json.dumps(
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "Invalid",
+        "code": 422,
+        "message": 'Pod "demo-worker-0" is invalid: spec.containers[0].volumeMounts[0].name: Not found: "nowhere"',
+    }
+)
+
+
+class RejectingKube(FakeKube):
+    """The API server refuses the pods named in `rejected` (with `status`), says `exists` ones exist already
+    (409), and creates the rest; the Events' texts are kept."""
+
+    def __init__(
+        self,
+        job: dict[str, Any],
+        rejected: set[str],
+        status: int = 422,
+        exists: frozenset[str] = frozenset(),
+        body: str = INVALID,
+    ) -> None:
+        super().__init__(job)
+        self.rejected = rejected
+        self.status = status
+        self.body = body
+        self.exists = exists
+        self.events: list[Event] = []
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        name = obj["metadata"]["name"]
+        if name in self.rejected:
+            self.calls.append(("refused", name))
+            raise ApiException(status=self.status, reason="Refused", body=self.body)
+        if name in self.exists:
+            self.calls.append(("exists", name))
+            return False
+        return super().create(obj)
+
+    def post_event(self, job: dict[str, Any], event: Event) -> None:
+        super().post_event(job, event)
+        self.events.append(event)
+
+
+def _reconciler(kube: FakeKube, moment: list[float]) -> Callable[[], Any]:
+    from phalanx.operator.throttle import CreationThrottle
+
+    creations = CreationThrottle(first=1.0, longest=4.0, clock=lambda: moment[0])
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics(), creations=creations)  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    return lambda: reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+
+
+def test_a_refused_pod_is_a_failed_create_warning_never_a_created_pods_and_its_job_backs_off(
+    make_job: Callable[..., Any],
+) -> None:
+    moment = [0.0]
+    kube = RejectingKube(make_job(), rejected={"demo-worker-0", "demo-worker-1", "demo-worker-2"})
+    reconcile = _reconciler(kube, moment)
+    plan = reconcile()
+    # The rendezvous pod went through; the first trainer was refused and the others were not sent.
+    assert [call for call in kube.calls if call[0] in ("create", "refused")] == [
+        ("create", "demo-rdzv"),
+        ("refused", "demo-worker-0"),
+    ]
+    assert "CreatedPods" in [event.reason for event in plan.events]  # planned, but nothing it names exists
+    (failed,) = [event for event in kube.events if event.reason == "FailedCreate"]
+    assert failed.type == "Warning"
+    assert failed.message == (
+        'pod demo-worker-0 refused: 422 Invalid: Pod "demo-worker-0" is invalid: '
+        'spec.containers[0].volumeMounts[0].name: Not found: "nowhere"; next attempt in 1s'
+    )
+    assert not [event for event in kube.events if event.reason == "CreatedPods"]
+    assert plan.wake_after == 1.0
+
+    # Reconciles during the pause send nothing and say nothing more.
+    kube.calls.clear()
+    moment[0] = 0.5
+    reconcile()
+    assert not [call for call in kube.calls if call[0] in ("create", "refused")]
+    # Each later attempt is refused again: one Warning per step, the steps doubling up to the ceiling.
+    pauses = []
+    for _ in range(4):
+        moment[0] += 10.0
+        pauses.append(reconcile().wake_after)
+    assert pauses == [2.0, 4.0, 4.0, 4.0]
+    failures = [event for event in kube.events if event.reason == "FailedCreate"]
+    assert len(failures) == 5 and failures[-1].message.endswith("next attempt in 4s")
+    assert not [event for event in kube.events if event.reason == "CreatedPods"]
+
+
+def test_a_new_spec_tries_at_once_and_created_pods_names_what_was_created(
+    make_job: Callable[..., Any],
+) -> None:
+    moment = [0.0]
+    kube = RejectingKube(make_job(), rejected={"demo-worker-0"})
+    reconcile = _reconciler(kube, moment)
+    reconcile()
+    assert reconcile().wake_after == 1.0  # paused at the same spec
+    # The user fixes the template: a new generation, sent at once, though the pause has not run out.
+    kube.job["metadata"]["generation"] = 2
+    kube.rejected = set()
+    kube.calls.clear()
+    plan = reconcile()
+    assert [name for kind, name in kube.calls if kind == "create"] == [
+        "demo-rdzv",
+        "demo-worker-0",
+        "demo-worker-1",
+        "demo-worker-2",
+    ]
+    assert plan.wake_after != 1.0
+    created = [event for event in kube.events if event.reason == "CreatedPods"]
+    assert [event.message for event in created] == ["created demo-worker-0, demo-worker-1, demo-worker-2"]
+
+
+def test_created_pods_leaves_out_pods_refused_or_already_there(make_job: Callable[..., Any]) -> None:
+    # A quota that holds one more pod: the third trainer is refused (403), the second existed already.
+    quota = 'pods "demo-worker-2" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2'
+    kube = RejectingKube(
+        make_job(spares=2),
+        rejected={"demo-worker-2"},
+        status=403,
+        exists=frozenset({"demo-worker-1"}),
+        body=json.dumps({"kind": "Status", "reason": "Forbidden", "code": 403, "message": quota}),
+    )
+    _reconciler(kube, [0.0])()
+    assert [call for call in kube.calls if call[0] in ("create", "exists", "refused")] == [
+        ("create", "demo-rdzv"),
+        ("create", "demo-worker-0"),
+        ("exists", "demo-worker-1"),
+        ("refused", "demo-worker-2"),
+    ]
+    assert [(event.reason, event.message) for event in kube.events if event.reason != "FailedCreate"][-1] == (
+        "CreatedPods",
+        "created demo-worker-0",
+    )
+    (failed,) = [event for event in kube.events if event.reason == "FailedCreate"]
+    assert failed.message == f"pod demo-worker-2 refused: 403 Forbidden: {quota}; next attempt in 1s"
+    # The Warning follows the status write, after every planned Event.
+    kinds = [kind for kind, _ in kube.calls]
+    assert kinds.index("status") < len(kinds) - 1 and kube.calls[-1] == ("event", "FailedCreate")
+
+
+def test_a_refusal_is_told_even_when_the_status_is_not_written(make_job: Callable[..., Any]) -> None:
+    kube = RejectingKube(make_job(), rejected={"demo-worker-0"})
+    kube.status_errors = [500]
+    _reconciler(kube, [0.0])()
+    assert [event.reason for event in kube.events] == ["FailedCreate"]

@@ -256,3 +256,11 @@ def test_heartbeat_interval_below_its_minimum_is_refused(make_job: MakeJob) -> N
 def test_long_job_names_are_refused_because_pods_use_them_as_hostnames(make_job: MakeJob) -> None:
     _, issues = check(make_job()["spec"], "x" * 60)
     assert [issue.field for issue in issues] == ["metadata.name"]
+
+
+def test_job_names_its_services_and_hostnames_cannot_carry_are_refused(make_job: MakeJob) -> None:
+    for name in ("train.v2", "2nd-run"):
+        _, issues = check(make_job()["spec"], name)
+        assert [issue.field for issue in issues] == ["metadata.name"], name
+        assert "starting with a letter" in issues[0].message
+    assert check(make_job()["spec"], "run-2")[1] == []
