@@ -41,6 +41,8 @@ REASON_NOT_FAILED = "NotFailed"
 REASON_RECOVERED = "Recovered"
 REASON_NO_INCIDENT = "NoIncident"
 REASON_SPARE_PROMOTED = "SparePromoted"
+# An Event: a standby spare was lost and is replaced (no restart, no incident).
+REASON_SPARE_REPLACED = "SpareReplaced"
 # An Event: the workers train but their script publishes no steps.
 REASON_PROGRESS_UNKNOWN = "ProgressUnknown"
 # Degraded.
