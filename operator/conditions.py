@@ -51,6 +51,8 @@ REASON_SHRUNK = "Shrunk"
 REASON_PROMOTING_SPARE = "PromotingSpare"
 REASON_SPARES_MISSING = "SparesMissing"
 REASON_FULL_STRENGTH = "FullStrength"
+# Degraded False while a new (or resumed) gang comes up, before it first ran at full strength.
+REASON_STARTING = "Starting"
 # Healthy.
 REASON_HEALTHY = "TrainingHealthy"
 REASON_HEALTH_PAUSE = "HealthPause"

@@ -1071,6 +1071,10 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         message = preflight.restart_message(spec.preflight)
         b.condition(conditions.DEGRADED, False, preflight.REASON_RESTART, message)
         ready = max(ready, spec.replicas)
+    elif _starting(b) and (ready < spec.replicas or spares_running < spec.spares):
+        # Nothing was lost: the pods of a new (or resumed) gang come up one by one.
+        message = "the gang is starting: not every worker and spare runs yet"
+        b.condition(conditions.DEGRADED, False, conditions.REASON_STARTING, message)
     else:
         _set_degraded(b, spec, ready, spares_running, min(spares_running, vacated))
     if ready >= spec.effective_min_replicas:
@@ -1153,13 +1157,24 @@ def _promoted(lease: dict[str, Any]) -> bool:
     return phase in GROUP_PHASES or (phase == "finished" and bool(lease.get("rank")))
 
 
+def _slot_freed_for(b: _Builder, lease: dict[str, Any]) -> str | None:
+    """The failed worker whose slot a spare now training took: the newest worker failure still being
+    recovered from, or one its group resumed from (that group formed after the failure and resumed after it
+    formed: the heartbeat that closes the incident may be seen before the spare's own)."""
+    started = parse_time(lease.get("group-started"))
+    for incident in reversed(b.status.incidents):
+        if incident.action not in incidents.WORKER_ACTIONS or incident.worker is None:
+            continue
+        if incidents.is_open(incident):
+            return incident.worker
+        failed, resumed = incidents.failed_at(incident), parse_time(incident.resumed_at)
+        if started is not None and failed is not None and resumed is not None and failed < started <= resumed:
+            return incident.worker
+    return None
+
+
 def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
     """Labels follow the heartbeats: torch promotes a standby spare on its own; the operator records it."""
-    failed = [
-        incident.worker
-        for incident in b.status.incidents
-        if incidents.is_open(incident) and incident.action in incidents.WORKER_ACTIONS
-    ]
     for pod in live:
         lease = _heartbeat(pod, b)
         if lease is None or lease.get("phase") not in (*ACTIVE_PHASES, "standby"):
@@ -1171,17 +1186,33 @@ def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
             continue
         name = observe.pod_name(pod)
         b.plan.relabel_pods[name] = wanted
-        if wanted == names.ROLE_WORKER and not _preflight_swap(b, lease):
-            b.plan.spare_swaps += 1
-            node = (pod.get("spec") or {}).get("nodeName")
-            rank = lease.get("rank")
-            at = f" as rank {rank}" if rank else ""
-            slot = f"the slot of failed worker {failed[-1]}" if failed else "a worker's place in the group"
-            b.event(
-                "Normal",
-                conditions.REASON_SPARE_PROMOTED,
-                f"spare {name} on node {node} took {slot}{at}; now a worker",
-            )
+        if wanted != names.ROLE_WORKER:
+            continue
+        failed = _slot_freed_for(b, lease)
+        if failed is None and _preflight_swap(b, lease):
+            continue
+        b.plan.spare_swaps += 1
+        node = (pod.get("spec") or {}).get("nodeName")
+        rank = lease.get("rank")
+        at = f" as rank {rank}" if rank else ""
+        slot = f"the slot of failed worker {failed}" if failed else "a worker's place in the group"
+        b.event(
+            "Normal",
+            conditions.REASON_SPARE_PROMOTED,
+            f"spare {name} on node {node} took {slot}{at}; now a worker",
+        )
+
+
+def _starting(b: _Builder) -> bool:
+    """Whether the gang has not been at full strength since it was created (or resumed), and no failure is
+    being recovered: a shortfall now is pods still coming up, not pods lost."""
+    degraded = conditions.find(b.status.conditions, conditions.DEGRADED)
+    if degraded is not None and degraded.reason not in (
+        conditions.REASON_STARTING,
+        conditions.REASON_SUSPENDED,
+    ):
+        return False
+    return not any(incidents.is_open(incident) for incident in b.status.incidents)
 
 
 def _set_degraded(
@@ -1277,6 +1308,9 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, why, "Normal")
         b.condition(conditions.RUNNING, False, conditions.REASON_SUSPENDED, "the job is suspended")
         b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SUSPENDED, "the job is suspended")
+        if conditions.find(b.status.conditions, conditions.DEGRADED) is not None:
+            # No pod runs on purpose; a resumed gang starts afresh.
+            b.condition(conditions.DEGRADED, False, conditions.REASON_SUSPENDED, "the job is suspended")
         # A resumed job schedules a fresh gang, with a fresh timeout.
         b.status.gang = api.GangStatus(attempts=b.status.gang.attempts)
         b.status.state = "Suspended"

@@ -168,7 +168,7 @@ def test_a_spare_promoted_after_a_failure_names_the_failed_worker_and_its_rank(
     pods[1] = _exited(make_pod, "demo-worker-1", 137)
     killed = _reconcile(_with_status(job, steady), pods, _leases(now, 10), now)
     later = now + timedelta(seconds=2)
-    pods = [pods[0], make_pod("demo-worker-2", role="spare"), make_pod("demo-worker-3", role="spare")]
+    pods = [pods[0], pods[2], make_pod("demo-worker-3", role="spare"), pods[3]]
     leases = {
         "demo-worker-0": _lease(later, 10, phase="restoring", rank="0"),
         "demo-worker-2": _lease(later, 10, phase="restoring", rank="1"),
@@ -180,6 +180,95 @@ def test_a_spare_promoted_after_a_failure_names_the_failed_worker_and_its_rank(
         "spare demo-worker-2 on node node-a took the slot of failed worker demo-worker-1 as rank 1; now a worker"
     )
     assert promoted.relabel_pods == {"demo-worker-2": "worker"} and promoted.spare_swaps == 1
+
+
+def test_a_spare_promoted_after_the_recovery_was_seen_still_names_the_failed_worker(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # The survivor's heartbeat saying the new group resumed is seen first: the incident is closed before
+    # the spare's own heartbeat shows it trains.
+    job = make_job()
+    pods = _gang(make_pod)
+    steady = _reconcile(job, pods, _leases(now, 10), now)
+    pods[1] = _exited(make_pod, "demo-worker-1", 137)
+    killed = _reconcile(_with_status(job, steady), pods, _leases(now, 10), now)
+    later = now + timedelta(seconds=3)
+    group = {
+        "group-started": _stamp(now + timedelta(seconds=1)),
+        "resumed-at": _stamp(now + timedelta(seconds=2)),
+        "restored-step": "10",
+        "restore-source": "memory",
+    }
+    pods = [pods[0], pods[2], make_pod("demo-worker-3", role="spare"), pods[3]]
+    leases = {
+        "demo-worker-0": _lease(later, 11, rank="0", **group),
+        "demo-worker-2": _lease(later, None, phase="rendezvous"),
+        "demo-worker-3": _lease(later, None, phase="standby"),
+    }
+    recovered = _reconcile(_with_status(job, killed), pods, leases, later)
+    assert _reasons(recovered) == ["Recovered"]
+    leases["demo-worker-2"] = _lease(later, 11, rank="1", **group)
+    promoted = _reconcile(_with_status(job, recovered), pods, leases, later)
+    (event,) = [event for event in promoted.events if event.reason == "SparePromoted"]
+    assert "took the slot of failed worker demo-worker-1 as rank 1" in event.message
+    # A spare taking a place long after, when torch re-forms on its own, took no failed worker's slot.
+    much_later = later + timedelta(seconds=60)
+    regroup = {**group, "group-started": _stamp(much_later), "resumed-at": _stamp(much_later)}
+    swapped = {
+        "demo-worker-0": _lease(much_later, 90, rank="0", **regroup),
+        "demo-worker-2": _lease(much_later, 90, phase="standby"),
+        "demo-worker-3": _lease(much_later, 90, rank="1", **regroup),
+    }
+    pods[1]["metadata"]["labels"]["phalanx.dev/role"] = "worker"
+    again = _reconcile(_with_status(job, promoted), pods, swapped, much_later)
+    (event,) = [event for event in again.events if event.reason == "SparePromoted"]
+    assert (
+        "demo-worker-3" in event.message and "took a worker's place in the group as rank 1" in event.message
+    )
+
+
+# ------------------------------------------------------------------------------ a gang coming up
+
+
+def test_a_gang_coming_up_is_not_degraded(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:
+    job = make_job()
+    created = _reconcile(job, [], {}, now)
+    # Every pod is placed; one worker runs, the other and the spare are still starting.
+    pods = _gang(make_pod)
+    for pod in pods[1:3]:
+        pod["status"]["phase"] = "Pending"
+    leases = {"demo-worker-0": _lease(now, None, phase="rendezvous")}
+    coming = _reconcile(_with_status(job, created), pods, leases, now)
+    assert [(e.type, e.reason) for e in coming.events] == [("Normal", "AllScheduled")]
+    degraded = _condition(coming, "Degraded")
+    assert degraded["status"] == "False" and degraded["reason"] == "Starting"
+    assert _condition(coming, "Running")["status"] == "False" and coming.status["state"] == "Pending"
+    # The workers run; the spare is still starting: training runs, nothing is missing.
+    pods[1]["status"]["phase"] = "Running"
+    training = _reconcile(_with_status(job, coming), pods, _leases(now, 1), now)
+    assert _reasons(training) == ["Training"] and _condition(training, "Degraded")["reason"] == "Starting"
+    pods[2]["status"]["phase"] = "Running"
+    full = _reconcile(_with_status(job, training), pods, _leases(now, 2), now)
+    assert full.events == [] and _condition(full, "Degraded")["reason"] == "FullStrength"
+    # From then on a shortfall is one.
+    short = _reconcile(_with_status(job, full), pods[:2] + pods[3:], _leases(now, 3), now)
+    assert _condition(short, "Degraded")["reason"] == "SparesMissing"
+
+
+def test_a_resumed_gang_coming_up_is_not_degraded(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job()
+    pods = _gang(make_pod)
+    steady = _reconcile(job, pods, _leases(now, 10), now)
+    suspended = _reconcile(_with_status(make_job(suspend=True), steady), pods, _leases(now, 10), now)
+    assert _condition(suspended, "Degraded")["reason"] == "Suspended"
+    resumed = _reconcile(_with_status(job, suspended), [], {}, now)
+    pods = _gang(make_pod)
+    pods[1]["status"]["phase"] = "Pending"
+    coming = _reconcile(_with_status(job, resumed), pods, {"demo-worker-0": _lease(now, 10)}, now)
+    assert "BelowMinReplicas" not in _reasons(coming)
+    assert _condition(coming, "Degraded")["reason"] == "Starting"
 
 
 # ------------------------------------------------------------------------------ finished jobs
@@ -309,11 +398,7 @@ def test_a_failure_during_the_preflights_restart_is_still_a_failure(
     assert [incident["worker"] for incident in killed.status["incidents"]] == ["demo-worker-1"]
     assert "Killed" in _reasons(killed) and "PreflightRestart" not in _reasons(killed)
     later = now + timedelta(seconds=2)
-    pods = [
-        pods[0],
-        make_pod("demo-worker-2", role="spare"),
-        make_pod("demo-worker-3", role="spare", node=None),
-    ]
+    pods = [pods[0], pods[2], make_pod("demo-worker-3", role="spare", node=None), pods[3]]
     leases = {
         "demo-worker-0": restarting["demo-worker-0"],
         "demo-worker-2": _lease(later, 20, phase="restoring", rank="1"),
