@@ -252,7 +252,7 @@ class JobReconciler:
         )
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
-            self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
+            self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
             self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
             self.metrics.record_health(
                 namespace, job["metadata"]["name"], plan.status, plan.health_started, plan.health_rollbacks

@@ -7,9 +7,11 @@ memory stays small with many jobs.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from phalanx.operator import api, capacity, names, topology
+from phalanx.operator.timeutil import parse_time
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
@@ -278,14 +280,29 @@ PROGRESS_UNKNOWN = "Unknown"
 
 
 def progress_kind(
-    trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]], step: int | None, previous: str | None
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    step: int | None,
+    previous: str | None,
+    now: datetime,
+    window_seconds: float,
 ) -> str | None:
-    """Whether the job's progress is known: `Reported` once any step was seen, `Unknown` while workers train
-    without ever publishing one (a script that does not use StatusPublisher), else what it was."""
+    """Whether the job's progress is known: `Reported` once any step was seen, `Unknown` once a worker has
+    trained for `window_seconds` (the progress timeout) since its group started without a step ever published
+    (a script that does not use StatusPublisher), else what it was.
+
+    Before the window a worker in training without a step is only slow to its first one (a model being built
+    or compiled): a script that publishes steps publishes one within the progress timeout, or it is hung."""
     if step is not None:
         return PROGRESS_REPORTED
-    training = any((leases.get(pod_name(pod)) or {}).get("phase") in ACTIVE_PHASES for pod in trainers)
-    return PROGRESS_UNKNOWN if training else previous
+    for pod in trainers:
+        lease = leases.get(pod_name(pod)) or {}
+        if lease.get("phase") not in ACTIVE_PHASES:
+            continue
+        started = parse_time(lease.get("group-started")) or parse_time(lease.get("phase-since"))
+        if started is not None and (now - started).total_seconds() >= window_seconds:
+            return PROGRESS_UNKNOWN
+    return previous
 
 
 def observed_role(pod: dict[str, Any], lease: dict[str, Any] | None) -> str:

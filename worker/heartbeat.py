@@ -41,6 +41,9 @@ GROUP_ATTEMPT_ENV = "PHALANX_GROUP_ATTEMPT"
 ANNOTATION_PREFIX = "phalanx.dev/"
 MAX_MESSAGE = 512
 """The longest text a heartbeat carries in one annotation."""
+PREFLIGHT_RESTART_CAUSE = "preflight: restart from its checkpoint"
+"""`restart-cause` of the preflight's planned restart (worker/preflight.py): the operator tells it from a
+failure's by its `preflight:` start."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,9 @@ class PodStatus(RestoreFigures, TrainingFigures):
     """Unix time when the launcher started its current worker group; None while none runs."""
     group_restarts: int | None = None
     """Restarts of the worker group by this launcher."""
+    restart_cause: str | None = None
+    """Why the launcher last restarted its worker group (None: never); the preflight's planned restart is
+    `PREFLIGHT_RESTART_CAUSE`."""
     exit_code: int | None = None
     """The launcher's exit code once it is ending on its own (phase `exiting` or `finished`)."""
     fault: str | None = None
@@ -330,6 +336,7 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "phase-since": wall_time(status.phase_since),
         "group-started": wall_time(status.group_started),
         "group-restarts": status.group_restarts,
+        "restart-cause": (status.restart_cause or "")[:MAX_MESSAGE],
         "restored-step": status.restored_step,
         "restore-source": restore_source_label(status.restore_source),
         "resumed-at": wall_time(status.resumed_at),

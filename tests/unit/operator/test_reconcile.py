@@ -304,12 +304,14 @@ def test_progress_is_unknown_while_the_workers_train_without_publishing_steps(
     make_job: MakeJob, make_pod: MakePod, now: datetime
 ) -> None:
     pods = _running_gang(make_pod)
-    silent = {"phase": "training", "step": ""}
+    started = format_micro_time(now - timedelta(seconds=121))
+    silent = {"phase": "training", "step": "", "group-started": started}
     leases = {"demo-worker-0": silent, "demo-worker-1": silent, "demo-worker-2": {"phase": "standby"}}
-    job = make_job()
+    job = make_job(heartbeat={"progressTimeoutSeconds": 120})
     result = plan(job, Observed(pods=pods, now=now, leases=leases))
     assert result.status["progress"] == "Unknown" and result.status.get("step") is None
     assert [e.reason for e in result.events].count("ProgressUnknown") == 1
+    assert "trained for 120s" in next(e.message for e in result.events if e.reason == "ProgressUnknown")
     # Said once, not at every reconcile.
     again = plan(_with_status(job, result), Observed(pods=pods, now=now, leases=leases))
     assert again.status["progress"] == "Unknown"
@@ -318,6 +320,35 @@ def test_progress_is_unknown_while_the_workers_train_without_publishing_steps(
     stepping = {**leases, "demo-worker-0": {"phase": "training", "step": "3"}}
     reported = plan(_with_status(job, again), Observed(pods=pods, now=now, leases=stepping))
     assert reported.status["progress"] == "Reported" and reported.status["step"] == 3
+
+
+def test_progress_is_not_called_unknown_before_the_progress_timeout(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # The group started a minute ago and its first step is still being computed (a model built, compiled).
+    pods = _running_gang(make_pod)
+    job = make_job(heartbeat={"progressTimeoutSeconds": 120})
+    started = {
+        "phase": "training",
+        "step": "",
+        "group-started": format_micro_time(now - timedelta(seconds=60)),
+    }
+    leases = {"demo-worker-0": started, "demo-worker-1": started, "demo-worker-2": {"phase": "standby"}}
+    early = plan(job, Observed(pods=pods, now=now, leases=leases))
+    assert early.status.get("progress") is None
+    assert "ProgressUnknown" not in [e.reason for e in early.events]
+    # Its first step arrives: progress was known all along.
+    stepping = {**leases, "demo-worker-0": {**started, "step": "1"}}
+    later = now + timedelta(seconds=30)
+    first = plan(_with_status(job, early), Observed(pods=pods, now=later, leases=stepping))
+    assert first.status["progress"] == "Reported"
+    assert "ProgressUnknown" not in [e.reason for e in first.events]
+    # Past the window without a step, it is unknown (judged by the periodic reconcile).
+    silent_long = plan(
+        _with_status(job, early), Observed(pods=pods, now=now + timedelta(seconds=61), leases=leases)
+    )
+    assert silent_long.status["progress"] == "Unknown"
+    assert [e.reason for e in silent_long.events].count("ProgressUnknown") == 1
 
 
 # ------------------------------------------------------------------------------------- fault tolerance
@@ -659,7 +690,8 @@ def test_no_request_when_no_running_group_lost_a_worker(
         _with_status(job, steady),
         Observed(pods=pods, now=now, leases=_gang_leases(now, 10), nodes=HEALTHY_NODES),
     )
-    assert spare.status["incidents"][0]["worker"] == "demo-worker-2" and "regroup" not in spare.status
+    assert spare.status["incidents"] == [] and "regroup" not in spare.status
+    assert "SpareReplaced" in [e.reason for e in spare.events]
     # A worker that never joined a group (still in the rendezvous) exits.
     pods = _running_gang(make_pod)
     leases = {**_gang_leases(now, 10), "demo-worker-1": _lease(now, 0, phase="rendezvous")}

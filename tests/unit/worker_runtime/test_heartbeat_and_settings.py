@@ -105,6 +105,7 @@ def test_lease_annotations_follow_the_contract() -> None:
             "phase-since",
             "group-started",
             "group-restarts",
+            "restart-cause",
             "restored-step",
             "restore-source",
             "resumed-at",
@@ -151,6 +152,7 @@ def test_lease_annotations_carry_times_restores_and_compute() -> None:
         phase_since=moment,
         group_started=moment - 1.5,
         group_restarts=2,
+        restart_cause="preflight: restart from its checkpoint",
         restored_step=40,
         restore_source="disk",
         resumed_at=moment + 0.25,
@@ -160,12 +162,21 @@ def test_lease_annotations_carry_times_restores_and_compute() -> None:
     assert annotations["phalanx.dev/phase-since"] == "2025-01-02T03:04:05.678901Z"
     assert annotations["phalanx.dev/group-started"] == "2025-01-02T03:04:04.178901Z"
     assert annotations["phalanx.dev/group-restarts"] == "2"
+    # The operator tells the preflight's planned restart from a failure's by it.
+    assert annotations["phalanx.dev/restart-cause"] == "preflight: restart from its checkpoint"
     assert annotations["phalanx.dev/restored-step"] == "40"
     assert annotations["phalanx.dev/restore-source"] == "durable"
     assert annotations["phalanx.dev/resumed-at"] == "2025-01-02T03:04:05.928901Z"
     assert annotations["phalanx.dev/compute-seconds"] == "0.125"
     empty = lease_annotations(PodStatus(phase="rendezvous"))
-    for key in ("phase-since", "group-started", "restored-step", "restore-source", "resumed-at"):
+    for key in (
+        "phase-since",
+        "group-started",
+        "restart-cause",
+        "restored-step",
+        "restore-source",
+        "resumed-at",
+    ):
         assert empty["phalanx.dev/" + key] == ""
 
 
