@@ -193,7 +193,12 @@ class JobReconciler:
                 cluster=checkpointing.cluster_history(list(histories), job["metadata"].get("uid"), moment),
                 clock_margin=self.clock_margin,
                 capacity=(
-                    cluster_view(key, pods, nodes, earlier_gangs(job, waiting, pods, priorities or {}))
+                    cluster_view(
+                        key,
+                        pods,
+                        nodes,
+                        earlier_gangs(job, waiting, pods, priorities or {}, self.max_gang_pods),
+                    )
                     if _gang_unplaced(job, job_pods)
                     else None
                 ),
@@ -418,6 +423,7 @@ def earlier_gangs(
     waiting: Iterable[dict[str, Any]],
     pods: Mapping[Any, Iterable[dict[str, Any]]],
     priorities: Mapping[Any, Iterable[int]],
+    max_gang_pods: int | None = None,
 ) -> list[capacity.Gang]:
     """The gangs of the jobs ranked before `job` that wait to be placed and have no pod yet (those with pods
     count through their pods), in rank order."""
@@ -437,8 +443,9 @@ def earlier_gangs(
             continue
         if any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in pods.get(key, ())):
             continue
-        spec, issues = validation.parse_spec(other.get("spec"))
-        if spec is None or issues:
+        # Only a job that could run holds room; an invalid one is its own reconcile's to report.
+        spec, _ = validation.check(other.get("spec"), str(meta.get("name") or ""), max_gang_pods)
+        if spec is None:
             continue
         pod_spec = builders.build_worker_pod(dict(other), spec, 0, names.ROLE_WORKER)["spec"]
         gangs.append(

@@ -735,3 +735,17 @@ def test_a_refusal_is_told_even_when_the_status_is_not_written(make_job: Callabl
     kube.status_errors = [500]
     _reconciler(kube, [0.0])()
     assert [event.reason for event in kube.events] == ["FailedCreate"]
+
+
+def test_an_invalid_waiting_job_holds_no_room_and_breaks_no_other_reconcile(
+    make_job: Callable[..., Any],
+) -> None:
+    mine = make_job()
+    mine["metadata"].update(creationTimestamp="2026-01-01T12:00:00Z")
+    broken = make_job()
+    broken["metadata"].update(name="broken", uid="uid-broken", creationTimestamp="2026-01-01T10:00:00Z")
+    broken["spec"]["template"]["spec"]["containers"][0]["name"] = "main"  # no `trainer` container
+    huge = make_job(spares=50000)
+    huge["metadata"].update(name="huge", uid="uid-huge", creationTimestamp="2026-01-01T10:00:00Z")
+    waiting = [handlers.waiting_gang(body) for body in (broken, huge)]
+    assert handlers.earlier_gangs(mine, [w for w in waiting if w], {}, {}, max_gang_pods=2000) == []
