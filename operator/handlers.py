@@ -121,6 +121,8 @@ class JobReconciler:
         self._queued: set[tuple[str, str]] = set()
         """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
+        self._roles_written: dict[tuple[str, str], tuple[str | None, str]] = {}
+        """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -169,7 +171,9 @@ class JobReconciler:
             job = self.kube.get_job(namespace, name)
             if job is None or job["metadata"].get("deletionTimestamp"):
                 return None
-            job_pods = [dict(pod) for pod in list(pods.get((namespace, name), ()))]
+            job_pods = self._with_own_labels(
+                namespace, [dict(pod) for pod in list(pods.get((namespace, name), ()))]
+            )
             pod_names = [observe.pod_name(pod) for pod in job_pods]
             job_leases = {
                 pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
@@ -208,7 +212,7 @@ class JobReconciler:
             )
             plan = reconcile.plan(job, observed)
             self._settle_health(key, plan)
-            self._apply(job, plan, logger)
+            self._apply(job, plan, logger, job_pods)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         return plan
 
@@ -221,7 +225,9 @@ class JobReconciler:
             spec, assessment = plan.health
             self.health.settle(key, spec, assessment, since=plan.health_since)
 
-    def _apply(self, job: dict[str, Any], plan: Plan, logger: Any) -> None:
+    def _apply(
+        self, job: dict[str, Any], plan: Plan, logger: Any, observed_pods: Iterable[dict[str, Any]] = ()
+    ) -> None:
         if plan.suspend and not self._suspend(job, logger):
             # A training-health Pause: without the suspension the status must not say it happened; the next
             # reconcile plans it again.
@@ -250,11 +256,16 @@ class JobReconciler:
         self._each("delete", self.kube.delete_pod, [(namespace, pod, 0) for pod in plan.force_delete_pods])
         self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])
         self.metrics.pods_deleted.inc(len(plan.force_delete_pods) + len(plan.delete_pods))
-        self._each(
+        labelled = self._each(
             "label",
-            self.kube.label_pod,
-            [(namespace, pod, {names.LABEL_ROLE: role}) for pod, role in plan.relabel_pods.items()],
+            self._label_role,
+            [(namespace, pod, role) for pod, role in plan.relabel_pods.items()],
         )
+        uids = {observe.pod_name(pod): pod["metadata"].get("uid") for pod in observed_pods}
+        with self._locks_guard:
+            for (pod, role), done in zip(plan.relabel_pods.items(), labelled, strict=True):
+                if done:
+                    self._roles_written[(namespace, pod)] = (uids.get(pod), role)
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
@@ -277,6 +288,28 @@ class JobReconciler:
             # these pods are not sent again before the pause ends, so this is the one Event of this refusal.
             failed = Event("Warning", FAILED_CREATE, throttle.rejection_message(rejections))
             self._guarded("event", self.kube.post_event, job, failed)
+
+    def _label_role(self, namespace: str, pod: str, role: str) -> bool:
+        self.kube.label_pod(namespace, pod, {names.LABEL_ROLE: role})
+        return True
+
+    def _with_own_labels(self, namespace: str, job_pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The job's pods as indexed, with the role labels this operator wrote and its watch has not shown yet:
+        a reconcile that ran before that event must not relabel the pod (and announce its promotion) again."""
+        with self._locks_guard:
+            for position, pod in enumerate(job_pods):
+                key = (namespace, observe.pod_name(pod))
+                written = self._roles_written.get(key)
+                if written is None:
+                    continue
+                uid, role = written
+                labels = (pod.get("metadata") or {}).get("labels") or {}
+                if uid != pod["metadata"].get("uid") or labels.get(names.LABEL_ROLE) == role:
+                    del self._roles_written[key]  # the watch caught up (or the pod is another one now)
+                    continue
+                metadata = {**pod["metadata"], "labels": {**labels, names.LABEL_ROLE: role}}
+                job_pods[position] = {**pod, "metadata": metadata}
+        return job_pods
 
     def _create_pod(
         self, key: tuple[str, str], pod: dict[str, Any], generation: int | None, logger: Any

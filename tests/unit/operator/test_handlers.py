@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Callable
@@ -749,3 +750,42 @@ def test_an_invalid_waiting_job_holds_no_room_and_breaks_no_other_reconcile(
     huge["metadata"].update(name="huge", uid="uid-huge", creationTimestamp="2026-01-01T10:00:00Z")
     waiting = [handlers.waiting_gang(body) for body in (broken, huge)]
     assert handlers.earlier_gangs(mine, [w for w in waiting if w], {}, {}, max_gang_pods=2000) == []
+
+
+def test_a_promotion_is_relabelled_and_announced_once_while_the_index_lags(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """The role label the operator wrote reaches its pod index a moment later: a reconcile in between must
+    not relabel the pod and announce the promotion again."""
+    healthy = {"labels": {}, "ready": "True", "noExecute": []}
+    pods = [
+        make_pod("demo-worker-0", node="node-gone"),
+        make_pod("demo-worker-1"),
+        make_pod("demo-worker-2", role="spare"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    leases = {("ml", "demo-worker-2"): [{"phase": "training", "step": "3", "rank": "0"}]}
+    job = make_job()
+    job["status"] = {"gang": {"scheduledTime": "2026-01-01T11:59:30Z"}, "startTime": "2026-01-01T11:59:30Z"}
+
+    class StoringKube(FakeKube):
+        def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
+            super().replace_status(job, status)
+            self.job = {**self.job, "status": status}
+
+    kube = StoringKube(job)
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    nodes = {"node-a": [healthy]}
+    # Each reconcile reads pod summaries the index made from the pods' events: still labelled `spare`.
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): copy.deepcopy(pods)}, leases, nodes, logger)
+    assert kube.calls.count(("label", "demo-worker-2=worker")) == 1
+    announced = kube.calls.count(("event", "SparePromoted"))
+    assert announced == 1
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): copy.deepcopy(pods)}, leases, nodes, logger)
+    assert kube.calls.count(("label", "demo-worker-2=worker")) == 1
+    assert kube.calls.count(("event", "SparePromoted")) == announced
+    # Once the index shows the label, the memory of it goes; a new pod of that name is judged afresh.
+    caught_up = [*pods[:2], make_pod("demo-worker-2", role="worker"), pods[3]]
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): caught_up}, leases, nodes, logger)
+    assert reconciler._roles_written == {}
