@@ -263,9 +263,9 @@ class JobReconciler:
         )
         uids = {observe.pod_name(pod): pod["metadata"].get("uid") for pod in observed_pods}
         with self._locks_guard:
-            for (pod, role), done in zip(plan.relabel_pods.items(), labelled, strict=True):
+            for (pod_name, role), done in zip(plan.relabel_pods.items(), labelled, strict=True):
                 if done:
-                    self._roles_written[(namespace, pod)] = (uids.get(pod), role)
+                    self._roles_written[(namespace, pod_name)] = (uids.get(pod_name), role)
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
