@@ -22,6 +22,8 @@ from phalanx.images import build
 from phalanx.images.cli import image_cache
 from phalanx.operator import crd
 
+from .conftest import require_cpu_torch_wheel
+
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = f"phalanx:{__version__}"
 WORKER = f"phalanx-worker:{__version__}"
@@ -44,6 +46,7 @@ def phalanx_image_build(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def built() -> str:
+    require_cpu_torch_wheel()
     result = phalanx_image_build()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout

@@ -29,7 +29,7 @@ from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.realnode import host, images
 from phalanx.devcluster.realnode import node as real_node
 
-from .conftest import assert_demo_succeeded, wait_for
+from .conftest import assert_demo_succeeded, require_cpu_torch_wheel, wait_for
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -234,6 +234,7 @@ def operator_pod(real: RealNodeCluster) -> str:
     """What a platform team does first: build the images and `helm install` the chart. The operator's pod."""
     import helm_python
 
+    require_cpu_torch_wheel()
     wheels = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else "")
     build = subprocess.run(
         [sys.executable, "-m", "phalanx.cli", "image", "build", *(["--wheels", wheels] if wheels else [])],
