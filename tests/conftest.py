@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.terminal import TerminalReporter
 from kubernetes import config
 
 from phalanx.devcluster import controlplane
@@ -124,3 +125,26 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
     finally:
         with contextlib.suppress(helm_python.HelmError):
             helm.uninstall(release, ignore_not_found=True, wait="watcher")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Say why a test failed the moment it fails, not only in the summary at the end: a CI run stopped at its
+    time limit never prints that summary, and then its log would show only a row of Fs."""
+    if not report.failed:
+        return
+    config = _session_config.get("config")
+    terminal = config.pluginmanager.get_plugin("terminalreporter") if config else None
+    if not isinstance(terminal, TerminalReporter):
+        return
+    text = report.longreprtext.splitlines()
+    terminal.write_line("")
+    terminal.write_sep("-", f"{report.nodeid} failed ({report.when}), {report.duration:.0f} s", red=True)
+    terminal.write_line("\n".join(text[-40:]))
+
+
+_session_config: dict[str, pytest.Config] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _session_config["config"] = config
