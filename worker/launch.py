@@ -54,7 +54,7 @@ from phalanx.worker import (
     warmstart,
 )
 from phalanx.worker import fatal as trainer_fatal
-from phalanx.worker.checkpoint import durable, tiers
+from phalanx.worker.checkpoint import durable, shm_store, tiers
 from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
@@ -140,12 +140,30 @@ class RendezvousClient:
         scaling.install_live_settings(self.handler, self.max_nodes.current)
         self.publish_node(self.store)
         self.new_store_hooks.append(self.publish_node)
+        # The node holding the newest state gets a place in the group before nodes holding older state.
+        self.freshness = rendezvous.FreshnessGuard(
+            lambda: self.store,
+            rendezvous.node_key(torch_elastic.node_of(self.handler)),
+            patience=settings.keepalive_timeout,
+        )
+        torch_elastic.guard_joins(self.handler, self.freshness.must_wait)
 
     def publish_node(self, store: dist.TCPStore) -> None:
         """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
         with contextlib.suppress(*STORE_ERRORS, RuntimeError):
             key = self.settings.pod_uid or self.settings.pod_name
             rendezvous.publish_node(store, key, torch_elastic.node_of(self.handler))
+
+    def offer_held_state(self) -> None:
+        """Before a rendezvous: claim, for the round this node joins, the newest snapshot its pod holds (see
+        `rendezvous.FreshnessGuard`). The store's trouble is the rendezvous's to handle."""
+        held = shm_store.newest_held_step()
+        with contextlib.suppress(*STORE_ERRORS, RuntimeError):
+            self.handler.num_nodes_waiting()  # reads the state afresh, under the handler's lock
+            state = torch_elastic.round_state(self.handler)
+            claim = self.freshness.offer(held, state.round, state.complete)
+            if claim is not None and held >= 0 and claim.node != self.freshness.node:
+                logger.info("this node holds step %d; %s/%s holds step %d", held, *claim.node[:2], claim.step)
 
     def forget_departed(self, pod_keys: tuple[str, ...]) -> list[str]:
         """Expire the departed pods' nodes in the rendezvous state (see `rendezvous.forget_departed`)."""
@@ -205,14 +223,16 @@ class RendezvousClient:
         return rendezvous.read_restart_epoch(self.store)
 
     def in_standby(self) -> bool:
-        """Whether this node stands by: in torch's redundancy list, or queued for a group that is full
-        (read from the local copy of the state)."""
+        """Whether this node stands by: in torch's redundancy list, or outside a group that is full (queued, or
+        a spare on its way into the redundancy list). Read from the local copy of the state. A node that is
+        not standing by while it rendezvous is joining a round with room for it: the operator counts its loss
+        as a worker's."""
         with contextlib.suppress(Exception):
             state = torch_elastic.round_state(self.handler)
             node = torch_elastic.node_of(self.handler)
             if node in state.redundancy_list:
                 return True
-            return node in state.wait_list and not rendezvous.has_room(
+            return node not in state.participants and not rendezvous.has_room(
                 state.complete, len(state.participants), self.max_nodes.current()
             )
         return False
@@ -462,6 +482,7 @@ class PhalanxAgent(LocalElasticAgent):
         started = time.monotonic()
         self._read_max_nodes()
         self._members = None
+        self._client.offer_held_state()
         super()._rendezvous(worker_group)
         with contextlib.suppress(Exception):
             participants = torch_elastic.round_state(self._client.handler).participants
