@@ -100,6 +100,9 @@ class Beat:
     """Step the group restored."""
     restored_from: str | None = None
     """Where the group restored its state from."""
+    active: bool = True
+    """The worker's phase says it is in a group (training, saving, restoring, finished). False between groups
+    (re-forming, standing by): its step is then the last one its previous group reached."""
 
 
 def failed_at(incident: api.Incident) -> datetime | None:
@@ -114,9 +117,18 @@ def _raise_detected_step(incident: api.Incident, beats: list[Beat], failure: dat
     hold the incident open). Only for a worker's failure: after a rendezvous loss the group may train on."""
     if failure is None or incident.detected_step is None or incident.action not in WORKER_ACTIONS:
         return
-    old = [beat.step for beat in beats if beat.group_started is not None and beat.group_started <= failure]
+    old = [beat.step for beat in beats if _of_a_group_before(beat, failure)]
     ceiling = incident.resume_step if incident.resume_step is not None else incident.detected_step
     incident.detected_step = max(incident.detected_step, min(max(old, default=0), ceiling))
+
+
+def _of_a_group_before(beat: Beat, failure: datetime) -> bool:
+    """Whether the beat's step was reached by a group formed before the failure: one that still runs, or the
+    previous group of a worker now between groups (a survivor re-forming shows the step its group stopped at
+    as soon as it leaves, seconds before the failed pod's loss is seen, and well before a new group forms)."""
+    if beat.group_started is not None:
+        return beat.group_started <= failure
+    return not beat.active
 
 
 def _resumed_group(beats: list[Beat], failure: datetime | None) -> Beat | None:
@@ -127,7 +139,8 @@ def _resumed_group(beats: list[Beat], failure: datetime | None) -> Beat | None:
     resumed = [
         (beat.resumed_at, beat)
         for beat in beats
-        if beat.group_started is not None
+        if beat.active
+        and beat.group_started is not None
         and beat.group_started > failure
         and beat.resumed_at is not None
         and beat.resumed_at >= beat.group_started
@@ -160,7 +173,7 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
     fresh = [
         beat.step
         for beat in beats
-        if detected_at is None or beat.renewed is None or beat.renewed >= detected_at
+        if beat.active and (detected_at is None or beat.renewed is None or beat.renewed >= detected_at)
     ]
     highest, lowest = max(fresh, default=None), min(fresh, default=None)
     if lowest is not None and (incident.resumed_from_step is None or lowest < incident.resumed_from_step):
@@ -178,8 +191,9 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
 def observe_progress(incidents: list[api.Incident], beats: list[Beat], now: datetime) -> Progress:
     """Update open incidents with the active workers' heartbeats seen now.
 
-    `beats`: heartbeats of the live workers whose phase says they train (or save / restore). For the
-    estimate, only a heartbeat renewed at or after an incident's detection speaks for it: an older one
+    `beats`: heartbeats of the live workers that report a step; those whose phase says they train (or save /
+    restore) tell where training resumed, and those between groups only what their previous group reached. For
+    the estimate, only a heartbeat renewed at or after an incident's detection speaks for it: an older one
     shows a step from before the failure, not where training resumed.
     """
     updated: list[api.Incident] = []

@@ -332,14 +332,15 @@ def _force_delete_on_lost_nodes(b: _Builder) -> None:
 
 
 def _in_group(pod: dict[str, Any] | None, failure_spare: bool, b: _Builder) -> bool:
-    """Whether the pod held a place in a running worker group (its loss breaks that group): its last
+    """Whether the pod held a place in a running worker group (its loss breaks that group), or was joining
+    one (a promoted spare, a worker re-forming: the round must not wait for its keep-alive to lapse): its last
     heartbeat says so; without one (heartbeats off, pod gone), an active worker is assumed to."""
     if failure_spare:
         return False
     lease = _heartbeat(pod, b) if pod is not None else None
     if lease is None or not lease.get("phase"):
         return True
-    return lease.get("phase") in GROUP_PHASES
+    return lease.get("phase") in (*GROUP_PHASES, observe.JOINING_PHASE)
 
 
 def _decisions(
@@ -570,7 +571,7 @@ def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.He
 
 
 def _beat(step: int, lease: dict[str, Any]) -> incidents.Beat:
-    """An active worker's heartbeat as the incidents read it (empty annotations mean unknown)."""
+    """A worker's heartbeat as the incidents read it (empty annotations mean unknown)."""
     restored = detection.lease_number(lease, "restored-step")
     return incidents.Beat(
         step=step,
@@ -579,6 +580,7 @@ def _beat(step: int, lease: dict[str, Any]) -> incidents.Beat:
         resumed_at=parse_time(lease.get("resumed-at")),
         restored_step=None if restored is None else int(restored),
         restored_from=lease.get("restore-source") or None,
+        active=lease.get("phase") in ACTIVE_PHASES,
     )
 
 
@@ -592,7 +594,7 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
         and observe.is_live(pod)
         and observe.pod_name(pod) not in doing
         and (lease := _heartbeat(pod, b)) is not None
-        and lease.get("phase") in ACTIVE_PHASES
+        and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, "standby")
         and (step := detection.lease_step(lease)) is not None
     ]
     progress = incidents.observe_progress(b.status.incidents, beats, b.now)
