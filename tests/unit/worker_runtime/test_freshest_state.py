@@ -25,6 +25,14 @@ from phalanx.worker.rendezvous import FreshestClaim, must_leave_last_place
 W, S2, S3 = ("127.0.0.1", 101, 0), ("127.0.0.2", 102, 0), ("127.0.0.3", 103, 0)
 
 
+@pytest.fixture(autouse=True)
+def own_node_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch numbers the handlers of a process (a node's local id): these tests' handlers leave the count where
+    it was for the tests that come after."""
+    handler = torch_elastic.DynamicRendezvousHandler
+    monkeypatch.setattr(handler, "_node_desc_generator", dynamic_rendezvous._NodeDescGenerator())
+
+
 @pytest.fixture
 def server() -> Iterator[dist.TCPStore]:
     server = rendezvous.serve("127.0.0.1", 0)

@@ -198,8 +198,12 @@ def test_replaced_settings_reach_every_part_that_reads_them(store: dist.Store) -
     assert torch_elastic.state_holder(handler)._settings is marker
 
 
-def test_the_join_the_launcher_guards_is_where_it_reaches(store: dist.Store) -> None:
+def test_the_join_the_launcher_guards_is_where_it_reaches(
+    store: dist.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # worker/rendezvous.py's freshest-state rule wraps the executor's run and answers torch's join actions.
+    generator = torch_elastic.dynamic_rendezvous._NodeDescGenerator()
+    monkeypatch.setattr(torch_elastic.DynamicRendezvousHandler, "_node_desc_generator", generator)
     handler = handler_on(store)
     run = inspect.signature(handler._op_executor.run)
     assert list(run.parameters)[:2] == ["state_handler", "deadline"]
