@@ -9,6 +9,7 @@ an old durable checkpoint, and the survivor stands by with the newest state. The
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -270,3 +271,85 @@ def test_torch_alone_gives_both_places_to_the_nodes_without_state(server: dist.T
 def test_the_holder_of_the_newest_state_gets_a_place_though_it_joins_last(server: dist.TCPStore) -> None:
     joined = race_after_two_failures(server, guarded=True)
     assert len(joined) == 2 and "127.0.0.1" in joined, joined
+
+
+# ------------------------------------------------- a member of a new round dies as the round forms
+
+
+def client_at(server: dist.TCPStore, address: str) -> Any:
+    from phalanx.worker.env import settings_from
+    from phalanx.worker.launch import RendezvousClient
+
+    env = {
+        "PHALANX_RDZV_ENDPOINT": f"127.0.0.1:{server.port}",
+        "PHALANX_JOB_UID": "race",
+        "POD_IP": address,
+        "PHALANX_MIN_NODES": "2",
+        "PHALANX_MAX_NODES": "2",
+    }
+    overrides = {"command": ("python",), "keepalive_interval": 1.0, "keepalive_timeout": KEEPALIVE}
+    client = RendezvousClient(settings_from(env, overrides))
+    torch_elastic.set_state_cache(client.handler, 0.02)
+    return client
+
+
+def dies_when_the_round_forms(handler: torch_elastic.DynamicRendezvousHandler) -> None:
+    """The node dies right after its join: before it says anything to the other members of the round."""
+    executor = handler._op_executor
+    run = executor.run
+
+    def dying(state_handler: Any, *args: Any, **kwargs: Any) -> None:
+        run(state_handler, *args, **kwargs)
+        if isinstance(state_handler, dynamic_rendezvous._RendezvousJoinOp):
+            handler._stop_heartbeats = lambda: None  # type: ignore[method-assign]
+            raise SystemExit("killed")
+
+    executor.run = dying  # type: ignore[method-assign]
+
+
+@pytest.mark.usefixtures("fast_polls")
+def test_a_member_whose_peer_died_as_the_round_formed_stays_in_the_rendezvous(server: dist.TCPStore) -> None:
+    # The spare that took a failed worker's place (rank 0, it hosts the round's bootstrap address) dies as the
+    # round forms: the survivor waits for that address. Its keep-alives must go on meanwhile (torch would
+    # drop it, and new pods without state would take both places), and the wait must end after the
+    # keep-alive timeout, not the store's.
+    survivor, spare = client_at(server, "127.0.0.5"), client_at(server, "127.0.0.4")
+    dies_when_the_round_forms(spare.handler)
+    outcome: dict[str, Any] = {}
+
+    def join(name: str, client: Any) -> None:
+        started = time.monotonic()
+        try:
+            client.handler.next_rendezvous()
+        except BaseException as error:
+            outcome[name] = (type(error).__name__, time.monotonic() - started)
+
+    threads = [
+        threading.Thread(target=join, args=item, daemon=True)
+        for item in (("survivor", survivor), ("spare", spare))
+    ]
+    for thread in threads:
+        thread.start()
+    observer = connect(server)
+    backend = torch_elastic.C10dRendezvousBackend(observer, "race")
+    node = torch_elastic.node_of(survivor.handler)
+    beats = []
+    while threads[0].is_alive() and len(beats) < 200:
+        current = backend.get_state()
+        if current is not None:
+            state = pickle.loads(current[0])
+            if state.complete and node in state.participants:
+                beats.append(state.last_heartbeats[node])
+        time.sleep(0.05)
+    threads[0].join(timeout=30)
+    assert outcome["spare"][0] == "SystemExit"
+    name, waited = outcome["survivor"]
+    assert name in ("DistStoreError", "DistError"), outcome
+    assert waited < KEEPALIVE + 2.0, outcome  # the keep-alive timeout, not the store's 15 s
+    # It kept its keep-alives going while it waited: still a participant, renewed within the timeout.
+    current = backend.get_state()
+    assert current is not None
+    state = pickle.loads(current[0])
+    assert node in state.participants, state.participants
+    assert len(set(beats)) >= 2, beats
+    survivor.handler._stop_heartbeats()
