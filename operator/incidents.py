@@ -102,7 +102,8 @@ class Beat:
     """Where the group restored its state from."""
     active: bool = True
     """The worker's phase says it is in a group (training, saving, restoring, finished). False between groups
-    (re-forming, standing by): its step is then the last one its previous group reached."""
+    (re-forming, standing by): its step is then the last one its latest group reached, and the group figures,
+    when given, are that group's (it resumed before it ended)."""
 
 
 def failed_at(incident: api.Incident) -> datetime | None:
@@ -123,9 +124,11 @@ def _raise_detected_step(incident: api.Incident, beats: list[Beat], failure: dat
 
 
 def _of_a_group_before(beat: Beat, failure: datetime) -> bool:
-    """Whether the beat's step was reached by a group formed before the failure: one that still runs, or the
-    previous group of a worker now between groups (a survivor re-forming shows the step its group stopped at
-    as soon as it leaves, seconds before the failed pod's loss is seen, and well before a new group forms)."""
+    """Whether the beat's step was reached by a group formed before the failure: one that runs, or the latest
+    group of a worker now between groups (a survivor re-forming shows the step its group stopped at as soon
+    as it leaves, often before the failed pod's loss is seen and well before a new group forms); a worker
+    between groups whose latest group never resumed does not say when it started, and its step is that
+    group's restored one at most."""
     if beat.group_started is not None:
         return beat.group_started <= failure
     return not beat.active
@@ -139,8 +142,7 @@ def _resumed_group(beats: list[Beat], failure: datetime | None) -> Beat | None:
     resumed = [
         (beat.resumed_at, beat)
         for beat in beats
-        if beat.active
-        and beat.group_started is not None
+        if beat.group_started is not None
         and beat.group_started > failure
         and beat.resumed_at is not None
         and beat.resumed_at >= beat.group_started
@@ -163,7 +165,12 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
     if group is not None and group.resumed_at is not None:
         incident.restored_step, incident.restored_from = group.restored_step, group.restored_from
         _close(incident, format_micro_time(group.resumed_at), failure, now)
-        baseline, restored = incident.detected_step, group.restored_step
+        restored = group.restored_step
+        if incident.detected_step is not None and restored is not None and incident.action in WORKER_ACTIONS:
+            # Whatever a group formed after the failure restored had been reached before it: the step at
+            # detection, from Leases that lag, may be short of it.
+            incident.detected_step = max(incident.detected_step, restored)
+        baseline = incident.detected_step
         if baseline is not None and restored is None:
             restored = incident.resumed_from_step
         if baseline is not None and restored is not None:

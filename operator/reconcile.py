@@ -7,7 +7,7 @@ operator restart, asks for the same deterministic names, so nothing is ever dupl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -334,11 +334,14 @@ def _force_delete_on_lost_nodes(b: _Builder) -> None:
 def _in_group(pod: dict[str, Any] | None, failure_spare: bool, b: _Builder) -> bool:
     """Whether the pod held a place in a running worker group (its loss breaks that group), or was joining
     one (a promoted spare, a worker re-forming: the round must not wait for its keep-alive to lapse): its last
-    heartbeat says so; without one (heartbeats off, pod gone), an active worker is assumed to."""
+    heartbeat says so; without one (heartbeats off, pod gone), an active worker is assumed to. A spare whose
+    loss overlaps a recovery (`_overlapping_spares`) may be joining whatever its heartbeat says."""
     if failure_spare:
         return False
     lease = _heartbeat(pod, b) if pod is not None else None
     if lease is None or not lease.get("phase"):
+        return True
+    if pod is not None and observe.role(pod) == names.ROLE_SPARE:
         return True
     return lease.get("phase") in (*GROUP_PHASES, observe.JOINING_PHASE)
 
@@ -454,6 +457,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         for failure in [failure for failure in failures if failure.spare]:
             b.mark_done(failure.pod, failure.uid, kept=True)
         failures = [failure for failure in failures if not failure.spare]
+    failures = _overlapping_spares(b, failures)
     for failure, decision in _decisions(failures, spec):
         step = _step_at_failure(b, trainers, failure.occurred_at)
         incident = incidents.open_incident(failure, decision, b.now, step, unreported)
@@ -504,6 +508,20 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     if disrupted:
         detection.restart_clocks(b.status.tracking, b.now)
     return False
+
+
+def _overlapping_spares(b: _Builder, failures: list[detection.Failure]) -> list[detection.Failure]:
+    """A spare lost while a worker's failure is being recovered from may be the one torch is promoting into
+    the failed worker's place, though its Lease (renewed a moment after each change, and read later still)
+    says it stood by: failures that overlap are recovered from together, so it counts as a worker's (an
+    incident open until training resumed after it, its node dropped from the rendezvous)."""
+    recovering = any(
+        incidents.is_open(incident) and incident.action in incidents.WORKER_ACTIONS
+        for incident in b.status.incidents
+    ) or any(not failure.spare for failure in failures)
+    if not recovering:
+        return failures
+    return [replace(failure, spare=False) if failure.spare else failure for failure in failures]
 
 
 def _follow_rendezvous(b: _Builder, unreported: int) -> bool:

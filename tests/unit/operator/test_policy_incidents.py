@@ -297,3 +297,24 @@ def test_overlapping_failures_close_when_training_resumed_after_both(now: dateti
         assert closed.resumed_at == format_micro_time(resumed) and closed.steps_lost == 0
     assert (first_closed.seconds_to_recover, second_closed.seconds_to_recover) == (6.0, 5.2)
     assert done.recovery_seconds == 6.0  # the union of both
+
+
+def test_a_group_that_resumed_then_broke_closes_the_incident_it_followed(now: datetime) -> None:
+    # The spare that took the failed worker's place died right after the group's first step: the survivor is
+    # between groups again, and its Lease still says when that group started and resumed.
+    failed = now - timedelta(seconds=2)
+    incident = opened_at(failed, now, step=35)  # from a Lease that lagged its worker
+    started, resumed = failed + timedelta(milliseconds=600), failed + timedelta(milliseconds=900)
+    survivor = incidents.Beat(
+        step=38,
+        renewed=now,
+        group_started=started,
+        resumed_at=resumed,
+        restored_step=37,
+        restored_from="memory",
+        active=False,
+    )
+    (closed,) = incidents.observe_progress([incident], [survivor], now).recovered
+    assert closed.resumed_at == format_micro_time(resumed) and closed.seconds_to_recover == 0.9
+    # The state restored had been reached before the failure: the step at detection was short of it.
+    assert (closed.detected_step, closed.restored_step, closed.steps_lost) == (37, 37, 0)

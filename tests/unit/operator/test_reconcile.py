@@ -6,6 +6,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+
 from phalanx.operator.reconcile import REGROUP_CLOCK_MARGIN, SUSPECT_NODE_SECONDS, Observed, Plan, plan
 from phalanx.operator.timeutil import format_micro_time
 from phalanx.operator.topology import avoided_nodes
@@ -829,12 +831,14 @@ def test_the_incident_takes_its_figures_from_the_group_that_resumed(
     assert _condition(resumed, "Recovering")["reason"] == "Recovered"
 
 
+@pytest.mark.parametrize("spare_seen", ["rendezvous", "standby"])
 def test_a_spare_killed_while_taking_the_slot_is_an_incident_of_its_own_until_training_resumes(
-    make_job: MakeJob, make_pod: MakePod, now: datetime
+    make_job: MakeJob, make_pod: MakePod, now: datetime, spare_seen: str
 ) -> None:
     # worker-1 is killed at step 13; the spare leaves standby to take its slot and is killed 0.8 s later,
     # before the group it joins trains a step. worker-0 keeps the newest state (step 13) and re-forms with the
-    # spare refilling the pool; the group restores step 13 and trains on.
+    # spare refilling the pool; the group restores step 13 and trains on. The spare's last Lease says it was
+    # joining, or (renewed a moment after each change, and read later still) that it stood by.
     job = make_job(heartbeat={"intervalSeconds": 1})
     pods = _running_gang(make_pod)
     group = "2026-01-01T11:50:00.000000Z"
@@ -861,7 +865,7 @@ def test_a_spare_killed_while_taking_the_slot_is_an_incident_of_its_own_until_tr
     leases = {
         # worker-0 left its group: it says at once the step that group stopped at.
         "demo-worker-0": _lease(second, 13, phase="rendezvous"),
-        "demo-worker-2": _lease(second, 0, phase="rendezvous"),
+        "demo-worker-2": _lease(second, 0, phase=spare_seen),
     }
     both = plan(
         _with_status(job, killed), Observed(pods=pods, now=second, leases=leases, nodes=HEALTHY_NODES)
