@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+
+from phalanx.operator import formats
 
 GROUP = "phalanx.dev"
 VERSION = "v1alpha1"
@@ -38,6 +40,21 @@ IntervalSteps = Annotated[int, Field(ge=1)] | Literal["auto"]
 CheckpointMode = Literal["auto", "fixed"]
 ExitCode = Annotated[int, Field(ge=0, le=255)]
 """A process exit status as a container reports it (128 + n for a signal n)."""
+Quantity = Annotated[
+    str,
+    BeforeValidator(formats.check_quantity),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": formats.QUANTITY_PATTERN}),
+]
+"""A non-negative Kubernetes quantity (`8Gi`, `500m`, `2`), a string or a number as in a Pod (the CRD: an
+int-or-string with a pattern, so `lots` is refused at apply time)."""
+AbsolutePath = Annotated[
+    str,
+    AfterValidator(formats.check_absolute_path),
+    Field(json_schema_extra={"pattern": formats.ABSOLUTE_PATH_PATTERN}),
+]
+"""An absolute, normalised path inside the container: no `.` or `..` segment, no `//`, no trailing `/`, not
+`/` itself."""
+DEFAULT_TRAINER_CONTAINER = "trainer"
 
 
 class ApiModel(BaseModel):
@@ -85,13 +102,13 @@ class LocalTierSpec(ApiModel):
 
     enabled: bool = False
     """Commit checkpoints to the node-local tier first."""
-    path: str = "/phalanx-local-checkpoints"
-    """Directory inside the trainer container where the local tier is mounted."""
-    host_path: str | None = None
+    path: AbsolutePath = "/phalanx-local-checkpoints"
+    """Directory inside the trainer container where the local tier is mounted (absolute and normalised)."""
+    host_path: AbsolutePath | None = None
     """A folder on the node to hold the tier, kept for the next pod on that node (a `hostPath` volume of
-    type `DirectoryOrCreate`); unset: an `emptyDir`, lost with the pod."""
-    size_limit: str | None = None
-    """The `emptyDir`'s size limit (a quantity such as `20Gi`)."""
+    type `DirectoryOrCreate`; absolute and normalised); unset: an `emptyDir`, lost with the pod."""
+    size_limit: Quantity | None = None
+    """The `emptyDir`'s size limit (a non-negative quantity such as `20Gi`)."""
     keep: int = Field(default=2, ge=1)
     """Most recent checkpoints kept on the local tier."""
 
@@ -119,8 +136,9 @@ class CheckpointSpec(ApiModel):
     volume: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE_UNKNOWN)
     """A volume source (as in a Pod's `volumes[]` entry, without `name`) mounted at `path`; set this or
     `claimName`, not both. With neither, `path` is used as it is in the container's filesystem."""
-    path: str = "/checkpoints"
-    """Directory inside the trainer container where checkpoints are written (`PHALANX_CHECKPOINT_DIR`)."""
+    path: AbsolutePath = "/checkpoints"
+    """Directory inside the trainer container where checkpoints are written (`PHALANX_CHECKPOINT_DIR`):
+    absolute and normalised (no `.` or `..` segment, no `//`, no trailing `/`, not `/` itself)."""
     interval_steps: IntervalSteps = 100
     """Training steps between durable checkpoints (`PHALANX_CHECKPOINT_INTERVAL`), or `auto`: the operator
     chooses the interval from the measured save cost, step time and the job's failure rate (Young/Daly,
@@ -413,8 +431,8 @@ class SharedMemorySpec(ApiModel):
     """Mount a memory-backed `emptyDir` at /dev/shm in the trainer container (skipped when the template already
     mounts something there). In-memory snapshots, the launcher's status files and DataLoader workers live there;
     64 MiB holds none of them for a real model."""
-    size_limit: str | None = None
-    """The volume's size limit (a quantity such as `8Gi`): room for three in-memory snapshots of this worker's
+    size_limit: Quantity | None = None
+    """The volume's size limit (a non-negative quantity such as `8Gi`): room for three in-memory snapshots of this worker's
     state (model, optimizer, RNG: two for double buffering, one for the save in flight) plus DataLoader
     buffers. Unset: no limit of its own; its pages count toward
     the container's memory limit either way. A snapshot that does not fit fails with a message naming this
@@ -435,8 +453,14 @@ class TrainingJobSpec(ApiModel):
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
     """Training processes per worker pod (usually the GPUs per node)."""
     template: dict[str, Any] = Field(json_schema_extra=PRESERVE_UNKNOWN)
-    """Pod template of the workers. Its container named `trainer` (or its first container) runs the
-    training command, which the operator wraps with the Phalanx launcher."""
+    """Pod template of the workers. Its container named `trainerContainer` (`trainer` by default) runs the
+    training command, which the operator wraps with the Phalanx launcher; a template without it is refused
+    (`InvalidSpec`), as is a resource request, limit or `emptyDir` size that is not a quantity."""
+    trainer_container: str = Field(
+        default=DEFAULT_TRAINER_CONTAINER, min_length=1, max_length=63, pattern=formats.DNS_LABEL_PATTERN
+    )
+    """Name of the template's container that runs training: it gets the launcher, the contract's environment
+    and the checkpoint and /dev/shm volumes, and its exits and restarts are the worker's."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Durable checkpoints."""
     shared_memory: SharedMemorySpec = Field(default_factory=SharedMemorySpec)
@@ -738,10 +762,35 @@ class HealthStatus(ApiModel):
     """The latest rollback: what started it, from and to which step, and when."""
 
 
+MAX_SKIPPED_CHECKPOINTS = 10
+"""Checkpoints passed over that `status.checkpoint.skipped` names at most (the newest steps)."""
+
+
+class SkippedCheckpoint(ApiModel):
+    """A checkpoint a worker's restore passed over, newer than the state it restored (the worker's heartbeat
+    `phalanx.dev/checkpoint-skipped`)."""
+
+    step: int
+    """The checkpoint's step."""
+    tier: str
+    """Where it was: `durable` (the durable tier, or `checkpoint.path` when it is the only tier), `fast` (the
+    shared fast tier) or `local` (a node's own tier, `localTier`)."""
+    reason: str
+    """`Torn` (no manifest: a save or copy cut short), `Corrupt` (an unreadable manifest, or files that
+    disagree with it: size, sha256, missing) or `OtherFormat` (another manifest format, or sharded state where
+    replicated is restored, or the reverse)."""
+    message: str = ""
+    """The detail, as the worker found it (at most 160 characters)."""
+    pod: str | None = None
+    """The pod whose restore passed it over first (the one that read that location)."""
+    seen_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When the operator first saw it reported."""
+
+
 class CheckpointStatus(ApiModel):
-    """The durable-checkpoint interval in force and what it was chosen from (`spec.checkpoint.intervalSteps`).
-    Written only when the interval changes (by more than a fifth, `auto`), so the figures are those of the
-    last change, not live readings."""
+    """The durable-checkpoint interval in force and what it was chosen from (`spec.checkpoint.intervalSteps`),
+    and the checkpoints restores passed over. The interval is written only when it changes (by more than a
+    fifth, `auto`), so its figures are those of the last change, not live readings."""
 
     mode: CheckpointMode
     """`fixed` (the spec's number) or `auto` (chosen by the operator; the launchers pass it to the trainers)."""
@@ -764,6 +813,10 @@ class CheckpointStatus(ApiModel):
     reason: str = ""
     """How the interval was reached, e.g. the Young/Daly figures, a bound, or the bootstrap before the first
     save cost was measured."""
+    skipped: list[SkippedCheckpoint] | None = Field(default=None, max_length=MAX_SKIPPED_CHECKPOINTS)
+    """Checkpoints the workers' restores passed over (torn, corrupt, of another format), each named once
+    however many workers and restores reported it: the newest 10 steps. Each new one is also named in a
+    `CheckpointSkipped` Warning Event."""
 
 
 PreflightState = Literal["Running", "Passed", "Failed"]
@@ -839,7 +892,7 @@ class TrainingJobStatus(ApiModel):
     health: HealthStatus | None = None
     """Training-health signals on now and the step-time baseline (`spec.health`)."""
     checkpoint: CheckpointStatus | None = None
-    """The durable-checkpoint interval in force and its inputs."""
+    """The durable-checkpoint interval in force and its inputs, and the checkpoints restores passed over."""
     preflight: PreflightStatus | None = None
     """The preflight's progress and outcome (`spec.preflight`)."""
 

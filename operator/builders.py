@@ -176,6 +176,13 @@ def _wrap_trainer(
         ]
 
 
+def _trainer_index(spec: api.TrainingJobSpec) -> int:
+    index = trainer_container_index(spec.template, spec.trainer_container)
+    # Pods are built only from a validated spec, and validation refuses a template without the container.
+    assert index is not None, f"no container {spec.trainer_container!r} in a validated template"
+    return index
+
+
 def build_worker_pod(
     job: dict[str, Any],
     spec: api.TrainingJobSpec,
@@ -207,7 +214,7 @@ def build_worker_pod(
     if annotations:
         metadata["annotations"] = annotations
 
-    trainer = pod_spec["containers"][trainer_container_index(template) or 0]
+    trainer = pod_spec["containers"][_trainer_index(spec)]
     own_shm = _mounts_shared_memory(trainer)
     _wrap_trainer(trainer, contract_env(job, spec, role), spec, own_shm)
     volumes = [volume for volume, _ in _trainer_volumes(spec, own_shm)]
@@ -238,7 +245,7 @@ def build_rendezvous_pod(
     nodes it may not be scheduled onto (lost ones)."""
     job_name = job["metadata"]["name"]
     template_spec = spec.template["spec"]
-    trainer = template_spec["containers"][trainer_container_index(spec.template) or 0]
+    trainer = template_spec["containers"][_trainer_index(spec)]
     port = spec.rendezvous.port
     container: dict[str, Any] = {
         "name": names.RENDEZVOUS_CONTAINER,

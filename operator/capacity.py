@@ -7,11 +7,18 @@ TrainingJobs bound there request. A gang larger than that is held (`GangSchedule
 again at every reconcile, so the job starts once nodes join or other jobs end. Pods of the job itself are
 never counted against it (they are the gang), and pods of other workloads are not observed: a gang that only
 waits for them is left to the gang timeout (`gang.scheduleTimeoutSeconds`), as before.
+
+Jobs that arrive together are admitted one by one: the room a job is judged against is what is left once
+(1) the other jobs' pods that exist but are not bound yet are placed, and (2) every job ranked before it
+(higher priority, then older) that waits for its gang to be placed and fits has its gang placed too
+(`ClusterView.pending`, `ClusterView.earlier`). Placement is the scheduler's first fit, node by node. Each
+reconcile judges from the same ranking, so whichever job's reconcile runs first, the earlier jobs get the
+room; an earlier job that does not fit holds nothing, so a small later job may start before it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -23,6 +30,18 @@ SCHEDULE_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 @dataclass(frozen=True)
+class Gang:
+    """A gang that waits to be placed, as another job's capacity check counts it."""
+
+    name: str
+    """`namespace/name` of its job (named in messages)."""
+    pod_spec: Mapping[str, Any]
+    """One of its worker pods' spec (every pod of the gang has this shape)."""
+    count: int
+    """Pods in the gang (workers and spares)."""
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """The nodes and the pods bound to them, as the operator's indexes hold them."""
 
@@ -30,6 +49,16 @@ class ClusterView:
     """Node summaries (`status.summarize_node`) by node name: every node of the cluster."""
     bound: Mapping[str, list[dict[str, str]]] = field(default_factory=dict)
     """By node name, the requests (`status.pod_requests`) of the live pods of other TrainingJobs bound there."""
+    pending: Sequence[Mapping[str, str]] = ()
+    """The requests of other TrainingJobs' live pods not bound to a node yet: room already promised."""
+    earlier: Sequence[Gang] = ()
+    """The gangs of the jobs ranked before the one judged (`rank`) that wait to be placed and have no pod
+    yet, in rank order: each one that fits is placed before the judged job."""
+
+
+def rank(priority: int, created: str | None, namespace: str, name: str) -> tuple[int, str, str, str]:
+    """The order jobs are admitted in: higher priority first, then the older, then by name."""
+    return (-priority, created or "", namespace, name)
 
 
 @dataclass(frozen=True)
@@ -127,12 +156,55 @@ def _describe(amount: Decimal, resource: str) -> str:
     return f"{amount.normalize():f} {resource}"
 
 
+def _place(
+    nodes: Mapping[str, dict[str, Any]],
+    used: dict[str, dict[str, Decimal]],
+    pod_spec: Mapping[str, Any] | None,
+    requests: Mapping[str, Decimal],
+    count: int,
+) -> int:
+    """Place up to `count` pods of one shape first-fit (nodes by name), adding their requests to `used`;
+    returns how many found a node. `pod_spec` None: any ready, schedulable node will do."""
+    placed = 0
+    for name in sorted(nodes):
+        if placed == count:
+            break
+        node = nodes[name]
+        if _excluded(node, pod_spec or {}) is not None:
+            continue
+        node_used = used.setdefault(name, {})
+        fits = min(_room_on_node(node.get("allocatable") or {}, node_used, requests).values(), default=0)
+        take = min(fits, count - placed)
+        for resource, amount in requests.items():
+            node_used[resource] = node_used.get(resource, Decimal(0)) + amount * take
+        placed += take
+    return placed
+
+
+def _promised(view: ClusterView) -> tuple[dict[str, dict[str, Decimal]], list[str]]:
+    """What each node holds once the pending pods and the earlier gangs that fit are placed, and the names
+    of those gangs."""
+    used = {name: _used(view.bound.get(name, ())) for name in view.nodes}
+    for pod in view.pending:
+        requests = {name: _quantity(value) for name, value in pod.items()}
+        _place(view.nodes, used, None, {**requests, PODS: Decimal(1)}, 1)
+    admitted: list[str] = []
+    for gang in view.earlier:
+        trial = {name: dict(amounts) for name, amounts in used.items()}
+        if _place(view.nodes, trial, gang.pod_spec, pod_requests(gang.pod_spec), gang.count) == gang.count:
+            used = trial
+            admitted.append(gang.name)
+    return used, admitted
+
+
 def gang_fit(view: ClusterView, pod_spec: Mapping[str, Any], count: int) -> Fit:
     """Whether `count` pods of `pod_spec` fit the nodes they may use (ready, not cordoned, taints tolerated,
-    nodeSelector matched), and otherwise a message naming the resources that are short."""
+    nodeSelector matched) once the room promised to others is taken (`ClusterView.pending` and `earlier`),
+    and otherwise a message naming the resources that are short."""
     if not view.nodes:
         # Nothing observed yet (an operator starting up): no judgement rather than a hold on no evidence.
         return Fit(True, 0, "no node observed: capacity not judged")
+    used, admitted = _promised(view)
     requests = pod_requests(pod_spec)
     by_resource = dict.fromkeys(requests, 0)
     excluded: dict[str, int] = {}
@@ -144,7 +216,7 @@ def gang_fit(view: ClusterView, pod_spec: Mapping[str, Any], count: int) -> Fit:
             excluded[why] = excluded.get(why, 0) + 1
             continue
         usable += 1
-        per_resource = _room_on_node(node.get("allocatable") or {}, _used(view.bound.get(name, ())), requests)
+        per_resource = _room_on_node(node.get("allocatable") or {}, used.get(name, {}), requests)
         for resource, pods in per_resource.items():
             by_resource[resource] += pods
         room += min(per_resource.values(), default=0)
@@ -159,8 +231,15 @@ def gang_fit(view: ClusterView, pod_spec: Mapping[str, Any], count: int) -> Fit:
         if pods < count
     ]
     shortage = "; short of " + ", ".join(short) if short and usable else ""
+    promised = []
+    if view.pending:
+        promised.append(f"{len(view.pending)} pods of other jobs not yet bound")
+    if admitted:
+        promised.append("the gangs of " + ", ".join(admitted) + ", ahead of this job")
+    after = f" once room is kept for {' and '.join(promised)}" if promised else ""
     return Fit(
         False,
         room,
-        f"the gang needs {count} pods but the cluster's schedulable capacity holds {room}: {nodes}{shortage}",
+        f"the gang needs {count} pods but the cluster's schedulable capacity holds {room}{after}: "
+        f"{nodes}{shortage}",
     )

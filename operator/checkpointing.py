@@ -44,6 +44,9 @@ RECENT_STEPS = 20
 """Steps of the health history whose median step time is the step time."""
 REASON_CHECKPOINT_INTERVAL = "CheckpointInterval"
 """The Event reason of a changed interval."""
+REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
+"""The Warning Event naming checkpoints a restore passed over that the status did not name yet."""
+MAX_EVENT_MESSAGE = 1024
 
 
 @dataclass(frozen=True)
@@ -305,3 +308,55 @@ def choose(
     return Decision(
         candidate, f"checkpoint interval {auto.interval_steps} -> {steps} steps ({why}): {reason}"
     )
+
+
+# ------------------------------------------------------------------------------ checkpoints passed over
+def skipped_key(entry: api.SkippedCheckpoint) -> tuple[int, str, str, str | None]:
+    """What makes two reports one checkpoint: its step, tier and reason (the workers of a job share every tier
+    but a node's own, where the same step on two nodes is two checkpoints)."""
+    return (entry.step, entry.tier, entry.reason, entry.pod if entry.tier == "local" else None)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """The checkpoints passed over that the status names after one reconcile, and the Event text when the
+    reconcile found any it did not name yet."""
+
+    entries: list[api.SkippedCheckpoint] | None
+    event: str | None = None
+
+
+def follow_skipped(
+    previous: Sequence[api.SkippedCheckpoint] | None, reported: Iterable[api.SkippedCheckpoint]
+) -> Skipped:
+    """`previous` and what the workers' heartbeats report now, each checkpoint once (the first report of it
+    is kept), the newest `api.MAX_SKIPPED_CHECKPOINTS` steps. A report the status already names, or one too
+    old to be kept, brings no Event: a worker repeats its report in every heartbeat until its next restore,
+    and every restore that passes a checkpoint over again reports it again."""
+    known = {skipped_key(entry): entry for entry in previous or []}
+    fresh: dict[tuple[int, str, str, str | None], api.SkippedCheckpoint] = {}
+    for entry in reported:
+        key = skipped_key(entry)
+        if key not in known:
+            fresh.setdefault(key, entry)
+    merged = sorted(
+        [*known.values(), *fresh.values()], key=lambda entry: (-entry.step, entry.tier, entry.pod or "")
+    )[: api.MAX_SKIPPED_CHECKPOINTS]
+    new = [entry for entry in merged if skipped_key(entry) in fresh]
+    if not merged:
+        return Skipped(None)
+    return Skipped(merged, skipped_event(new) if new else None)
+
+
+def skipped_event(entries: Sequence[api.SkippedCheckpoint]) -> str:
+    """The Warning Event's text: each checkpoint, where it was, who passed it over and why."""
+    parts = [
+        f"step {entry.step} on the {entry.tier} tier ({entry.reason}"
+        + (f": {entry.message}" if entry.message else "")
+        + ")"
+        + (f" by {entry.pod}" if entry.pod else "")
+        for entry in entries
+    ]
+    count = f"{len(entries)} checkpoint{'s' if len(entries) != 1 else ''}"
+    text = f"a restore passed over {count} newer than the state it restored: " + "; ".join(parts)
+    return text if len(text) <= MAX_EVENT_MESSAGE else text[: MAX_EVENT_MESSAGE - 3] + "..."

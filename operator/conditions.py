@@ -41,6 +41,8 @@ REASON_NOT_FAILED = "NotFailed"
 REASON_RECOVERED = "Recovered"
 REASON_NO_INCIDENT = "NoIncident"
 REASON_SPARE_PROMOTED = "SparePromoted"
+# An Event: a standby spare was lost and is replaced (no restart, no incident).
+REASON_SPARE_REPLACED = "SpareReplaced"
 # An Event: the workers train but their script publishes no steps.
 REASON_PROGRESS_UNKNOWN = "ProgressUnknown"
 # Degraded.
@@ -49,6 +51,8 @@ REASON_SHRUNK = "Shrunk"
 REASON_PROMOTING_SPARE = "PromotingSpare"
 REASON_SPARES_MISSING = "SparesMissing"
 REASON_FULL_STRENGTH = "FullStrength"
+# Degraded False while a new (or resumed) gang comes up, before it first ran at full strength.
+REASON_STARTING = "Starting"
 # Healthy.
 REASON_HEALTHY = "TrainingHealthy"
 REASON_HEALTH_PAUSE = "HealthPause"

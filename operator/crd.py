@@ -6,6 +6,7 @@ no CEL rules. Defaults come from the model, so the API server and the operator f
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any, Literal, Union
 
 import annotated_types
 import yaml
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -68,11 +69,13 @@ def schema_for_annotation(annotation: Any, *, with_defaults: bool) -> dict[str, 
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         # A constrained item type, e.g. `list[Annotated[int, Field(ge=0)]]`: its range belongs to the items.
+        # A named type such as `api.Quantity` carries its CRD form (pattern, int-or-string) in its Field.
         base, *extras = typing.get_args(annotation)
         schema = schema_for_annotation(base, with_defaults=with_defaults)
         for extra in extras:
             if isinstance(extra, FieldInfo):
                 _apply_constraints(schema, extra)
+                _apply_extra(schema, extra)
         return schema
     if origin is Literal:
         values = list(typing.get_args(annotation))
@@ -109,15 +112,47 @@ def _field_default(field: FieldInfo) -> Any:
     return value
 
 
+def _number(bound: Any) -> float:
+    if isinstance(bound, bool) or not isinstance(bound, int | float):
+        raise TypeError(f"bound {bound!r} is not a number")
+    return bound
+
+
+def _kube_minimum(bound: Any, exclusive: bool) -> tuple[float, bool]:
+    """`minimum` and `exclusiveMinimum` that hold exactly the values the model's bound holds, as Kubernetes
+    applies them: it compares an integer value with the minimum truncated to an integer (`int64(minimum)`,
+    kube-openapi's MinimumNativeType), so `minimum: 0.2` lets the integer 0 through. An exclusive minimum
+    just below a positive fractional bound refuses 0 among the integers and nothing else among the numbers."""
+    bound = _number(bound)
+    if float(bound).is_integer() or (exclusive and bound > 0):
+        return bound, exclusive
+    if bound > 0:
+        return math.nextafter(bound, -math.inf), True
+    raise TypeError(f"a fractional negative minimum {bound} has no exact structural form")
+
+
+def _kube_maximum(bound: Any) -> float:
+    """`maximum` as Kubernetes applies it to integers (truncated toward 0): exact for a bound of 0 or more."""
+    bound = _number(bound)
+    if float(bound).is_integer() or bound > 0:
+        return bound
+    raise TypeError(f"a fractional negative maximum {bound} has no exact structural form")
+
+
 def _apply_constraints(schema: dict[str, Any], field: FieldInfo) -> None:
     for constraint in field.metadata:
+        if isinstance(constraint, (AfterValidator, BeforeValidator)):
+            # A check in Python: its CRD form, if any, is the field's `json_schema_extra` (a pattern).
+            continue
         if isinstance(constraint, annotated_types.Ge):
-            schema["minimum"] = constraint.ge
+            schema["minimum"], exclusive = _kube_minimum(constraint.ge, exclusive=False)
+            if exclusive:
+                schema["exclusiveMinimum"] = True
         elif isinstance(constraint, annotated_types.Gt):
-            schema["minimum"] = constraint.gt
+            schema["minimum"], _ = _kube_minimum(constraint.gt, exclusive=True)
             schema["exclusiveMinimum"] = True
         elif isinstance(constraint, annotated_types.Le):
-            schema["maximum"] = constraint.le
+            schema["maximum"] = _kube_maximum(constraint.le)
         elif isinstance(constraint, annotated_types.MinLen):
             schema["minLength" if schema.get("type") == "string" else "minItems"] = constraint.min_length
         elif isinstance(constraint, annotated_types.MaxLen):
@@ -128,13 +163,20 @@ def _apply_constraints(schema: dict[str, Any], field: FieldInfo) -> None:
             raise TypeError(f"constraint {constraint!r} has no structural equivalent")
 
 
+def _apply_extra(schema: dict[str, Any], field: FieldInfo) -> None:
+    extra = field.json_schema_extra
+    if isinstance(extra, dict):
+        schema.update(extra)
+    if schema.get("x-kubernetes-int-or-string"):
+        # An int-or-string node carries no type; `pattern` then applies to its strings only.
+        schema.pop("type", None)
+
+
 def schema_for_field(field: FieldInfo, *, with_defaults: bool) -> dict[str, Any]:
     """The schema of one model field: its type, ranges, description and (for the spec) its default."""
     schema = schema_for_annotation(field.annotation, with_defaults=with_defaults)
     _apply_constraints(schema, field)
-    extra = field.json_schema_extra
-    if isinstance(extra, dict):
-        schema.update(extra)
+    _apply_extra(schema, field)
     if field.description:
         schema["description"] = " ".join(field.description.split())
     if with_defaults:

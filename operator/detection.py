@@ -13,6 +13,7 @@ re-form only worker groups started before it (`status.regroup`), and recovery is
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from phalanx.operator import api
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
+from phalanx.operator.viewclock import Gap, seen_age, unseen_seconds
 
 # Failure causes (the keys of status.restarts.byCause).
 EXIT_CODE = "ExitCode"
@@ -101,6 +103,52 @@ def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> s
     return None
 
 
+# Node problems the node controller infers from silence: after a gap in everyone's view (the API server or
+# etcd away) it reports them for nodes that never stopped.
+INFERRED_NODE_PROBLEMS = (NODE_NOT_READY, NODE_UNREACHABLE, NODE_NO_EXECUTE)
+
+
+def confirmed_nodes(
+    nodes: dict[str, dict[str, Any]] | None,
+    pods: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    now: datetime,
+    gaps: Sequence[Gap] = (),
+) -> dict[str, dict[str, Any]] | None:
+    """The nodes' health with the problems not (yet) to be believed shown as healthy.
+
+    The node controller calls a node NotReady or unreachable (and taints it NoExecute) when it has not heard
+    from it for its grace period. After the control plane itself was away (the API server or etcd hung, a
+    watch that stalled) it does so for every node at once, although none stopped. So a node's problem counts
+    only when (1) no pod of the job on it renewed its heartbeat after the problem began (a pod that still talks
+    vouches for its node), and (2) the problem has lasted at least as long as the stale stretches of the
+    operator's own view since the node was last heard from (`gaps`): a real crash is judged at once, a silence
+    that fell inside an outage only once it outlasts it (by then the node has long reported Ready again).
+    Deleted nodes and drills are always believed."""
+    if nodes is None:
+        return None
+    renewed_on: dict[str, list[datetime]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        renewed = parse_time((heartbeat_of(pod, leases) or {}).get("renewTime"))
+        if node and renewed is not None:
+            renewed_on.setdefault(node, []).append(renewed)
+    confirmed = dict(nodes)
+    for name, health in nodes.items():
+        problem = node_problem(name, nodes)
+        if problem not in INFERRED_NODE_PROBLEMS:
+            continue
+        since = parse_time(health.get("noExecuteSince" if problem == NODE_NO_EXECUTE else "readySince"))
+        if since is None:
+            continue
+        heard = parse_time(health.get("readyHeartbeat")) or since
+        vouched = any(renewed > since for renewed in renewed_on.get(name, ()))
+        outlasted = (now - since).total_seconds() >= unseen_seconds(min(heard, since), now, gaps)
+        if vouched or not outlasted:
+            confirmed[name] = {**health, "ready": "True", "noExecute": [], "unconfirmed": problem}
+    return confirmed
+
+
 def _at_most(moment: datetime | None, now: datetime) -> datetime:
     """`moment` when known and not later than `now` (a stamp rounded up to its second may be), else `now`."""
     return now if moment is None else min(moment, now)
@@ -128,14 +176,15 @@ def node_lost_at(
     return _at_most(max(known) if known else None, now)
 
 
-def _seconds_since(moment: str | None, now: datetime) -> float | None:
-    parsed = parse_time(moment)
-    return None if parsed is None else (now - parsed).total_seconds()
+def _seconds_since(moment: str | None, now: datetime, gaps: Sequence[Gap] = ()) -> float | None:
+    """Seconds from the stamp `moment` to `now`, leaving out the gaps in the operator's view."""
+    return seen_age(parse_time(moment), now, gaps)
 
 
-def heartbeat_age(lease: dict[str, Any] | None, now: datetime) -> float | None:
-    """Seconds since the Lease was last renewed (None: no Lease, or no renewal known)."""
-    return None if lease is None else _seconds_since(lease.get("renewTime"), now)
+def heartbeat_age(lease: dict[str, Any] | None, now: datetime, gaps: Sequence[Gap] = ()) -> float | None:
+    """Seconds since the Lease was last renewed, the gaps in the operator's view left out (None: no Lease, or
+    no renewal known): a heartbeat is late only by time the operator was watching."""
+    return None if lease is None else _seconds_since(lease.get("renewTime"), now, gaps)
 
 
 def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -304,10 +353,11 @@ def next_heartbeat_deadline(
     tracks: list[api.WorkerTrack],
     heartbeat: api.HeartbeatSpec,
     now: datetime,
+    gaps: Sequence[Gap] = (),
 ) -> float | None:
     """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
     what this reconcile saw (None when no clock runs): a reconcile then judges it on time, not at the
-    next periodic one."""
+    next periodic one. `gaps`: the stale stretches of the operator's view, which no clock counts."""
     judged = {(track.pod, track.uid): track for track in tracks}
     deadlines: list[float] = []
     for pod in trainers:
@@ -321,10 +371,10 @@ def next_heartbeat_deadline(
         allowed = heartbeat.timeout_seconds + (
             EXITING_GRACE_SECONDS if lease.get("phase") == EXITING_PHASE else 0
         )
-        silent = _seconds_since(lease.get("renewTime"), now)
+        silent = _seconds_since(lease.get("renewTime"), now, gaps)
         if silent is not None:
             deadlines.append(allowed - silent)
-        stalled = _seconds_since(track.since, now)
+        stalled = _seconds_since(track.since, now, gaps)
         if lease.get("phase") == TRAINING_PHASE and stalled is not None:
             deadlines.append(heartbeat.progress_timeout_seconds - stalled)
     # A deadline already past was judged by this reconcile: only the ones ahead call for a wake-up.
@@ -444,13 +494,15 @@ def _heartbeat_failure(
     heartbeat: api.HeartbeatSpec,
     now: datetime,
     spare: bool,
+    gaps: Sequence[Gap] = (),
 ) -> Failure | None:
-    """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time."""
+    """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time. Silence
+    and stalls count only time outside `gaps`, when the operator's view was current."""
     if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
         return None
     name = observe.pod_name(pod)
     base = {"pod": name, "uid": pod["metadata"].get("uid"), "node": track.node, "spare": spare, "alive": True}
-    silent = _seconds_since(lease.get("renewTime"), now)
+    silent = _seconds_since(lease.get("renewTime"), now, gaps)
     allowed = heartbeat.timeout_seconds
     if lease.get("phase") == EXITING_PHASE:
         # The launcher ended on its own and said so; its exit code, in the pod's status, decides.
@@ -463,7 +515,7 @@ def _heartbeat_failure(
     fault = _launcher_fault(lease, track, now)
     if fault is not None:
         return replace(fault, message=f"{name}: {fault.message}", **base)
-    stalled = _seconds_since(track.since, now)
+    stalled = _seconds_since(track.since, now, gaps)
     if (
         lease.get("phase") == TRAINING_PHASE
         and stalled is not None
@@ -515,11 +567,13 @@ def detect(
     heartbeat: api.HeartbeatSpec,
     trainer: str,
     now: datetime,
+    gaps: Sequence[Gap] = (),
 ) -> list[Failure]:
     """Every failure of the job's trainer pods now, in pod index order (vanished pods last).
 
     `tracks` is this reconcile's memory (after `update_tracks`); `known` the (pod, uid) pairs the operator
-    knew before it, since only a pod it knew can be deleted or restarted behind its back.
+    knew before it, since only a pod it knew can be deleted or restarted behind its back. `gaps`: the stale
+    stretches of the operator's view (`viewclock`), left out of every heartbeat's and progress clock's age.
     """
     by_key = {(track.pod, track.uid): track for track in tracks}
     failures: list[Failure] = []
@@ -536,7 +590,7 @@ def detect(
         spare = observe.standing_by(pod, lease)
         failure = _pod_failure(pod, judged, trainer, nodes, spare, lease, now)
         if failure is None and track is not None:
-            failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare)
+            failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare, gaps)
         if failure is not None and failure.cause == NO_PROGRESS:
             stalled.append(failure)
         elif failure is not None:

@@ -3,7 +3,8 @@
 Order inside one reconcile: read the job (under the job's lock, so a reconcile queued behind another plans
 from the status that one stored), create missing children and pods, delete pods, write the status once
 (guarded by the job's resourceVersion), then post the Events, so an Event never describes a status that was
-not stored.
+not stored. `CreatedPods` names only the pods whose creation the API server accepted; a pod it refused is a
+`FailedCreate` Warning with its answer, and the job's creations back off (`throttle.py`).
 
 What wakes a reconcile: the job's own changes, a timer, its pods' changes, and those heartbeat changes that
 call for action (`status.heartbeat_signal`: phase, rank, group, resumption), and a heartbeat that turns a
@@ -23,20 +24,35 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import api, capacity, checkpointing, health, names, reconcile, throttle
+from phalanx.operator import (
+    api,
+    builders,
+    capacity,
+    checkpointing,
+    health,
+    names,
+    reconcile,
+    throttle,
+    validation,
+    viewclock,
+)
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
 from phalanx.operator.metrics import OperatorMetrics
-from phalanx.operator.reconcile import Plan
+from phalanx.operator.reconcile import Event, Plan
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
-from phalanx.operator.timeutil import now
+from phalanx.operator.timeutil import now, parse_time
 from phalanx.operator.wakeups import Wakeups
 
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
 CLUSTER_KEY = "cluster"
-"""The one key of the job-history index: every TrainingJob's failure history under it."""
+"""The one key of the job-history and waiting-gang indexes: every TrainingJob under it."""
+GLOBAL_DEFAULT_PRIORITY = ""
+"""Key of the PriorityClass index under which the cluster's default class (`globalDefault`) is kept too."""
 STATUS_WRITE_ATTEMPTS = 4
 """Status writes per reconcile while only the job's metadata or spec moves under it (409 Conflict)."""
+FAILED_CREATE = "FailedCreate"
+"""Warning Event reason: the API server refused a pod of the job (`throttle.rejection_message`)."""
 
 
 def _first(store: Iterable[Any] | None) -> Any:
@@ -82,8 +98,11 @@ class JobReconciler:
         max_gang_pods: int | None = None,
         create_batch: int | None = None,
         creations: throttle.CreationThrottle | None = None,
+        view: viewclock.OperatorView | None = None,
     ) -> None:
         self.kube = kube
+        # The gaps in the operator's own view (paused, restarted, a stalled watch): no heartbeat is late for them.
+        self.view = view
         self.metrics = metrics
         self.clock_margin = clock_margin
         self.max_gang_pods = max_gang_pods
@@ -102,6 +121,8 @@ class JobReconciler:
         self._queued: set[tuple[str, str]] = set()
         """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
+        self._roles_written: dict[tuple[str, str], tuple[str | None, str]] = {}
+        """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -125,9 +146,13 @@ class JobReconciler:
         nodes: Mapping[Any, Iterable[dict[str, Any]]],
         logger: logging.Logger | logging.LoggerAdapter[Any],
         histories: Iterable[checkpointing.JobHistory | None] = (),
+        waiting: Iterable[dict[str, Any]] = (),
+        priorities: Mapping[Any, Iterable[int]] | None = None,
     ) -> Plan | None:
         """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
-        gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval)."""
+        gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval);
+        `waiting`: the jobs whose gangs wait to be placed (`waiting_gang`), `priorities`: PriorityClass values
+        by name, which together say what room the jobs ranked before this one are promised."""
         key = (namespace, name)
         with self._locks_guard:
             if key in self._queued:
@@ -146,7 +171,9 @@ class JobReconciler:
             job = self.kube.get_job(namespace, name)
             if job is None or job["metadata"].get("deletionTimestamp"):
                 return None
-            job_pods = [dict(pod) for pod in list(pods.get((namespace, name), ()))]
+            job_pods = self._with_own_labels(
+                namespace, [dict(pod) for pod in list(pods.get((namespace, name), ()))]
+            )
             pod_names = [observe.pod_name(pod) for pod in job_pods]
             job_leases = {
                 pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
@@ -169,13 +196,23 @@ class JobReconciler:
                 health=self.health.snapshot(key),
                 cluster=checkpointing.cluster_history(list(histories), job["metadata"].get("uid"), moment),
                 clock_margin=self.clock_margin,
-                capacity=cluster_view(key, pods, nodes) if _gang_unplaced(job, job_pods) else None,
+                capacity=(
+                    cluster_view(
+                        key,
+                        pods,
+                        nodes,
+                        earlier_gangs(job, waiting, pods, priorities or {}, self.max_gang_pods),
+                    )
+                    if _gang_unplaced(job, job_pods)
+                    else None
+                ),
                 max_gang_pods=self.max_gang_pods,
                 create_batch=self.create_batch,
+                view_gaps=self.view.gaps(namespace) if self.view is not None else (),
             )
             plan = reconcile.plan(job, observed)
             self._settle_health(key, plan)
-            self._apply(job, plan, logger)
+            self._apply(job, plan, logger, job_pods)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         return plan
 
@@ -188,7 +225,9 @@ class JobReconciler:
             spec, assessment = plan.health
             self.health.settle(key, spec, assessment, since=plan.health_since)
 
-    def _apply(self, job: dict[str, Any], plan: Plan, logger: Any) -> None:
+    def _apply(
+        self, job: dict[str, Any], plan: Plan, logger: Any, observed_pods: Iterable[dict[str, Any]] = ()
+    ) -> None:
         if plan.suspend and not self._suspend(job, logger):
             # A training-health Pause: without the suspension the status must not say it happened; the next
             # reconcile plans it again.
@@ -197,28 +236,39 @@ class JobReconciler:
         for child in plan.ensure:
             self._guarded("ensure", self.kube.ensure, child)
         key = (namespace, job["metadata"]["name"])
-        created = self._each("create", self._create_pod, [(key, pod, logger) for pod in plan.create_pods])
-        paused = self.creations.paused_for(key)
+        generation = job["metadata"].get("generation")
+        outcomes = self._each(
+            "create", self._create_pod, [(key, pod, generation, logger) for pod in plan.create_pods]
+        )
+        paused = self.creations.paused_for(key, generation)
         if paused:
             # Wake the job when its creations may go on, rather than at the next periodic reconcile.
             plan.wake_after = paused if plan.wake_after is None else min(plan.wake_after, paused)
         elif plan.create_pods:
             self.creations.succeeded(key)
-        for pod, was_created in zip(plan.create_pods, created, strict=True):
-            if was_created:
+        created: set[str] = set()
+        for pod, outcome in zip(plan.create_pods, outcomes, strict=True):
+            if outcome is True:
+                created.add(pod["metadata"]["name"])
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
+        rejections = [outcome for outcome in outcomes if isinstance(outcome, throttle.Rejection)]
         # Grace 0 first: the survivors' connections to a frozen or lost worker close at once.
         self._each("delete", self.kube.delete_pod, [(namespace, pod, 0) for pod in plan.force_delete_pods])
         self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])
         self.metrics.pods_deleted.inc(len(plan.force_delete_pods) + len(plan.delete_pods))
-        self._each(
+        labelled = self._each(
             "label",
-            self.kube.label_pod,
-            [(namespace, pod, {names.LABEL_ROLE: role}) for pod, role in plan.relabel_pods.items()],
+            self._label_role,
+            [(namespace, pod, role) for pod, role in plan.relabel_pods.items()],
         )
+        uids = {observe.pod_name(pod): pod["metadata"].get("uid") for pod in observed_pods}
+        with self._locks_guard:
+            for (pod_name, role), done in zip(plan.relabel_pods.items(), labelled, strict=True):
+                if done:
+                    self._roles_written[(namespace, pod_name)] = (uids.get(pod_name), role)
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
-            self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps)
+            self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
             self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
             self.metrics.record_health(
                 namespace, job["metadata"]["name"], plan.status, plan.health_started, plan.health_rollbacks
@@ -230,19 +280,58 @@ class JobReconciler:
                 namespace, job["metadata"]["name"], plan.status.get("checkpoint")
             )
             for event in plan.events:
-                self._guarded("event", self.kube.post_event, job, event)
+                # `CreatedPods` names only the pods the API server accepted just now.
+                if (posted := event.for_created(created)) is not None:
+                    self._guarded("event", self.kube.post_event, job, posted)
+        if rejections:
+            # What the API server answered, whether or not the status was stored: it is not in the status, and
+            # these pods are not sent again before the pause ends, so this is the one Event of this refusal.
+            failed = Event("Warning", FAILED_CREATE, throttle.rejection_message(rejections))
+            self._guarded("event", self.kube.post_event, job, failed)
 
-    def _create_pod(self, key: tuple[str, str], pod: dict[str, Any], logger: Any) -> bool | None:
-        """Create one of the job's pods unless its creations pause; a throttled or failing answer starts (or
-        lengthens) the pause, so the rest of the batch is not sent."""
-        if self.creations.paused_for(key):
+    def _label_role(self, namespace: str, pod: str, role: str) -> bool:
+        self.kube.label_pod(namespace, pod, {names.LABEL_ROLE: role})
+        return True
+
+    def _with_own_labels(self, namespace: str, job_pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The job's pods as indexed, with the role labels this operator wrote and its watch has not shown yet:
+        a reconcile that ran before that event must not relabel the pod (and announce its promotion) again."""
+        with self._locks_guard:
+            for position, pod in enumerate(job_pods):
+                key = (namespace, observe.pod_name(pod))
+                written = self._roles_written.get(key)
+                if written is None:
+                    continue
+                uid, role = written
+                labels = (pod.get("metadata") or {}).get("labels") or {}
+                if uid != pod["metadata"].get("uid") or labels.get(names.LABEL_ROLE) == role:
+                    del self._roles_written[key]  # the watch caught up (or the pod is another one now)
+                    continue
+                metadata = {**pod["metadata"], "labels": {**labels, names.LABEL_ROLE: role}}
+                job_pods[position] = {**pod, "metadata": metadata}
+        return job_pods
+
+    def _create_pod(
+        self, key: tuple[str, str], pod: dict[str, Any], generation: int | None, logger: Any
+    ) -> bool | throttle.Rejection | None:
+        """Create one of the job's pods unless its creations pause: True when created, False when it existed,
+        a `Rejection` when the API server refused the pod itself, None when not sent or not now. Any refusal
+        starts (or continues) the pause, so the rest of the batch is not sent."""
+        if self.creations.paused_for(key, generation):
             return None
         try:
             return self.kube.create(pod)
         except ApiException as error:
             self.metrics.api_errors.labels(operation="create").inc()
+            name = pod["metadata"]["name"]
+            if throttle.is_rejection(error.status):
+                # Sending it again would get the same answer: back off as for throttling, and say why.
+                pause = self.creations.refused(key, generation=generation)
+                answer = throttle.describe_answer(error.status, error.reason, error.body)
+                logger.warning(f"pod {name} refused: {answer}; pausing creations {pause:.1f}s")
+                return throttle.Rejection(name, answer, pause)
             if not throttle.is_refusal(error.status):
-                logger.warning(f"create failed: {error.status} {error.reason}")
+                logger.warning(f"create of {name} failed: {error.status} {error.reason}")
                 return None
             pause = self.creations.refused(key, throttle.retry_after_seconds(error.headers))
             logger.info(f"pod creations refused ({error.status} {error.reason}); pausing them {pause:.1f}s")
@@ -313,20 +402,89 @@ def cluster_view(
     key: tuple[str, str],
     pods: Mapping[Any, Iterable[dict[str, Any]]],
     nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    earlier: Iterable[capacity.Gang] = (),
 ) -> capacity.ClusterView:
-    """Every node, and what the live pods of the other TrainingJobs request on the nodes they are bound to
-    (the job's own pods are the gang itself, never counted against it)."""
+    """Every node, what the live pods of the other TrainingJobs request on the nodes they are bound to, what
+    those not bound yet request, and the `earlier` gangs (the job's own pods are the gang itself, never
+    counted against it)."""
     every_node = {name: summary for name, store in nodes.items() if (summary := _first(store)) is not None}
     bound: dict[str, list[dict[str, str]]] = {}
+    pending: list[dict[str, str]] = []
     for job_key, store in pods.items():
         if job_key == key:
             continue
         for pod in store:
+            if observe.phase(pod) in observe.FINISHED_PHASES or observe.is_terminating(pod):
+                continue
             node = (pod.get("spec") or {}).get("nodeName")
-            if node and observe.phase(pod) not in observe.FINISHED_PHASES:
-                requests = (pod.get("spec") or {}).get("requests") or {}
+            requests = (pod.get("spec") or {}).get("requests") or {}
+            if node:
                 bound.setdefault(node, []).append({capacity.PODS: "1", **requests})
-    return capacity.ClusterView(every_node, bound)
+            else:
+                pending.append(dict(requests))
+    return capacity.ClusterView(every_node, bound, pending, tuple(earlier))
+
+
+def waiting_gang(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A job whose gang waits to be placed, as the waiting-gangs index keeps it (None: placed, suspended,
+    finished, or being deleted)."""
+    metadata, spec, status = (dict(body.get(key) or {}) for key in ("metadata", "spec", "status"))
+    if metadata.get("deletionTimestamp") or spec.get("suspend"):
+        return None
+    if (status.get("gang") or {}).get("scheduledTime") or status.get("state") in ("Succeeded", "Failed"):
+        return None
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+def job_priority(job: Mapping[str, Any], priorities: Mapping[Any, Iterable[int]]) -> int:
+    """The priority its pods get: the template's `priority`, else its PriorityClass's value, else the
+    cluster's default class (`globalDefault`), else 0."""
+    pod_spec = (((job.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    if isinstance(pod_spec.get("priority"), int):
+        return int(pod_spec["priority"])
+    named = _first(priorities.get(pod_spec.get("priorityClassName") or GLOBAL_DEFAULT_PRIORITY))
+    return int(named) if named is not None else 0
+
+
+def earlier_gangs(
+    job: Mapping[str, Any],
+    waiting: Iterable[dict[str, Any]],
+    pods: Mapping[Any, Iterable[dict[str, Any]]],
+    priorities: Mapping[Any, Iterable[int]],
+    max_gang_pods: int | None = None,
+) -> list[capacity.Gang]:
+    """The gangs of the jobs ranked before `job` that wait to be placed and have no pod yet (those with pods
+    count through their pods), in rank order."""
+
+    def rank_of(other: Mapping[str, Any]) -> tuple[int, str, str, str]:
+        meta = other.get("metadata") or {}
+        return capacity.rank(
+            job_priority(other, priorities), meta.get("creationTimestamp"), meta["namespace"], meta["name"]
+        )
+
+    mine = rank_of(job)
+    gangs: list[tuple[tuple[int, str, str, str], capacity.Gang]] = []
+    for other in waiting:
+        meta = other.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        if key == (job["metadata"]["namespace"], job["metadata"]["name"]) or rank_of(other) >= mine:
+            continue
+        if any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in pods.get(key, ())):
+            continue
+        # Only a job that could run holds room; an invalid one is its own reconcile's to report.
+        spec, _ = validation.check(other.get("spec"), str(meta.get("name") or ""), max_gang_pods)
+        if spec is None:
+            continue
+        pod_spec = builders.build_worker_pod(dict(other), spec, 0, names.ROLE_WORKER)["spec"]
+        gangs.append(
+            (rank_of(other), capacity.Gang(f"{key[0]}/{key[1]}", pod_spec, spec.replicas + spec.spares))
+        )
+    return [gang for _, gang in sorted(gangs, key=lambda item: item[0])]
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:
@@ -384,6 +542,20 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # Every job under one key: the automatic checkpoint interval weighs the cluster's failure history.
         return {CLUSTER_KEY: checkpointing.job_history(dict(body))}
 
+    @kopf.index(api.GROUP, api.VERSION, api.PLURAL, id="phalanx_waiting_gangs", registry=registry)
+    def phalanx_waiting_gangs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        # The jobs whose gangs wait to be placed: each capacity check keeps room for those ranked before it.
+        waiting = waiting_gang(dict(body))
+        return {CLUSTER_KEY: waiting} if waiting is not None else {}
+
+    @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", id="phalanx_priorities", registry=registry)
+    def phalanx_priorities(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+        value = int(body.get("value") or 0)
+        entries = {name: value}
+        if body.get("globalDefault"):
+            entries[GLOBAL_DEFAULT_PRIORITY] = value
+        return entries
+
     wakeups = Wakeups(settings.reconcile_interval_seconds)
 
     def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
@@ -395,6 +567,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             kwargs["phalanx_nodes"],
             logger,
             histories=kwargs["phalanx_job_histories"].get(CLUSTER_KEY, ()),
+            waiting=kwargs["phalanx_waiting_gangs"].get(CLUSTER_KEY, ()),
+            priorities=kwargs["phalanx_priorities"],
         )
         if plan is not None:
             # The indexes in kwargs are live: the wake-up reconciles with what is observed then.
@@ -458,6 +632,20 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
         if changed and type is not None and job_name is not None:
             run(job_name, namespace, logger, **kwargs)
+
+    @kopf.on.event(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        id="view_canary",
+        labels={viewclock.CANARY_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    def view_canary(namespace: str | None, body: kopf.Body, type: str | None, **_: Any) -> None:
+        # The operator's own canary came through the Lease watch: its view is current up to that renewal.
+        renewed = parse_time((body.get("spec") or {}).get("renewTime"))
+        if reconciler.view is not None and renewed is not None and type != "DELETED":
+            reconciler.view.saw(namespaced(namespace), renewed)
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", registry=registry)
     def trainingjob_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:

@@ -46,7 +46,7 @@ def open_incident(
     job_step: int | None,
     unreported: int = 1,
 ) -> api.Incident:
-    """The record of a handled failure. A standby spare's failure disrupts nothing: it is closed at once.
+    """The record of a handled failure (a standby spare's loss is none: `reconcile._replace_spare`).
 
     `decision`: the failure policy's; None for the rendezvous pod's loss, which the operator always
     replaces. `unreported`: steps the workers may have done beyond `job_step` before the failure without a
@@ -65,10 +65,6 @@ def open_incident(
         detected_step=job_step,
         resume_step=None if job_step is None else job_step + unreported,
     )
-    if failure.spare and incident.action == "ReplaceWorker":
-        incident.resumed_at = incident.detected_at
-        incident.seconds_to_recover = 0.0
-        incident.steps_lost = 0
     return incident
 
 

@@ -138,6 +138,17 @@ class Kube:
             if error.status != 404:
                 raise
 
+    def renew_lease(self, lease: dict[str, Any]) -> None:
+        """Write a Lease's spec and labels (the operator's view canary), creating it when missing."""
+        meta = lease["metadata"]
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{meta['namespace']}/leases/{meta['name']}"
+        try:
+            self._call("PATCH", path, lease, "application/merge-patch+json")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self._call("POST", path.rsplit("/", 1)[0], lease)
+
     def suspend_job(self, job: dict[str, Any]) -> dict[str, Any]:
         """Set the job's `spec.suspend` to true (a training-health `Pause`), guarded by its resourceVersion."""
         meta = job["metadata"]

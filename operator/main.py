@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import handlers
+from phalanx.operator import handlers, viewclock
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
@@ -46,6 +47,17 @@ def run(settings: OperatorSettings) -> int:
         create_batch=settings.create_batch,
         creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )
+    view = viewclock.OperatorView(settings.view_namespaces, settings.clusterwide, settings.view_lag_seconds)
+    reconciler.view = view
+    if view.namespaces:
+        canary = viewclock.CanaryWriter(
+            view,
+            kube.renew_lease,
+            holder=socket.gethostname(),
+            operator_name=settings.peering or "phalanx",
+            interval_seconds=settings.view_interval_seconds,
+        )
+        canary.start()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings, reconciler)
     asyncio.run(

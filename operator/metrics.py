@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -120,10 +121,13 @@ class OperatorMetrics:
             for key, count in counts.items():
                 self.jobs.labels(state=key).set(count)
 
-    def record_recovery(self, detected: list[Any], recovered: list[Any], swaps: int) -> None:
-        """Count what one stored reconcile detected and recovered (incidents as `api.Incident`)."""
-        for incident in detected:
-            self.failures.labels(cause=incident.cause).inc()
+    def record_recovery(
+        self, detected: list[Any], recovered: list[Any], swaps: int, spares_lost: Sequence[str] = ()
+    ) -> None:
+        """Count what one stored reconcile detected and recovered (incidents as `api.Incident`; the causes
+        of the standby spares lost, which open none, are failures too)."""
+        for cause in [*(incident.cause for incident in detected), *spares_lost]:
+            self.failures.labels(cause=cause).inc()
         for incident in recovered:
             if incident.seconds_to_recover is not None:
                 self.recovery_seconds.observe(incident.seconds_to_recover)

@@ -22,7 +22,7 @@ ROLE_RENDEZVOUS: Role = "rendezvous"
 COMPONENT_TRAINER = "trainer"
 COMPONENT_RENDEZVOUS = "rendezvous"
 
-TRAINER_CONTAINER = "trainer"
+TRAINER_CONTAINER = api.DEFAULT_TRAINER_CONTAINER
 RENDEZVOUS_CONTAINER = "rendezvous"
 CHECKPOINT_VOLUME = "phalanx-checkpoint"
 LOCAL_CHECKPOINT_VOLUME = "phalanx-local-checkpoint"

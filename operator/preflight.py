@@ -19,6 +19,12 @@ REASON_RUNNING = "PreflightRunning"
 REASON_PASSED = "Passed"
 REASON_FAILED = "PreflightFailed"
 """The `Failed` condition's reason when the preflight stopped the job."""
+REASON_RESTART = "PreflightRestart"
+"""The preflight's planned restart of the worker group (a Normal Event, `PreflightPassed` False and `Degraded`
+False with this reason while it runs): no failure, nothing spent."""
+RESTART_CAUSE_PREFIX = "preflight:"
+"""How a launcher's `restart-cause` heartbeat starts after the preflight's planned restart (worker/heartbeat.py,
+`PREFLIGHT_RESTART_CAUSE`)."""
 LAUNCHER_EXIT_FAILED = 6
 """The launcher's exit code for a failed preflight (worker/exitcodes.py, `LauncherExit.PREFLIGHT_FAILED`)."""
 
@@ -45,6 +51,20 @@ def outcome(pods: list[dict[str, Any]], leases: dict[str, dict[str, Any]]) -> Ou
             told[word].append(Outcome(state, reason, message, observe.pod_name(pod)))
     found = told[FAILED] or told[PASSED]
     return found[0] if found else None
+
+
+def planned_restart(lease: dict[str, Any] | None) -> bool:
+    """Whether the heartbeat says its launcher last restarted the worker group for the preflight."""
+    return str((lease or {}).get("restart-cause") or "").startswith(RESTART_CAUSE_PREFIX)
+
+
+def restart_message(spec: api.PreflightSpec) -> str:
+    middle = max(1, spec.steps // 2)
+    return (
+        f"the preflight's planned restart: the workers trained {spec.steps} steps and restart from the durable "
+        f"checkpoint taken after {middle} of them, as after a failure (nothing failed, no restart is counted); "
+        "torch may give the standby's place to another pod"
+    )
 
 
 def running_message(spec: api.PreflightSpec) -> str:

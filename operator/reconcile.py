@@ -7,6 +7,7 @@ operator restart, asks for the same deterministic names, so nothing is ever dupl
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -26,9 +27,10 @@ from phalanx.operator import (
     preflight,
     topology,
     validation,
+    viewclock,
 )
 from phalanx.operator import status as observe
-from phalanx.operator.timeutil import format_micro_time, format_time, parse_time
+from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
 
 MAX_INCIDENTS = incidents.MAX_INCIDENTS
 # Heartbeat phases of a worker that holds a slot in the training group.
@@ -57,6 +59,20 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    pods: tuple[str, ...] = ()
+    """The pods a `CreatedPods` Event reports: it is posted after their creations, naming only those the
+    API server accepted (`for_created`), and not at all when it accepted none."""
+
+    def for_created(self, created: Collection[str]) -> Event | None:
+        """The Event as posted once `created` are the pods whose creation succeeded."""
+        if not self.pods:
+            return self
+        kept = tuple(pod for pod in self.pods if pod in created)
+        return created_pods_event(kept) if kept else None
+
+
+def created_pods_event(pods: Sequence[str]) -> Event:
+    return Event("Normal", "CreatedPods", "created " + ", ".join(pods), tuple(pods))
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,9 @@ class Observed:
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
+    view_gaps: tuple[viewclock.Gap, ...] = ()
+    """Stretches of time during which the operator's own view was stale (paused, restarted, a watch that
+    stalled; `viewclock.ViewClock`), the one going on last: no heartbeat or progress clock counts them."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,8 @@ class Plan:
     """Incidents closed by this reconcile."""
     spare_swaps: int = 0
     """Spares promoted into a worker's slot in this reconcile."""
+    spares_lost: list[str] = field(default_factory=list)
+    """Causes of the standby spares lost in this reconcile (failures, but no incident: for metrics)."""
     health: tuple[api.HealthSpec, health.Assessment] | None = None
     """The training-health judgement of this reconcile and the spec it used (the Lease handler judges
     heartbeats with them until the next reconcile)."""
@@ -244,12 +265,10 @@ class _Builder:
 
 
 def _trainer_name(spec: api.TrainingJobSpec | None, job: dict[str, Any]) -> str:
-    template = spec.template if spec is not None else (job.get("spec") or {}).get("template") or {}
-    index = validation.trainer_container_index(template)
-    containers = (template.get("spec") or {}).get("containers") or []
-    if index is None or not isinstance(containers[index], dict):
-        return names.TRAINER_CONTAINER
-    return containers[index].get("name") or names.TRAINER_CONTAINER
+    if spec is not None:
+        return spec.trainer_container
+    chosen = (job.get("spec") or {}).get("trainerContainer")
+    return chosen if isinstance(chosen, str) and chosen else names.TRAINER_CONTAINER
 
 
 def _observe_into_status(b: _Builder, spec: api.TrainingJobSpec | None, trainer: str, desired: int) -> None:
@@ -266,13 +285,22 @@ def _observe_into_status(b: _Builder, spec: api.TrainingJobSpec | None, trainer:
     if step is not None:
         # The heartbeats' word, even if lower: a job resumed without a durable checkpoint starts again.
         b.status.step = step
-    progress = observe.progress_kind(trainers, b.observed.leases, b.status.step, b.status.progress)
+    heartbeat = spec.heartbeat if spec is not None else api.HeartbeatSpec()
+    progress = observe.progress_kind(
+        trainers,
+        b.observed.leases,
+        b.status.step,
+        b.status.progress,
+        b.now,
+        heartbeat.progress_timeout_seconds,
+    )
     if progress == observe.PROGRESS_UNKNOWN and b.status.progress != progress:
         b.event(
             "Normal",
             conditions.REASON_PROGRESS_UNKNOWN,
-            "the workers train but publish no step: progress is unknown, so no stall is ever called a hang; "
-            "heartbeats and exits still are judged (phalanx.worker.session publishes steps)",
+            f"the workers have trained for {heartbeat.progress_timeout_seconds}s (the progress timeout) and "
+            "published no step: progress is unknown, so no stall is ever called a hang; heartbeats and exits "
+            "still are judged (phalanx.worker.session publishes steps)",
         )
     b.status.progress = progress  # type: ignore[assignment]
 
@@ -294,6 +322,7 @@ def _finish_job(b: _Builder, succeeded: bool, reason: str, message: str) -> None
         b.condition(conditions.FAILED, True, reason, message, "Warning")
         b.status.state = "Failed"
     b.condition(conditions.RUNNING, False, reason, message)
+    _not_degraded_once_finished(b)
     b.status.completion_time = b.status.completion_time or format_time(b.now)
     if conditions.is_true(b.status.conditions, conditions.RECOVERING):
         b.condition(conditions.RECOVERING, False, reason, message)
@@ -302,6 +331,17 @@ def _finish_job(b: _Builder, succeeded: bool, reason: str, message: str) -> None
     b.status.rendezvous = None
     # The job is over: nothing is left to re-form.
     b.regroups.clear()
+
+
+def _not_degraded_once_finished(b: _Builder) -> None:
+    """A finished job is never Degraded: its spares leave (and its workers end) because it is over."""
+    if conditions.find(b.status.conditions, conditions.DEGRADED) is None:
+        return
+    finished = conditions.find(b.status.conditions, conditions.SUCCEEDED)
+    if finished is None or finished.status != "True":
+        finished = conditions.find(b.status.conditions, conditions.FAILED)
+    reason = finished.reason if finished is not None else conditions.REASON_FINISHED
+    b.condition(conditions.DEGRADED, False, reason, "the job is over")
 
 
 def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
@@ -374,13 +414,50 @@ def _follow_preflight(b: _Builder, spec: api.TrainingJobSpec) -> bool:
             message=preflight.running_message(spec.preflight),
         )
         b.status.preflight = running
-        b.condition(conditions.PREFLIGHT_PASSED, False, preflight.REASON_RUNNING, running.message)
+        if _preflight_restarted(b) or any(
+            preflight.planned_restart(_heartbeat(pod, b)) for pod in trainers if observe.is_live(pod)
+        ):
+            # Its own Event, once: the group re-forms on purpose, no failure's story.
+            message = preflight.restart_message(spec.preflight)
+            if not _preflight_restarted(b):
+                b.event("Normal", preflight.REASON_RESTART, message)
+            b.condition(conditions.PREFLIGHT_PASSED, False, preflight.REASON_RESTART, message)
+        else:
+            b.condition(conditions.PREFLIGHT_PASSED, False, preflight.REASON_RUNNING, running.message)
         return False
     if told.state == "Passed":
         _record_preflight(b, told)
         return False
     _preflight_failed(b, told)
     return True
+
+
+def _preflight_restarted(b: _Builder) -> bool:
+    """Whether the preflight's planned restart began and its verdict is still to come."""
+    condition = conditions.find(b.status.conditions, conditions.PREFLIGHT_PASSED)
+    return (
+        condition is not None and condition.status == "False" and condition.reason == preflight.REASON_RESTART
+    )
+
+
+def _planned_regroup(b: _Builder) -> bool:
+    """The group re-forms for the preflight's planned restart, and no failure is being recovered: workers not
+    yet back in the group are not missing."""
+    return _preflight_restarted(b) and not any(incidents.is_open(incident) for incident in b.status.incidents)
+
+
+def _preflight_swap(b: _Builder, lease: dict[str, Any]) -> bool:
+    """Whether a spare that now trains took its place in the group the preflight's planned restart formed
+    (torch's reshuffle, not a promotion): no failure is being recovered, and the preflight restarted and has
+    no verdict yet, or passed after the spare's group formed (the verdict may come before its relabel)."""
+    if any(incidents.is_open(incident) for incident in b.status.incidents):
+        return False
+    if _preflight_restarted(b):
+        return True
+    done = b.status.preflight
+    passed = parse_time_end(done.finished_at) if done is not None and done.state == "Passed" else None
+    started = parse_time(lease.get("group-started"))
+    return passed is not None and started is not None and started <= passed
 
 
 def _record_preflight(b: _Builder, told: preflight.Outcome) -> str:
@@ -438,10 +515,11 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         spec.heartbeat,
         trainer,
         b.now,
+        b.observed.view_gaps,
     )
     detection.sync_restarts(b.status.tracking, trainers, trainer)
     b.plan.wake_after = detection.next_heartbeat_deadline(
-        trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now
+        trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now, b.observed.view_gaps
     )
     _delete_again(b, trainers, spec.heartbeat)
     disrupted = False
@@ -459,12 +537,17 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         failures = [failure for failure in failures if not failure.spare]
     failures = _overlapping_spares(b, failures)
     for failure, decision in _decisions(failures, spec):
+        pod = pods.get(failure.pod)
+        if decision.action in incidents.WORKER_ACTIONS and failure.spare:
+            if _standby_spare(pod, b):
+                _replace_spare(b, failure, decision, pod)
+                continue
+            failure = replace(failure, spare=False)
         step = _step_at_failure(b, trainers, failure.occurred_at)
         incident = incidents.open_incident(failure, decision, b.now, step, unreported)
         b.status.incidents = incidents.append(b.status.incidents, incident)
         b.plan.detected.append(incident)
         b.event("Warning", failure.cause, incidents.detected_text(incident))
-        pod = pods.get(failure.pod)
         message = f"{failure.message} (rule {decision.rule})"
         if decision.action == "FailJob":
             b.mark_done(failure.pod, failure.uid)
@@ -522,6 +605,34 @@ def _overlapping_spares(b: _Builder, failures: list[detection.Failure]) -> list[
     if not recovering:
         return failures
     return [replace(failure, spare=False) if failure.spare else failure for failure in failures]
+
+
+def _standby_spare(pod: dict[str, Any] | None, b: _Builder) -> bool:
+    """Whether a failed spare stood by, outside every worker group. A spare whose heartbeat says
+    `rendezvous` is being taken into a group (torch promotes it): its loss breaks the group forming."""
+    lease = _heartbeat(pod, b) if pod is not None else None
+    return (lease or {}).get("phase") != "rendezvous"
+
+
+def _replace_spare(
+    b: _Builder, failure: detection.Failure, decision: policy.Decision, pod: dict[str, Any] | None
+) -> None:
+    """A standby spare lost: delete it (the pool is refilled by `_plan_pods`). Training was not disrupted,
+    so it is no restart, no incident and no regroup; a Warning when the cause is one the policy charges to
+    the job (it may come back with every spare), else Normal."""
+    b.mark_done(failure.pod, failure.uid)
+    if pod is not None:
+        b.delete(
+            [pod], force=failure.force or detection.node_problem(failure.node, b.observed.nodes) is not None
+        )
+    b.plan.spares_lost.append(failure.cause)
+    where = f" on node {failure.node}" if failure.node else ""
+    b.event(
+        "Warning" if decision.counts else "Normal",
+        conditions.REASON_SPARE_REPLACED,
+        f"standby spare {failure.pod} lost{where} ({failure.cause}: {failure.message}); a new spare refills "
+        "the pool; training was not disrupted, no restart is counted",
+    )
 
 
 def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
@@ -583,8 +694,8 @@ def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.He
         if (observe.pod_name(pod), pod["metadata"].get("uid")) not in done or observe.is_terminating(pod):
             continue
         node = (pod.get("spec") or {}).get("nodeName")
-        renewed = parse_time((_heartbeat(pod, b) or {}).get("renewTime"))
-        silent = renewed is not None and (b.now - renewed).total_seconds() > heartbeat.timeout_seconds
+        silence = detection.heartbeat_age(_heartbeat(pod, b), b.now, b.observed.view_gaps)
+        silent = silence is not None and silence > heartbeat.timeout_seconds
         b.delete([pod], force=silent or detection.node_problem(node, b.observed.nodes) is not None)
 
 
@@ -669,10 +780,33 @@ def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
         workers=b.status.replicas.desired or spec.replicas,
         cluster=b.observed.cluster,
     )
-    decision = checkpointing.choose(spec.checkpoint, b.status.checkpoint, measured)
+    previous = b.status.checkpoint
+    passed_over = previous.skipped if previous is not None else None
+    if previous is not None:
+        # The interval is chosen on its own figures: the checkpoints passed over are followed below.
+        previous = previous.model_copy(update={"skipped": None})
+    decision = checkpointing.choose(spec.checkpoint, previous, measured)
     b.status.checkpoint = decision.status
     if decision.event is not None:
         b.event("Normal", checkpointing.REASON_CHECKPOINT_INTERVAL, decision.event)
+    _follow_skipped_checkpoints(b, decision.status, passed_over)
+
+
+def _follow_skipped_checkpoints(
+    b: _Builder, checkpoint: api.CheckpointStatus, previous: list[api.SkippedCheckpoint] | None
+) -> None:
+    """The checkpoints the workers' restores passed over (their heartbeats' `checkpoint-skipped`) into
+    `status.checkpoint.skipped`, with one Warning Event naming those it did not name yet."""
+    reported = [
+        api.SkippedCheckpoint(**entry, pod=observe.pod_name(pod), seen_at=format_time(b.now))
+        for pod in sorted(b.observed.pods, key=observe.pod_name)
+        if observe.is_trainer(pod)
+        for entry in observe.skipped_checkpoints(_heartbeat(pod, b))
+    ]
+    followed = checkpointing.follow_skipped(previous, reported)
+    checkpoint.skipped = followed.entries
+    if followed.event is not None:
+        b.event("Warning", checkpointing.REASON_CHECKPOINT_SKIPPED, followed.event)
 
 
 def _follow_health(b: _Builder, spec: api.HealthSpec, resumed: bool) -> None:
@@ -970,7 +1104,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         ]
         b.status.start_time = format_time(min(created, default=b.now))
     if new_pods:
-        b.event("Normal", "CreatedPods", "created " + ", ".join(pod["metadata"]["name"] for pod in new_pods))
+        b.plan.events.append(created_pods_event([pod["metadata"]["name"] for pod in new_pods]))
 
     leaving = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     remaining = [pod for pod in live if observe.pod_name(pod) not in leaving]
@@ -993,7 +1127,17 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     spares_running = sum(
         1 for pod in remaining if _effective_role(pod, b) == names.ROLE_SPARE and observe.is_running(pod)
     )
-    _set_degraded(b, spec, ready, spares_running, min(spares_running, vacated))
+    if _planned_regroup(b) and ready + spares_running >= expected:
+        # Every pod of the gang runs: whoever is not in the group yet is on its way back into it.
+        message = preflight.restart_message(spec.preflight)
+        b.condition(conditions.DEGRADED, False, preflight.REASON_RESTART, message)
+        ready = max(ready, spec.replicas)
+    elif _starting(b) and (ready < spec.replicas or spares_running < spec.spares):
+        # Nothing was lost: the pods of a new (or resumed) gang come up one by one.
+        message = "the gang is starting: not every worker and spare runs yet"
+        b.condition(conditions.DEGRADED, False, conditions.REASON_STARTING, message)
+    else:
+        _set_degraded(b, spec, ready, spares_running, min(spares_running, vacated))
     if ready >= spec.effective_min_replicas:
         b.condition(
             conditions.RUNNING, True, conditions.REASON_TRAINING, f"{ready} workers running", "Normal"
@@ -1024,7 +1168,7 @@ def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
         and (node := (pod.get("spec") or {}).get("nodeName"))
         and (lease := _heartbeat(pod, b)) is not None
         and lease.get("phase") not in ("finished", detection.EXITING_PHASE)
-        and (detection.heartbeat_age(lease, b.now) or 0.0) > quiet_after
+        and (detection.heartbeat_age(lease, b.now, b.observed.view_gaps) or 0.0) > quiet_after
     }
     horizon = b.now - timedelta(seconds=SUSPECT_NODE_SECONDS)
     suspect = {
@@ -1066,6 +1210,30 @@ def _vacated_domains(b: _Builder, spec: api.TrainingJobSpec, count: int) -> list
     return (found + [None] * count)[:count]
 
 
+def _promoted(lease: dict[str, Any]) -> bool:
+    """Whether a spare's heartbeat shows it took a worker's place in a running group: it trains (or saves,
+    restores), or it finished training with a rank. A spare released when the job ended finishes too, with
+    no rank: it never trained."""
+    phase = lease.get("phase")
+    return phase in GROUP_PHASES or (phase == "finished" and bool(lease.get("rank")))
+
+
+def _slot_freed_for(b: _Builder, lease: dict[str, Any]) -> str | None:
+    """The failed worker whose slot a spare now training took: the newest worker failure still being
+    recovered from, or one its group resumed from (that group formed after the failure and resumed after it
+    formed: the heartbeat that closes the incident may be seen before the spare's own)."""
+    started = parse_time(lease.get("group-started"))
+    for incident in reversed(b.status.incidents):
+        if incident.action not in incidents.WORKER_ACTIONS or incident.worker is None:
+            continue
+        if incidents.is_open(incident):
+            return incident.worker
+        failed, resumed = incidents.failed_at(incident), parse_time(incident.resumed_at)
+        if started is not None and failed is not None and resumed is not None and failed < started <= resumed:
+            return incident.worker
+    return None
+
+
 def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
     """Labels follow the heartbeats: torch promotes a standby spare on its own; the operator records it."""
     for pod in live:
@@ -1075,17 +1243,37 @@ def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
         wanted = observe.observed_role(pod, lease)
         if observe.role(pod) == wanted:
             continue
+        if wanted == names.ROLE_WORKER and not _promoted(lease):
+            continue
         name = observe.pod_name(pod)
         b.plan.relabel_pods[name] = wanted
-        if wanted == names.ROLE_WORKER:
-            b.plan.spare_swaps += 1
-            node = (pod.get("spec") or {}).get("nodeName")
-            rank = lease.get("rank")
-            b.event(
-                "Normal",
-                conditions.REASON_SPARE_PROMOTED,
-                f"spare {name} on node {node} took a failed worker's slot (rank {rank or '?'}); now a worker",
-            )
+        if wanted != names.ROLE_WORKER:
+            continue
+        failed = _slot_freed_for(b, lease)
+        if failed is None and _preflight_swap(b, lease):
+            continue
+        b.plan.spare_swaps += 1
+        node = (pod.get("spec") or {}).get("nodeName")
+        rank = lease.get("rank")
+        at = f" as rank {rank}" if rank else ""
+        slot = f"the slot of failed worker {failed}" if failed else "a worker's place in the group"
+        b.event(
+            "Normal",
+            conditions.REASON_SPARE_PROMOTED,
+            f"spare {name} on node {node} took {slot}{at}; now a worker",
+        )
+
+
+def _starting(b: _Builder) -> bool:
+    """Whether the gang has not been at full strength since it was created (or resumed), and no failure is
+    being recovered: a shortfall now is pods still coming up, not pods lost."""
+    degraded = conditions.find(b.status.conditions, conditions.DEGRADED)
+    if degraded is not None and degraded.reason not in (
+        conditions.REASON_STARTING,
+        conditions.REASON_SUSPENDED,
+    ):
+        return False
+    return not any(incidents.is_open(incident) for incident in b.status.incidents)
 
 
 def _set_degraded(
@@ -1135,6 +1323,13 @@ def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
 
 def plan(job: dict[str, Any], observed: Observed) -> Plan:
     """Decide one reconcile of `job`."""
+    # A node problem the control plane may have made up during an outage is not acted on until confirmed.
+    observed = replace(
+        observed,
+        nodes=detection.confirmed_nodes(
+            observed.nodes, observed.pods, observed.leases, observed.now, observed.view_gaps
+        ),
+    )
     b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
     spec, issues = validation.check(job.get("spec"), job_name, observed.max_gang_pods)
@@ -1145,6 +1340,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if _terminal(b):
         succeeded = conditions.is_true(b.status.conditions, conditions.SUCCEEDED)
         _clean_up_finished(b, succeeded)
+        _not_degraded_once_finished(b)
         b.plan.health_reset = True
         return b.finish()
 
@@ -1180,6 +1376,9 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, why, "Normal")
         b.condition(conditions.RUNNING, False, conditions.REASON_SUSPENDED, "the job is suspended")
         b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SUSPENDED, "the job is suspended")
+        if conditions.find(b.status.conditions, conditions.DEGRADED) is not None:
+            # No pod runs on purpose; a resumed gang starts afresh.
+            b.condition(conditions.DEGRADED, False, conditions.REASON_SUSPENDED, "the job is suspended")
         # A resumed job schedules a fresh gang, with a fresh timeout.
         b.status.gang = api.GangStatus(attempts=b.status.gang.attempts)
         b.status.state = "Suspended"
@@ -1201,8 +1400,9 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if all_done:
         _finish_job(b, True, conditions.REASON_FINISHED, "every active worker finished training")
         return b.finish()
-    if some_done:
-        # Training has finished somewhere: replacing or adding pods now would start it again.
+    if some_done or _training_finished(b, trainer):
+        # Training has finished somewhere: replacing or adding pods now would start it again, and the
+        # spares leave (their rendezvous closed), which is neither a promotion nor a missing spare.
         b.status.state = "Finishing"
         return b.finish()
 

@@ -57,10 +57,21 @@ class OperatorSettings(BaseModel):
     """Pods of one job created per reconcile: a large gang is created over several reconciles, so one job's
     creations never queue ahead of every other job's requests for long."""
     create_backoff_seconds: float = Field(default=1.0, gt=0, le=60)
-    """First pause of a job's pod creations after the API server answered one with 429 (throttled) or a 5xx;
-    doubles with each further refusal (up to `createMaxBackoffSeconds`), or follows its `Retry-After`."""
+    """First pause of a job's pod creations after the API server answered one with 429 (throttled), a 5xx, or
+    another 4xx refusing the pod itself (a `FailedCreate` Event); doubles with each further refusal (up to
+    `createMaxBackoffSeconds`), or follows its `Retry-After`."""
     create_max_backoff_seconds: float = Field(default=60.0, gt=0, le=3600)
     """Longest pause of a job's pod creations after refusals by the API server."""
+    view_interval_seconds: float = Field(default=1.0, ge=0, le=10)
+    """Seconds between renewals of the operator's view canary, a Lease of its own that it sees through the
+    same watch as the heartbeats: when the newest renewal it has seen is older than `viewLagSeconds`, its view
+    is stale (paused, restarted, a stalled watch) and no heartbeat is judged late for that time. 0 turns it
+    off: heartbeats are then judged by the wall clock alone."""
+    view_lag_seconds: float = Field(default=3.0, gt=0, le=60)
+    """How old the newest canary renewal seen may be before the operator's view counts as stale."""
+    view_namespace: str = ""
+    """Namespace of the view canary when the operator watches the whole cluster (the chart sets the
+    operator's own); empty: `default`. Watching some namespaces, each gets a canary of its own."""
     log_level: str = "INFO"
     """Python log level of the operator."""
 
@@ -74,6 +85,15 @@ class OperatorSettings(BaseModel):
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
+
+    @property
+    def view_namespaces(self) -> tuple[str, ...]:
+        """Namespaces the view canary is written to (none when it is off; namespace patterns get none)."""
+        if not self.view_interval_seconds:
+            return ()
+        if self.clusterwide:
+            return (self.view_namespace or "default",)
+        return tuple(namespace for namespace in self.namespaces if not any(c in namespace for c in "*?[!"))
 
     @property
     def liveness_endpoint(self) -> str | None:

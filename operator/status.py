@@ -6,9 +6,12 @@ memory stays small with many jobs.
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
 
 from phalanx.operator import api, capacity, names, topology
+from phalanx.operator.timeutil import parse_time
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
@@ -94,6 +97,42 @@ def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+SKIPPED_ANNOTATION = "checkpoint-skipped"
+"""A worker's Lease annotation (without the prefix) naming the checkpoints its latest restore passed over."""
+MAX_SKIPPED_PER_LEASE = 16
+"""Entries read from one Lease at most (the worker sends 8): a bigger one is not the worker's."""
+MAX_SKIPPED_MESSAGE = 160
+
+
+def skipped_checkpoints(lease: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The checkpoints a worker's latest restore passed over, from its heartbeat (`checkpoint-skipped`: a JSON
+    list of `{step, tier, reason, message}`); what does not parse as such is left out."""
+    text = (lease or {}).get(SKIPPED_ANNOTATION)
+    if not text:
+        return []
+    try:
+        raw = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    found = []
+    for item in (raw if isinstance(raw, list) else [])[:MAX_SKIPPED_PER_LEASE]:
+        if not isinstance(item, dict):
+            continue
+        step, tier, reason = item.get("step"), item.get("tier"), item.get("reason")
+        message = item.get("message")
+        valid_step = isinstance(step, int) and not isinstance(step, bool) and step >= 0
+        if valid_step and isinstance(tier, str) and isinstance(reason, str) and tier and reason:
+            found.append(
+                {
+                    "step": step,
+                    "tier": tier[:32],
+                    "reason": reason[:64],
+                    "message": str(message or "")[:MAX_SKIPPED_MESSAGE],
+                }
+            )
+    return found
+
+
 def summarize_node(body: dict[str, Any]) -> dict[str, Any]:
     """What the operator needs of a node: its labels, its Ready status (and since when the node last said
     so), and its NoExecute taints (and since when)."""
@@ -144,6 +183,7 @@ SIGNAL_FIELDS = (
     "resumed-at",
     "restored-step",
     "restore-source",
+    SKIPPED_ANNOTATION,
     "preflight",
     "fault",
     "ownerUid",
@@ -242,14 +282,29 @@ PROGRESS_UNKNOWN = "Unknown"
 
 
 def progress_kind(
-    trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]], step: int | None, previous: str | None
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    step: int | None,
+    previous: str | None,
+    now: datetime,
+    window_seconds: float,
 ) -> str | None:
-    """Whether the job's progress is known: `Reported` once any step was seen, `Unknown` while workers train
-    without ever publishing one (a script that does not use StatusPublisher), else what it was."""
+    """Whether the job's progress is known: `Reported` once any step was seen, `Unknown` once a worker has
+    trained for `window_seconds` (the progress timeout) since its group started without a step ever published
+    (a script that does not use StatusPublisher), else what it was.
+
+    Before the window a worker in training without a step is only slow to its first one (a model being built
+    or compiled): a script that publishes steps publishes one within the progress timeout, or it is hung."""
     if step is not None:
         return PROGRESS_REPORTED
-    training = any((leases.get(pod_name(pod)) or {}).get("phase") in ACTIVE_PHASES for pod in trainers)
-    return PROGRESS_UNKNOWN if training else previous
+    for pod in trainers:
+        lease = leases.get(pod_name(pod)) or {}
+        if lease.get("phase") not in ACTIVE_PHASES:
+            continue
+        started = parse_time(lease.get("group-started")) or parse_time(lease.get("phase-since"))
+        if started is not None and (now - started).total_seconds() >= window_seconds:
+            return PROGRESS_UNKNOWN
+    return previous
 
 
 def observed_role(pod: dict[str, Any], lease: dict[str, Any] | None) -> str:

@@ -6,6 +6,9 @@ carry the same labels) follows it into that domain. Spread uses topologySpreadCo
 A spare refilling the pool after a swap prefers the domain of the worker it stands in for (`prefer_domain`).
 A pod created while a node of the job is lost must not land there (`avoid_nodes`): the operator sees the loss
 seconds before the node controller taints the node, and the scheduler still counts it healthy until then.
+
+Every shape built here is one the API server accepts: a `matchFields` requirement holds exactly one value,
+and a spread constraint's (topologyKey, whenUnsatisfiable) pair may appear once per pod.
 """
 
 from __future__ import annotations
@@ -55,10 +58,17 @@ def _merge_affinity(existing: dict[str, Any], extra: dict[str, Any]) -> dict[str
     return merged
 
 
+def _spread_slot(constraint: dict[str, Any]) -> tuple[Any, Any]:
+    return constraint.get("topologyKey"), constraint.get("whenUnsatisfiable")
+
+
 def apply_topology(
     pod_spec: dict[str, Any], job_name: str, topology: api.TopologySpec | None
 ) -> dict[str, Any]:
-    """A copy of `pod_spec` with the job's topology hints added to whatever the user already set."""
+    """A copy of `pod_spec` with the job's topology hints added to whatever the user already set.
+
+    The API server refuses a pod with two spread constraints of the same topology key and
+    `whenUnsatisfiable`: where the template already has one, it is kept and ours is left out."""
     result = copy.deepcopy(pod_spec)
     if topology is None:
         return result
@@ -66,7 +76,9 @@ def apply_topology(
         result["affinity"] = _merge_affinity(result.get("affinity") or {}, pack_affinity(job_name, topology))
     else:
         constraints = list(result.get("topologySpreadConstraints") or [])
-        result["topologySpreadConstraints"] = constraints + spread_constraints(job_name, topology)
+        taken = {_spread_slot(constraint) for constraint in constraints}
+        ours = [c for c in spread_constraints(job_name, topology) if _spread_slot(c) not in taken]
+        result["topologySpreadConstraints"] = constraints + ours
     return result
 
 
@@ -96,23 +108,26 @@ def prefer_domain(pod_spec: dict[str, Any], key: str, value: str) -> dict[str, A
 def avoid_nodes(pod_spec: dict[str, Any], nodes: frozenset[str]) -> dict[str, Any]:
     """A copy of `pod_spec` that may not be scheduled onto any of `nodes` (by node name, a requirement).
 
-    Required node selector terms are alternatives (any one may match), so the exclusion joins each of the
-    user's terms; without any, it is the only term."""
+    The API server allows exactly one value in a `matchFields` requirement, so each node is a `NotIn`
+    requirement of its own; the requirements of one term must all hold. Required node selector terms are
+    alternatives (any one may match), so the exclusions join each of the user's terms; without any, they make
+    the only term."""
     result = copy.deepcopy(pod_spec)
     if not nodes:
         return result
-    exclusion = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    exclusions = [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in sorted(nodes)]
     node_affinity = result.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
     for term in terms:
-        term["matchFields"] = [*(term.get("matchFields") or []), exclusion]
+        term["matchFields"] = [*(term.get("matchFields") or []), *exclusions]
     required["nodeSelectorTerms"] = terms
     return result
 
 
 def avoided_nodes(pod_spec: dict[str, Any]) -> frozenset[str]:
-    """The nodes `avoid_nodes` kept the pod off (those every required term excludes by name)."""
+    """The nodes `avoid_nodes` kept the pod off (those every required term excludes by name, whether one
+    requirement names them one by one or together)."""
     required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ) or {}

@@ -6,12 +6,16 @@ condition and the Event tell the user exactly what to fix.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from phalanx.operator import api, names
+from phalanx.operator import api, formats, names
+
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+"""An RFC 1035 label: what a Service's name must be (and a pod's hostname, which also allows a leading digit)."""
 
 
 @dataclass(frozen=True)
@@ -42,13 +46,15 @@ def parse_spec(raw: dict[str, Any] | None) -> tuple[api.TrainingJobSpec | None, 
         ]
 
 
-def trainer_container_index(template: dict[str, Any]) -> int | None:
-    """Index of the container running training: the one named `trainer`, else the first."""
+def trainer_container_index(template: dict[str, Any], name: str = names.TRAINER_CONTAINER) -> int | None:
+    """Index of the container running training in a pod or pod template: the one called `name`
+    (`spec.trainerContainer`); None without one. Never a guess: training in a sidecar is worse than no
+    training."""
     containers = (template.get("spec") or {}).get("containers") or []
     for index, container in enumerate(containers):
-        if isinstance(container, dict) and container.get("name") == names.TRAINER_CONTAINER:
+        if isinstance(container, dict) and container.get("name") == name:
             return index
-    return 0 if containers else None
+    return None
 
 
 def _replica_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
@@ -72,24 +78,27 @@ def _replica_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
 
 def _gang_size_issues(spec: api.TrainingJobSpec, max_gang_pods: int | None) -> list[SpecIssue]:
     """The operator-wide limit on pods per job (`maxGangPods`): what the spec asks for now, and what
-    `maxReplicas` lets it be scaled to."""
+    `maxReplicas` lets it be scaled to. The field named is the one that broke the limit: `replicas` when
+    it alone is over, else `spares`, which pushed it over; `maxReplicas` when only scaling up would."""
     if max_gang_pods is None:
         return []
+    limit = f"the operator's limit of {max_gang_pods} pods per job (maxGangPods)"
     asked = spec.replicas + spec.spares
+    if spec.replicas > max_gang_pods:
+        return [SpecIssue("spec.replicas", f"replicas ({spec.replicas}) exceeds {limit}")]
     if asked > max_gang_pods:
         return [
             SpecIssue(
-                "spec.replicas",
-                f"replicas + spares ({asked}) exceeds the operator's limit of {max_gang_pods} pods per "
-                "job (maxGangPods)",
+                "spec.spares",
+                f"spares ({spec.spares}) with replicas ({spec.replicas}) makes {asked} pods, over {limit}",
             )
         ]
     if spec.max_replicas is not None and spec.max_replicas + spec.spares > max_gang_pods:
+        total = spec.max_replicas + spec.spares
         return [
             SpecIssue(
                 "spec.maxReplicas",
-                f"maxReplicas + spares ({spec.max_replicas + spec.spares}) exceeds the operator's limit of "
-                f"{max_gang_pods} pods per job (maxGangPods)",
+                f"maxReplicas ({spec.max_replicas}) with spares ({spec.spares}) makes {total} pods, over {limit}",
             )
         ]
     return []
@@ -102,8 +111,17 @@ def _template_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     containers = pod_spec.get("containers")
     if not isinstance(containers, list) or not containers:
         return [SpecIssue("spec.template.spec.containers", "at least one container is required")]
-    index = trainer_container_index(spec.template)
-    assert index is not None
+    name = spec.trainer_container
+    index = trainer_container_index(spec.template, name)
+    if index is None:
+        found = ", ".join(repr(c.get("name")) for c in containers if isinstance(c, dict)) or "none named"
+        return [
+            SpecIssue(
+                "spec.trainerContainer",
+                f"no container of spec.template.spec.containers is named {name!r} (found {found}): name the "
+                f"container that runs training {name!r}, or set spec.trainerContainer to its name",
+            )
+        ]
     container = containers[index]
     path = f"spec.template.spec.containers[{index}]"
     if not isinstance(container, dict):
@@ -118,6 +136,67 @@ def _template_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
         )
     if not container.get("image"):
         issues.append(SpecIssue(f"{path}.image", "the trainer container needs an image"))
+    return issues
+
+
+def _quantity_issue(path: str, value: Any) -> tuple[SpecIssue | None, Any]:
+    try:
+        return None, formats.parse_quantity(value)
+    except ValueError as error:
+        return SpecIssue(path, str(error)), None
+
+
+def _resources_issues(path: str, resources: Any) -> list[SpecIssue]:
+    """A container's requests and limits: each a non-negative quantity, no request above its limit (the API
+    server refuses the pod otherwise, on every attempt)."""
+    if not isinstance(resources, dict):
+        return []
+    issues, amounts = [], {}
+    for kind in ("limits", "requests"):
+        entries = resources.get(kind)
+        if not isinstance(entries, dict):
+            continue
+        for resource, value in entries.items():
+            issue, amount = _quantity_issue(f"{path}.{kind}.{resource}", value)
+            if issue is not None:
+                issues.append(issue)
+            else:
+                amounts[kind, resource] = amount
+    for (kind, resource), amount in amounts.items():
+        limit = amounts.get(("limits", resource))
+        if kind == "requests" and limit is not None and amount > limit:
+            issues.append(
+                SpecIssue(
+                    f"{path}.requests.{resource}",
+                    f"the request ({resources['requests'][resource]}) is above the limit "
+                    f"({resources['limits'][resource]})",
+                )
+            )
+    return issues
+
+
+def _empty_dir_issues(path: str, volume: Any) -> list[SpecIssue]:
+    empty_dir = volume.get("emptyDir") if isinstance(volume, dict) else None
+    if not isinstance(empty_dir, dict) or empty_dir.get("sizeLimit") is None:
+        return []
+    issue, _ = _quantity_issue(f"{path}.emptyDir.sizeLimit", empty_dir["sizeLimit"])
+    return [issue] if issue is not None else []
+
+
+def _quantity_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
+    """The quantities the free-form parts of the spec carry (the pod template, `checkpoint.volume`): the
+    CRD cannot check them, and one the API server refuses would fail every pod creation."""
+    pod_spec = spec.template.get("spec")
+    issues = _empty_dir_issues("spec.checkpoint.volume", spec.checkpoint.volume)
+    if not isinstance(pod_spec, dict):
+        return issues
+    for kind in ("initContainers", "containers"):
+        for index, container in enumerate(pod_spec.get(kind) or []):
+            if isinstance(container, dict):
+                path = f"spec.template.spec.{kind}[{index}].resources"
+                issues += _resources_issues(path, container.get("resources"))
+    for index, volume in enumerate(pod_spec.get("volumes") or []):
+        issues += _empty_dir_issues(f"spec.template.spec.volumes[{index}]", volume)
     return issues
 
 
@@ -136,7 +215,7 @@ def _checkpoint_tier_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     if not local.enabled:
         return []
     issues = []
-    if local.path.rstrip("/") == checkpoint.path.rstrip("/"):
+    if local.path == checkpoint.path:  # both normalised by their type
         issues.append(SpecIssue("spec.checkpoint.localTier.path", "must differ from checkpoint.path"))
     return issues
 
@@ -147,7 +226,7 @@ def validate_spec(
     """Every cross-field problem of a parsed spec (empty when the spec is usable). `max_gang_pods`: the
     operator's limit on pods per job (None: no limit)."""
     issues = _replica_issues(spec) + _gang_size_issues(spec, max_gang_pods)
-    issues += _template_issues(spec) + _failure_policy_issues(spec)
+    issues += _template_issues(spec) + _quantity_issues(spec) + _failure_policy_issues(spec)
     if spec.checkpoint.claim_name and spec.checkpoint.volume:
         issues.append(
             SpecIssue("spec.checkpoint.volume", "set either checkpoint.claimName or checkpoint.volume")
@@ -175,6 +254,16 @@ def validate_spec(
         limit = names.MAX_HOSTNAME - names.WORKER_SUFFIX_ROOM
         issues.append(
             SpecIssue("metadata.name", f"must be at most {limit} characters (pods use it as hostname)")
+        )
+    if job_name and not DNS_LABEL.fullmatch(job_name):
+        # A TrainingJob's name may hold dots or start with a digit; its Services' names and its pods'
+        # hostnames may not, and the API server would refuse every one of them.
+        issues.append(
+            SpecIssue(
+                "metadata.name",
+                "must be lowercase letters, digits and '-', starting with a letter (Services and pod "
+                "hostnames are named after it)",
+            )
         )
     return issues
 

@@ -13,10 +13,13 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+
+from phalanx.worker.checkpoint import skipped
 
 Phase = Literal["starting", "rendezvous", "standby", "training", "saving", "restoring", "finished", "exiting"]
 PHASES: tuple[Phase, ...] = (
@@ -38,6 +41,9 @@ GROUP_ATTEMPT_ENV = "PHALANX_GROUP_ATTEMPT"
 ANNOTATION_PREFIX = "phalanx.dev/"
 MAX_MESSAGE = 512
 """The longest text a heartbeat carries in one annotation."""
+PREFLIGHT_RESTART_CAUSE = "preflight: restart from its checkpoint"
+"""`restart-cause` of the preflight's planned restart (worker/preflight.py): the operator tells it from a
+failure's by its `preflight:` start."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,9 @@ class RestoreFigures:
     """memory, peer, durable or none (a Checkpointer's `disk` is published as `durable`)."""
     resumed_at: float | None = None
     """Unix time when the first step after the latest restore completed."""
+    checkpoint_skipped: str | None = None
+    """The checkpoints the latest restore passed over (torn, corrupt, of another format), as the heartbeat's
+    JSON text (worker/checkpoint/skipped.py `encode`); None: none."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,9 @@ class PodStatus(RestoreFigures, TrainingFigures):
     """Unix time when the launcher started its current worker group; None while none runs."""
     group_restarts: int | None = None
     """Restarts of the worker group by this launcher."""
+    restart_cause: str | None = None
+    """Why the launcher last restarted its worker group (None: never); the preflight's planned restart is
+    `PREFLIGHT_RESTART_CAUSE`."""
     exit_code: int | None = None
     """The launcher's exit code once it is ending on its own (phase `exiting` or `finished`)."""
     fault: str | None = None
@@ -192,6 +204,8 @@ def combine(
     reached = [r.step_at for r in speakers if r.step == figures["step"] and r.step_at is not None]
     figures["step_at"] = max(reached) if reached else None
     figures["compute_seconds"] = max(computes) if computes else None
+    # Whichever rank read a checkpoint location names what it passed over (rank 0, or each on a node-local tier).
+    figures["checkpoint_skipped"] = skipped.merge(record.checkpoint_skipped for record in speakers)
     return PodStatus(phase=phase, phase_since=since, **figures)
 
 
@@ -322,9 +336,11 @@ def lease_annotations(status: PodStatus) -> dict[str, str]:
         "phase-since": wall_time(status.phase_since),
         "group-started": wall_time(status.group_started),
         "group-restarts": status.group_restarts,
+        "restart-cause": (status.restart_cause or "")[:MAX_MESSAGE],
         "restored-step": status.restored_step,
         "restore-source": restore_source_label(status.restore_source),
         "resumed-at": wall_time(status.resumed_at),
+        "checkpoint-skipped": status.checkpoint_skipped or "",
         "compute-seconds": status.compute_seconds,
         "checkpoint-save-seconds": status.checkpoint_save_seconds,
         "checkpoint-interval": status.checkpoint_interval,
@@ -439,9 +455,16 @@ class StatusPublisher:
         with contextlib.suppress(OSError):
             write_record(self._path, self._record)
 
-    def restored(self, step: int, source: str, phase: Phase = "training") -> None:
+    def restored(
+        self,
+        step: int,
+        source: str,
+        phase: Phase = "training",
+        skipped_checkpoints: Iterable[skipped.SkippedCheckpoint] = (),
+    ) -> None:
         """The state is loaded (at start, or by a later restore): `step` is where training goes on from,
-        `source` where it came from (memory, peer, disk/durable, none)."""
+        `source` where it came from (memory, peer, disk/durable, none), `skipped_checkpoints` the newer ones
+        the restore passed over (`RestoreInfo.skipped`)."""
         self._resume_after = step
         self.publish(
             phase=phase,
@@ -449,4 +472,5 @@ class StatusPublisher:
             restored_step=step,
             restore_source=restore_source_label(source) or source,
             resumed_at=None,
+            checkpoint_skipped=skipped.encode(skipped_checkpoints) or None,
         )

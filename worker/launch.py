@@ -541,6 +541,7 @@ class PhalanxAgent(LocalElasticAgent):
         self._restart_cause = cause
         self._reporter.metrics.restarts.labels(cause=cause).inc()
         self._reporter.group_restarts += 1
+        self._reporter.restart_cause = cause
         logger.warning("restarting the worker group: %s", cause)
         self._reporter.launcher_phase = "rendezvous"
         if keep_trainers and self._release_live():
@@ -580,7 +581,7 @@ class PhalanxAgent(LocalElasticAgent):
         if codes == [TrainerExit.PREFLIGHT_RESTART]:
             # The preflight's own restart (worker/preflight.py): what it tests is the failure path, but it
             # is no failure and spends nothing.
-            self._restart("preflight: restart from its checkpoint")
+            self._restart(heartbeat.PREFLIGHT_RESTART_CAUSE)
             return
         if -signal.SIGKILL in codes and self._oom.killed_since_start():
             self._give_up(result, LauncherStop(LauncherExit.OOM_KILLED, self._oom.describe()))
@@ -704,6 +705,8 @@ class PodReporter:
         """Unix time when the latest worker group started (kept between groups)."""
         self.group_restarts = 0
         """Restarts of the worker group by this launcher."""
+        self.restart_cause: str | None = None
+        """Why the launcher last restarted its worker group (None: never)."""
         self.exit_code: int | None = None
         """Set once the launcher ends on its own (`finish`)."""
         self.preflight_failure: dict[str, str] | None = None
@@ -763,6 +766,7 @@ class PodReporter:
             status,
             group_started=self.group_started,
             group_restarts=self.group_restarts,
+            restart_cause=self.restart_cause,
             exit_code=self.exit_code,
         )
         if status.phase in BETWEEN_GROUPS:

@@ -190,7 +190,9 @@ class Run:
         self.start_step = self.checkpointer.load()
         self.global_step = self.start_step
         info = self.checkpointer.last_restore
-        self.publisher.restored(self.start_step, info.source if info else "none")
+        self.publisher.restored(
+            self.start_step, info.source if info else "none", skipped_checkpoints=info.skipped if info else ()
+        )
         self.watchdog.start()
         self._watch_next()
         self._last_step_at = time.monotonic()
@@ -262,7 +264,11 @@ class Run:
         self.global_step = self.checkpointer.load()
         self.state.step = self.global_step
         info = self.checkpointer.last_restore
-        self.publisher.restored(self.global_step, info.source if info else "none")
+        self.publisher.restored(
+            self.global_step,
+            info.source if info else "none",
+            skipped_checkpoints=info.skipped if info else (),
+        )
         self._watch_next()
         return self.global_step
 

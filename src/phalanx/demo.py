@@ -31,7 +31,7 @@ from phalanx.devcluster.realnode import node as real_node
 from phalanx.errors import UserFacingError
 from phalanx.images import cli as images_cli
 from phalanx.images import containerd
-from phalanx.operator.validation import trainer_container_index
+from phalanx.operator import names
 
 DEMO_NAMESPACE = "phalanx-demo"
 OPERATOR_NAMESPACE = "phalanx-system"
@@ -262,10 +262,9 @@ def kill_method(pod: dict[str, Any]) -> str:
     return CONTAINER_KILL if (pod.get("spec") or {}).get("nodeName") == real_node.NODE_NAME else AGENT_KILL
 
 
-def container_id(pod: dict[str, Any]) -> str:
-    """The containerd id of the pod's training container, from its status (`containerd://<id>`)."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    name = containers[trainer_container_index(pod) or 0]["name"] if containers else None
+def container_id(pod: dict[str, Any], name: str = names.TRAINER_CONTAINER) -> str:
+    """The containerd id of the pod's training container (`spec.trainerContainer`, `name`), from its status
+    (`containerd://<id>`)."""
     statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
     runtime, _, found = ((statuses.get(name) or {}).get("containerID") or "").partition("://")
     if runtime != "containerd" or not found:
@@ -293,12 +292,12 @@ def kill_container(container: str) -> None:
         raise UserFacingError(f"`{' '.join(command)}` failed: {result.stderr.strip()}")
 
 
-def kill_worker(kube: Kube, pod: dict[str, Any]) -> Kill:
+def kill_worker(kube: Kube, pod: dict[str, Any], trainer: str = names.TRAINER_CONTAINER) -> Kill:
     method, name = kill_method(pod), pod["metadata"]["name"]
     if method == AGENT_KILL:
         kube("annotate", "pod", name, "-n", DEMO_NAMESPACE, "phalanx.dev/kill=demo", "--overwrite")
         return Kill(method)
-    container = container_id(pod)
+    container = container_id(pod, trainer)
     kill_container(container)
     return Kill(method, container)
 
@@ -358,7 +357,8 @@ def run(args: argparse.Namespace) -> int:
     victim_pod = max(workers["items"], key=lambda pod: str(pod["metadata"]["name"]))
     victim = victim_pod["metadata"]["name"]
     step_at_kill = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step")
-    kill = kill_worker(kube, victim_pod)
+    trainer = job_manifest["spec"].get("trainerContainer") or names.TRAINER_CONTAINER
+    kill = kill_worker(kube, victim_pod, trainer)
     killed_at = time.monotonic()
     say(f"killed worker {victim} at step {step_at_kill} ({KILL_DESCRIPTIONS[kill.method]})")
 

@@ -1,9 +1,14 @@
 """A typo never floods the cluster: a job far over the gang limit is refused, one the cluster cannot hold is
-held, both without a single pod, while a job beside them keeps training."""
+held, both without a single pod, while a job beside them keeps training. Bad input is refused naming the
+field: by the API server where the CRD can tell, else by the operator (`InvalidSpec`) before any pod exists."""
 
 from __future__ import annotations
 
+import copy
+import itertools
+import json
 import re
+import time
 from typing import Any
 
 import pytest
@@ -116,4 +121,179 @@ def test_absurd_jobs_are_refused_or_held_without_pods_while_a_running_job_trains
         lambda: has_condition(get_job(cluster, namespace, "oversized"), "GangScheduled"),
         120,
         message="the scaled-down job's gang to be scheduled",
+    )
+
+
+def _pods_of(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    """Every pod of the job, terminating ones included."""
+    selector = f"phalanx.dev/job-name={name}"
+    return [
+        pod.metadata.name
+        for pod in cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+    ]
+
+
+def _with(job: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """`job` with `spec.<path>` (dots between keys, `[i]` for list items) set to `value`."""
+    job = copy.deepcopy(job)
+    node: Any = job["spec"]
+    keys = [int(key) if key.isdigit() else key for key in re.split(r"\.|\[|\]\.?", path) if key]
+    for key, after in itertools.pairwise(keys):
+        if isinstance(key, str) and key not in node:
+            node[key] = [] if isinstance(after, int) else {}
+        node = node[key]
+    node[keys[-1]] = value
+    return job
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("sharedMemory.sizeLimit", "lots"),
+        ("checkpoint.localTier.sizeLimit", "-1Gi"),
+        ("checkpoint.path", "../../etc"),
+        ("checkpoint.path", "/checkpoints/"),
+        ("heartbeat.intervalSeconds", 0),
+        ("heartbeat.intervalSeconds", 0.1),
+        ("trainerContainer", "Trainer_1"),
+    ],
+    ids=[
+        "size-lots",
+        "size-negative",
+        "path-relative",
+        "path-trailing-slash",
+        "interval-0",
+        "interval-0.1",
+        "container-name",
+    ],
+)
+def test_values_the_crd_can_judge_are_refused_at_apply_time_naming_the_field(
+    cluster: Cluster, operator: Operator, namespace: str, path: str, value: Any
+) -> None:
+    job = _with(trainingjob("bad", replicas=1), path, value)
+    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False)
+    assert result.returncode != 0, result.stdout
+    assert f"spec.{path}" in result.stderr, result.stderr
+    missing = cluster.kubectl("get", "trainingjob", "bad", "-n", namespace, check=False)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
+    assert _pods_of(cluster, namespace, "bad") == []
+    # The same job with a good value is accepted: only the field named was wrong.
+    good = {"sharedMemory.sizeLimit": "1Gi", "checkpoint.localTier.sizeLimit": 1073741824}
+    good |= {
+        "checkpoint.path": "/checkpoints",
+        "heartbeat.intervalSeconds": 0.2,
+        "trainerContainer": "trainer",
+    }
+    fixed = _with(job, path, good[path])
+    dry = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(fixed), check=False
+    )
+    assert dry.returncode == 0, dry.stderr
+
+
+def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
+    job = copy.deepcopy(job)
+    containers = job["spec"]["template"]["spec"]["containers"]
+    containers[0]["name"] = "main"
+    # A sidecar first: the operator used to train in the first container when none was called `trainer`.
+    sidecar = {
+        "name": "helper",
+        "image": "phalanx:test",
+        "command": ["python", "-c", "import time; time.sleep(3600)"],
+    }
+    containers.insert(0, sidecar)
+    return job
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "words"),
+    [
+        (
+            lambda job: _with(job, "template.spec.containers[0].resources.limits.memory", "lots"),
+            "spec.template.spec.containers[0].resources.limits.memory",
+            "quantity",
+        ),
+        (
+            lambda job: _with(job, "template.spec.containers[0].resources.requests.cpu", "-1"),
+            "spec.template.spec.containers[0].resources.requests.cpu",
+            "quantity",
+        ),
+        (
+            lambda job: _with(job, "checkpoint.volume", {"emptyDir": {"sizeLimit": "big"}}),
+            "spec.checkpoint.volume.emptyDir.sizeLimit",
+            "quantity",
+        ),
+        (_no_trainer_container, "spec.trainerContainer", "'trainer'"),
+        (lambda job: _with(job, "spares", 50000), "spec.spares", "maxGangPods"),
+        (lambda job: _with(job, "maxReplicas", 5000), "spec.maxReplicas", "maxGangPods"),
+    ],
+    ids=[
+        "limit-lots",
+        "request-negative",
+        "checkpoint-emptydir",
+        "no-trainer-container",
+        "spares",
+        "max-replicas",
+    ],
+)
+def test_bad_input_the_crd_cannot_judge_is_invalid_spec_naming_the_field_with_no_pod(
+    cluster: Cluster, operator: Operator, namespace: str, mutate: Any, field: str, words: str
+) -> None:
+    cluster.apply(mutate(trainingjob("bad", replicas=1)), namespace)
+    refused = wait_for(
+        lambda: (
+            (job := get_job(cluster, namespace, "bad"))
+            and has_condition(job, "Failed", reason="InvalidSpec")
+            and job
+        ),
+        60,
+        message="Failed=True with reason InvalidSpec",
+    )
+    message = condition(refused, "SpecValid")["message"]
+    assert field in message and words in message, message
+    assert condition(refused, "SpecValid")["status"] == "False"
+    assert refused["status"]["state"] == "Invalid"
+    wait_for(
+        lambda: _event(cluster, namespace, "bad", "InvalidSpec", field),
+        30,
+        message=f"an InvalidSpec Event naming {field}",
+    )
+    # Reconciles go on every 2 s: over several of them, not one pod (not even the rendezvous) is made.
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        assert _pods_of(cluster, namespace, "bad") == []
+        time.sleep(0.5)
+    assert get_job(cluster, namespace, "bad")["status"]["state"] == "Invalid"
+
+
+def test_the_container_named_by_trainer_container_trains_and_the_others_are_left_alone(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    job = _no_trainer_container(trainingjob("chosen", replicas=1, steps=100000, step_delay=0.05))
+    cluster.apply(job, namespace)
+    wait_for(
+        lambda: has_condition(get_job(cluster, namespace, "chosen"), "Failed", reason="InvalidSpec"),
+        60,
+        message="the job without a `trainer` container to be refused",
+    )
+    assert _pods_of(cluster, namespace, "chosen") == []
+    # Naming the container fixes the job: it starts, and training runs in `main`, not in the first container.
+    cluster.kubectl(
+        "patch", "tj", "chosen", "-n", namespace, "--type=merge", "-p", '{"spec":{"trainerContainer":"main"}}'
+    )
+    wait_for(lambda: _step(cluster, namespace, "chosen") > 0, 180, message="the job to train in `main`")
+    (pod,) = job_pods(cluster, namespace, "chosen", "phalanx.dev/role=worker")
+    helper, main = pod.spec.containers
+    assert (helper.name, main.name) == ("helper", "main")
+    assert main.command[:4] == ["python", "-m", "phalanx.worker.launch", "--"]
+    assert helper.command == ["python", "-c", "import time; time.sleep(3600)"] and not helper.env
+    assert any(mount.mount_path == "/dev/shm" for mount in main.volume_mounts or [])
+    wait_for(
+        lambda: (
+            (current := get_job(cluster, namespace, "chosen"))
+            and has_condition(current, "SpecValid")
+            and current["status"]["state"] == "Running"
+        ),
+        60,
+        message="the job to be valid and Running",
     )

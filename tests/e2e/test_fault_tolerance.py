@@ -78,8 +78,8 @@ def incidents_of(job: dict[str, Any], worker: str | None = None) -> list[dict[st
 def assert_recovered(
     job: dict[str, Any], victim: str, cause: str, *, spare: bool = True, pods_lost: int = 1
 ) -> dict[str, Any]:
-    """The victim's failure was recovered from as one incident; `pods_lost`: the job's trainer pods the fault
-    took (a node's crash also takes a spare that ran there)."""
+    """The victim's failure was recovered from as one incident; `pods_lost`: the job's workers the fault took
+    (a node's crash also takes a spare that ran there, replaced without a restart)."""
     status = job["status"]
     assert status["step"] == STEPS, status
     mine = incidents_of(job, victim)
@@ -215,11 +215,19 @@ def test_hung_trainer_is_judged_against_the_jobs_own_step_times(
     assert status["restarts"].get("counted", 0) == 0
 
 
-def trainers_on(cluster: Cluster, namespace: str, name: str, node: str) -> int:
-    """The job's trainer pods on `node` (printed, for the record of a failed run)."""
+def workers_on(cluster: Cluster, namespace: str, name: str, node: str) -> int:
+    """The job's workers on `node`: each one lost is a restart, while a standby spare lost there is only
+    replaced (`SpareReplaced`). Every trainer pod is printed, for the record of a failed run."""
     pods = job_pods(cluster, namespace, name, TRAINERS)
-    print("before the crash:", {pod.metadata.name: (pod.spec.node_name, pod.status.phase) for pod in pods})
-    return sum(1 for pod in pods if pod.spec.node_name == node)
+    print(
+        "before the crash:",
+        {pod.metadata.name: (pod.spec.node_name, pod.status.phase, pod.metadata.labels) for pod in pods},
+    )
+    return sum(
+        1
+        for pod in pods
+        if pod.spec.node_name == node and (pod.metadata.labels or {}).get("phalanx.dev/role") == "worker"
+    )
 
 
 def crash_until_succeeded(cluster: Cluster, namespace: str, name: str, node: str) -> dict[str, Any]:
@@ -249,8 +257,8 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
             cluster, namespace, "crash", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
         )
         node = victim.spec.node_name
-        # The spare may share the victim's node: the crash takes it too, and its replacement counts.
-        on_node = trainers_on(cluster, namespace, "crash", node)
+        # The spare may share the victim's node: the crash takes it too, and it is replaced, not counted.
+        on_node = workers_on(cluster, namespace, "crash", node)
         job = crash_until_succeeded(cluster, namespace, "crash", node)
     finally:
         for held in operator_nodes:
@@ -434,7 +442,7 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
         wait_for(lambda: step_of(cluster, namespace, "both") >= 15, 240, message="step 15")
         # After the crash only the other pool node is left: the new store and the new spare go there too.
         cluster.kubectl("label", "node", node, f"{POOL_LABEL}-")
-        on_node = trainers_on(cluster, namespace, "both", node)
+        on_node = workers_on(cluster, namespace, "both", node)
         final = crash_until_succeeded(cluster, namespace, "both", node)
     finally:
         for pooled in pool:

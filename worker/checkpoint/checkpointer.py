@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 
 from phalanx.worker import autointerval, fatal, heartbeat
-from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store, tiers
+from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store, skipped, tiers
 from phalanx.worker.checkpoint.collectives import Group
+from phalanx.worker.checkpoint.skipped import SkippedCheckpoint
 from phalanx.worker.exitcodes import TrainerExit
 from phalanx.worker.state import TrainState, capture_rng, restore_rng
 
@@ -47,6 +48,9 @@ class RestoreInfo:
     seconds: float
     rolled_back: RollbackInfo | None = None
     """Set when this restore carried out a rollback request."""
+    skipped: tuple[SkippedCheckpoint, ...] = ()
+    """The checkpoints newer than the one restored that this rank looked at and passed over (torn, corrupt, of
+    another format), newest first; empty on ranks that did not read a checkpoint location."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class Checkpointer:
         self.namespace = namespace or shm_store.job_namespace(self.directory)
         self.store = shm_store.SnapshotStore(shm_store.store_dir(self.namespace, self.local_rank))
         self.last_restore: RestoreInfo | None = None
+        self._skip_log = skipped.SkipLog()
         self.stats: dict[str, float] = {
             "last_stall_seconds": 0.0,
             "last_snapshot_step": -1,
@@ -426,6 +431,7 @@ class Checkpointer:
         """Restore the newest complete state any rank or the disk holds (under a rollback request not yet
         carried out: the newest at or before its step); returns the step to resume from."""
         started = time.perf_counter()
+        self._skip_log = skipped.SkipLog()
         offer = self.rollback_request.as_ints() if self.rollback_request else rollback.NO_REQUEST_INTS
         # A launcher whose view of the TrainingJob lags passes an older request: the newest one wins.
         request = rollback.agree(self.group.all_gather_ints(offer))
@@ -444,7 +450,8 @@ class Checkpointer:
             # Every rank resumes from the same step: the next durable save is that step plus the interval.
             self._agree_interval(step)
         seconds = time.perf_counter() - started
-        self.last_restore = RestoreInfo(step, source, seconds, rolled_back)
+        # Each checkpoint passed over was logged with its reason where it was looked at.
+        self.last_restore = RestoreInfo(step, source, seconds, rolled_back, self._skip_log.entries)
         self.stats["last_restore_seconds"] = seconds
         self.stats["last_restore_step"] = step
         log.info("restored step %d from %s in %.3f s", step, source, seconds)
@@ -516,11 +523,20 @@ class Checkpointer:
 
         return self.store.newest(mine)
 
+    @property
+    def directory_tier(self) -> str:
+        """How skipped checkpoints name `directory`: `local` (node-local), `fast` (a durable tier is behind
+        it) or `durable` (the only tier)."""
+        if self.node_local:
+            return skipped.TIER_LOCAL
+        return skipped.TIER_FAST if self.durable_tier is not None else skipped.TIER_DURABLE
+
     def newest_on_disk(
         self, newer_than: int, request: rollback.RollbackRequest | None
     ) -> durable.LoadableCheckpoint | None:
         """The newest verified checkpoint after `newer_than` in `directory`, or on the durable tier when that
-        holds a newer one (fetched into `directory` first); restorable under `request`.
+        holds a newer one (fetched into `directory` first); restorable under `request` and of this
+        checkpointer's kind (replicated or sharded). The newer ones passed over are kept for `RestoreInfo`.
 
         The durable tier is asked only when no rank holds a snapshot in memory (`newer_than` < 0): copies are
         made of snapshots, so a snapshot is at least as new as any copy, and a recovery with survivors must
@@ -529,19 +545,33 @@ class Checkpointer:
         def accept(step: int, manifest: dict[str, Any]) -> bool:
             return rollback.restorable(step, rollback.epoch_of(manifest), request)
 
-        found = durable.newest_loadable(self.directory, newer_than=newer_than, accept=accept)
+        kind = "sharded" if self.sharded else "replicated"
+        near = self._skip_log.reporter(self.directory_tier)
+        found = durable.newest_loadable(
+            self.directory, newer_than=newer_than, accept=accept, kind=kind, report=near
+        )
         if self.durable_tier is None or newer_than >= 0 or (self.node_local and not self.is_writer):
             return found
         floor = max(newer_than, found.step if found else -1)
         try:
-            fetched = tiers.fetch_newest(self.durable_tier, self.directory, newer_than=floor, accept=accept)
+            fetched = tiers.fetch_newest(
+                self.durable_tier,
+                self.directory,
+                newer_than=floor,
+                accept=accept,
+                kind=kind,
+                report=self._skip_log.reporter(skipped.TIER_DURABLE),
+            )
         except Exception as error:  # an unreachable store must not stop a restore the fast tier can do
             log.warning("durable tier %s not readable: %s", self.durable_tier.url, error)
             return found
         if fetched is None:
             return found
         log.info("step %d fetched from the durable tier %s", fetched, self.durable_tier.url)
-        return durable.newest_loadable(self.directory, newer_than=floor, accept=accept) or found
+        again = durable.newest_loadable(
+            self.directory, newer_than=floor, accept=accept, kind=kind, report=near
+        )
+        return again or found
 
     def _load_replicated(self, request: rollback.RollbackRequest | None) -> tuple[int, str, int]:
         """Restore (see `load`); returns the step, where it came from and its rollback epoch."""

@@ -3,7 +3,8 @@
 Torch-free on purpose: the saver process imports this module, and must start fast and stay small.
 Commit protocol: files are written into a temporary folder and fsynced, the folder is renamed to
 ``step-<N>``, then ``manifest.json`` (per-file size and sha256) is written atomically. A folder without
-a manifest is never loaded, and a folder whose files disagree with its manifest is skipped.
+a manifest is never loaded, and a folder whose files disagree with its manifest is skipped; the restore
+names each folder it passed over, and why (worker/checkpoint/skipped.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.worker.checkpoint import layout
+from phalanx.worker.checkpoint import layout, skipped
+from phalanx.worker.checkpoint.skipped import Problem
 
 log = logging.getLogger(__name__)
 
@@ -124,21 +126,37 @@ def commit(
     return final
 
 
-def read_manifest(path: Path, step: int) -> tuple[dict[str, Any] | None, str | None]:
+def read_manifest(path: Path, step: int) -> tuple[dict[str, Any] | None, Problem | None]:
     """The manifest of checkpoint folder ``path`` or the reason it has none usable."""
     try:
         manifest = json.loads((path / layout.MANIFEST_NAME).read_bytes())
     except FileNotFoundError:
-        return None, "no manifest (incomplete)"
+        return None, Problem(skipped.TORN, "no manifest (incomplete)")
     except (OSError, ValueError) as error:
-        return None, f"unreadable manifest: {error}"
-    if not isinstance(manifest, dict):
-        return None, "manifest is not an object"
-    problem = layout.manifest_problem(manifest, step)
+        return None, Problem(skipped.CORRUPT, f"unreadable manifest: {error}")
+    problem = manifest_problem(manifest, step)
     return (None, problem) if problem else (manifest, None)
 
 
-def verify(path: Path, step: int, checksums: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+def manifest_problem(manifest: Any, step: int) -> Problem | None:
+    """Why a parsed manifest cannot describe checkpoint ``step``, with its reason word (None when it can)."""
+    if not isinstance(manifest, dict):
+        return Problem(skipped.CORRUPT, "manifest is not an object")
+    if manifest.get("format") != layout.MANIFEST_FORMAT:
+        return Problem(skipped.OTHER_FORMAT, f"unknown manifest format {manifest.get('format')!r}")
+    problem = layout.manifest_problem(manifest, step)
+    return Problem(skipped.CORRUPT, problem) if problem else None
+
+
+def kind_problem(manifest: dict[str, Any], kind: str | None) -> Problem | None:
+    """Why a restore of ``kind`` state (replicated or sharded; None: any) cannot use this checkpoint."""
+    found = manifest.get("kind")
+    if kind is None or found in (None, kind):
+        return None
+    return Problem(skipped.OTHER_FORMAT, f"a {found} checkpoint; this restore takes {kind} ones")
+
+
+def verify(path: Path, step: int, checksums: bool = True) -> tuple[dict[str, Any] | None, Problem | None]:
     """Check folder ``path`` against its manifest: sizes always, sha256 when ``checksums``."""
     manifest, problem = read_manifest(path, step)
     if manifest is None:
@@ -148,25 +166,32 @@ def verify(path: Path, step: int, checksums: bool = True) -> tuple[dict[str, Any
         try:
             size = file_path.stat().st_size
         except OSError as error:
-            return None, f"{name}: {error.strerror or error}"
+            return None, Problem(skipped.CORRUPT, f"{name}: {error.strerror or error}")
         if size != entry["bytes"]:
-            return None, f"{name}: size {size} != manifest {entry['bytes']}"
+            return None, Problem(skipped.CORRUPT, f"{name}: size {size} != manifest {entry['bytes']}")
         if checksums:
-            _, digest = hash_file(file_path)
+            try:
+                _, digest = hash_file(file_path)
+            except OSError as error:
+                return None, Problem(skipped.CORRUPT, f"{name}: unreadable: {error.strerror or error}")
             if digest != entry["sha256"]:
-                return None, f"{name}: sha256 mismatch (file corrupt)"
+                return None, Problem(skipped.CORRUPT, f"{name}: sha256 mismatch (file corrupt)")
     return manifest, None
+
+
+def step_folders(directory: Path) -> list[int]:
+    """Steps of the final-named folders in ``directory``, complete or not, newest first."""
+    try:
+        return layout.steps_newest_first(entry.name for entry in directory.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def complete_steps(directory: Path) -> list[int]:
     """Steps whose folder has a manifest, newest first (not verified)."""
-    try:
-        names = [entry.name for entry in directory.iterdir()]
-    except FileNotFoundError:
-        return []
     return [
         step
-        for step in layout.steps_newest_first(names)
+        for step in step_folders(directory)
         if (directory / layout.step_dir_name(step) / layout.MANIFEST_NAME).exists()
     ]
 
@@ -183,28 +208,38 @@ def newest_loadable(
     newer_than: int = -1,
     checksums: bool = True,
     accept: Callable[[int, dict[str, Any]], bool] | None = None,
+    kind: str | None = None,
+    report: skipped.Reporter | None = None,
 ) -> LoadableCheckpoint | None:
-    """The newest checkpoint that passes verification (and that `accept(step, manifest)` takes, when
-    given: a rollback's bound); each rejected one is logged with the reason."""
+    """The newest checkpoint that passes verification, holds ``kind`` state (replicated or sharded; None:
+    either) and that `accept(step, manifest)` takes, when given (a rollback's bound, which passes over
+    checkpoints silently). Every other step folder newer than the one found (torn, corrupt, of another
+    format) is logged with the reason and told to `report(step, problem)`."""
     rejected: list[str] = []
-    for step in complete_steps(directory):
+    for step in step_folders(directory):
         if step <= newer_than:
             break
         path = directory / layout.step_dir_name(step)
-        if accept is not None:
-            # Cheap first: the manifest alone says whether the step may be restored at all.
-            listed, _ = read_manifest(path, step)
-            if listed is not None and not accept(step, listed):
-                continue
-        manifest, problem = verify(path, step, checksums)
-        if manifest is not None:
+        # Cheap first: the manifest alone says whether the step may be restored at all.
+        listed, problem = read_manifest(path, step)
+        if listed is not None and accept is not None and not accept(step, listed):
+            continue
+        if listed is not None:
+            problem = kind_problem(listed, kind)
+        manifest = None
+        if problem is None:
+            manifest, problem = verify(path, step, checksums)
+        if manifest is not None and problem is None:
             if rejected:
                 log.warning(
                     "checkpoint fallback: loading %s after rejecting %s", path.name, "; ".join(rejected)
                 )
             return LoadableCheckpoint(step, path, manifest)
-        rejected.append(f"{path.name} ({problem})")
-        log.warning("checkpoint %s rejected: %s; trying the previous one", path, problem)
+        assert problem is not None
+        if report is not None:
+            report(step, problem)
+        rejected.append(f"{path.name} ({problem.reason}: {problem})")
+        log.warning("checkpoint %s rejected (%s): %s; trying the previous one", path, problem.reason, problem)
     if rejected:
         log.warning("no loadable checkpoint in %s; rejected: %s", directory, "; ".join(rejected))
     return None

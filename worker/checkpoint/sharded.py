@@ -239,11 +239,10 @@ class ShardedWriter:
         memory_step = held[0][0] if same_layout else -1
         disk = [-1, 0]
         if group.rank == 0:
+            # Only sharded checkpoints: a replicated one is passed over, and named (`RestoreInfo.skipped`).
             found = owner.newest_on_disk(memory_step, request)
-            if found is not None and found.manifest.get("kind") == "sharded":
+            if found is not None:
                 disk = [found.step, rollback.epoch_of(found.manifest)]
-            elif found is not None:
-                log.warning("%s is not a sharded checkpoint; ignored", found.path)
         disk_step, disk_epoch = group.broadcast_ints(disk, src=0)
         epoch = 0
         if disk_step > memory_step:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phalanx.worker.checkpoint import durable, layout
+from phalanx.worker.checkpoint import durable, layout, skipped
 
 log = logging.getLogger(__name__)
 
@@ -261,10 +261,15 @@ def newest(
     tier: DurableTier,
     newer_than: int = -1,
     accept: Callable[[int, dict[str, Any]], bool] | None = None,
+    kind: str | None = None,
+    report: skipped.Reporter | None = None,
 ) -> DurableCopy | None:
-    """The newest durable checkpoint after `newer_than` whose manifest is sound (and that `accept` takes)."""
+    """The newest durable checkpoint after `newer_than` whose manifest is sound, that holds `kind` state (None:
+    either) and that `accept` takes; each newer copy passed over for another reason is told to `report`."""
     if tier.is_directory:
-        found = durable.newest_loadable(tier.directory, newer_than=newer_than, checksums=False, accept=accept)
+        found = durable.newest_loadable(
+            tier.directory, newer_than=newer_than, checksums=False, accept=accept, kind=kind, report=report
+        )
         return DurableCopy(found.step, found.manifest) if found else None
     fs, root = tier.filesystem()
     for step in _url_steps(fs, root):
@@ -273,22 +278,30 @@ def newest(
         try:
             manifest = json.loads(fs.cat_file(f"{root}/{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}"))
         except FileNotFoundError:
-            continue  # a copy being written, or cut short
+            # A copy cut short, or one being written now: either way none a restore can take.
+            problem: skipped.Problem | None = skipped.Problem(skipped.TORN, "no manifest (incomplete copy)")
+            manifest = None
         except (OSError, ValueError) as error:
-            log.warning("durable copy of step %d rejected: unreadable manifest (%s)", step, error)
-            continue
-        problem = layout.manifest_problem(manifest, step) if isinstance(manifest, dict) else "not an object"
-        if problem:
-            log.warning("durable copy of step %d rejected: %s", step, problem)
-            continue
-        if accept is None or accept(step, manifest):
+            problem, manifest = skipped.Problem(skipped.CORRUPT, f"unreadable manifest: {error}"), None
+        else:
+            problem = durable.manifest_problem(manifest, step)
+            if problem is None and accept is not None and not accept(step, manifest):
+                continue
+            problem = problem or durable.kind_problem(manifest, kind)
+        if problem is None and manifest is not None:
             return DurableCopy(step, manifest)
+        assert problem is not None
+        log.warning("durable copy of step %d rejected (%s): %s", step, problem.reason, problem)
+        if report is not None:
+            report(step, problem)
     return None
 
 
-def fetch(tier: DurableTier, copy: DurableCopy, directory: Path) -> Path | None:
-    """Bring durable `copy` into the fast tier `directory` as a committed checkpoint; None (logged) when a
-    file is missing or does not match the manifest."""
+def fetch(
+    tier: DurableTier, copy: DurableCopy, directory: Path, report: skipped.Reporter | None = None
+) -> Path | None:
+    """Bring durable `copy` into the fast tier `directory` as a committed checkpoint; None (logged, and told to
+    `report`) when a file is missing or does not match the manifest."""
     if copy.step in durable.complete_steps(directory):
         return directory / layout.step_dir_name(copy.step)
     files = _manifest_files(copy.manifest)
@@ -310,6 +323,8 @@ def fetch(tier: DurableTier, copy: DurableCopy, directory: Path) -> Path | None:
     except (OSError, ValueError) as error:
         log.warning("durable copy of step %d not usable: %s", copy.step, error)
         shutil.rmtree(tmp, ignore_errors=True)
+        if report is not None:
+            report(copy.step, skipped.Problem(skipped.CORRUPT, str(error)))
         return None
 
 
@@ -318,16 +333,19 @@ def fetch_newest(
     directory: Path,
     newer_than: int = -1,
     accept: Callable[[int, dict[str, Any]], bool] | None = None,
+    kind: str | None = None,
+    report: skipped.Reporter | None = None,
 ) -> int | None:
     """Fetch the newest usable durable checkpoint after `newer_than` into `directory` (a copy failing its
-    check gives way to the one before it); returns its step, None when there is none."""
+    check gives way to the one before it); returns its step, None when there is none. Each copy passed over
+    is told to `report`."""
     rejected: set[int] = set()
 
     def usable(step: int, manifest: dict[str, Any]) -> bool:
         return step not in rejected and (accept is None or accept(step, manifest))
 
-    while (copy := newest(tier, newer_than, usable)) is not None:
-        if fetch(tier, copy, directory) is not None:
+    while (copy := newest(tier, newer_than, usable, kind, report)) is not None:
+        if fetch(tier, copy, directory, report) is not None:
             return copy.step
         rejected.add(copy.step)
     return None

@@ -391,7 +391,7 @@ def train_in_group(
         }
         restores.append(event)
         append_json(args.log_file, event)
-        publisher.restored(step, event["source"])
+        publisher.restored(step, event["source"], skipped_checkpoints=info.skipped if info else ())
         return step
 
     def load_at_start() -> int:

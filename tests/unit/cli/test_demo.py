@@ -74,6 +74,11 @@ def test_the_container_killed_is_the_trainer_named_in_the_pods_status() -> None:
         demo.container_id(pod(statuses=[]))  # not started yet
     with pytest.raises(UserFacingError, match="status: docker"):
         demo.container_id(pod(statuses=[{"name": "trainer", "containerID": "docker://abc"}]))
+    # A job whose `spec.trainerContainer` names another container: that one is killed, not the sidecar.
+    chosen = pod(statuses=[{"name": "sidecar", "containerID": f"containerd://{CONTAINER}"}])
+    assert demo.container_id(chosen, "sidecar") == CONTAINER
+    with pytest.raises(UserFacingError, match="no containerd container 'trainer'"):
+        demo.container_id(chosen)
 
 
 def test_the_kill_is_sigkill_to_the_task_in_the_kubelets_containerd_namespace() -> None:

@@ -61,6 +61,7 @@ def _pod(
     uid: str | None = None,
     terminating: bool = False,
     component: str | None = None,
+    container: str = "trainer",
 ) -> dict[str, Any]:
     if index is None and role != "rendezvous":
         index = int(name.rsplit("-", 1)[-1])
@@ -73,7 +74,7 @@ def _pod(
         labels["phalanx.dev/index"] = str(index)
     containers = []
     if exit_code is not None:
-        containers.append({"name": "trainer", "ready": False, "terminated": {"exitCode": exit_code}})
+        containers.append({"name": container, "ready": False, "terminated": {"exitCode": exit_code}})
     metadata: dict[str, Any] = {
         "name": name,
         "uid": uid or f"uid-{name}",

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import re
 import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from phalanx.operator import api, crd
+from phalanx.operator import api, crd, formats
 from phalanx.operator.crd import _strip_optional
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -167,3 +169,160 @@ def test_wire_format_is_camel_case() -> None:
     assert (spec.min_replicas, spec.nproc_per_node, spec.gang.pod_group) == (2, 4, "Volcano")
     wire = spec.to_wire()
     assert wire["minReplicas"] == 2 and wire["failurePolicy"]["maxRestarts"] == 10
+
+
+# ------------------------------------------------------------------ the CRD refuses what the model refuses
+
+
+def _kube_accepts_number(node: dict[str, Any], value: int | float) -> bool:
+    """A number against a schema node as Kubernetes 1.20 judges it (kube-openapi's numberValidator): an
+    integer value meets `minimum` and `maximum` truncated to integers (MinimumNativeType's `int64(min)`),
+    a fractional one meets them as they are."""
+    if node.get("type") == "integer" and not isinstance(value, int):
+        return False
+    for key, above in (("minimum", True), ("maximum", False)):
+        if key not in node:
+            continue
+        bound = node[key]
+        if isinstance(value, int):
+            bound = int(bound)  # truncation toward 0, as Go's conversion
+        exclusive = node.get("exclusiveMinimum" if above else "exclusiveMaximum", False)
+        if above and not (value > bound if exclusive else value >= bound):
+            return False
+        if not above and not (value < bound if exclusive else value <= bound):
+            return False
+    return True
+
+
+def _model_accepts(model: type[BaseModel], name: str, alias: str, value: Any) -> bool:
+    try:
+        model.model_validate({alias: value})
+    except ValidationError as error:
+        return not any(item["loc"][:1] in ((alias,), (name,)) for item in error.errors())
+    return True
+
+
+def _probes(node: dict[str, Any]) -> list[int | float]:
+    values: set[int | float] = set()
+    for key in ("minimum", "maximum"):
+        if key not in node:
+            continue
+        bound = node[key]
+        values |= {math.floor(bound) + step for step in (-1, 0, 1, 2)}
+        if node.get("type") == "number":
+            values |= {bound, math.nextafter(bound, -math.inf), math.nextafter(bound, math.inf)}
+            values |= {bound - 0.5, bound + 0.5, bound - 0.1, bound + 0.1}
+    # A float with an integral value reaches the API server as an integer: probe it as one.
+    return sorted({int(v) if isinstance(v, float) and v.is_integer() else v for v in values}, key=float)
+
+
+def _numeric_fields(
+    model: type[BaseModel], schema: dict[str, Any], path: str
+) -> list[tuple[str, type[BaseModel], str, str, dict[str, Any]]]:
+    found = []
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        node = schema["properties"][alias]
+        nested = _nested_model(field.annotation)
+        if nested is not None:
+            found += _numeric_fields(nested, node.get("items", node), f"{path}.{alias}")
+        elif "minimum" in node or "maximum" in node:
+            found.append((f"{path}.{alias}", model, name, alias, node))
+        elif "minimum" in node.get("items", {}) or "maximum" in node.get("items", {}):
+            found.append((f"{path}.{alias}[]", model, name, alias, node))
+    return found
+
+
+def _every_bounded_number() -> list[tuple[str, type[BaseModel], str, str, dict[str, Any]]]:
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    return _numeric_fields(api.TrainingJobSpec, schema["spec"], "spec") + _numeric_fields(
+        api.TrainingJobStatus, schema["status"], "status"
+    )
+
+
+def test_every_bound_of_the_model_is_in_the_crd_as_kubernetes_applies_it() -> None:
+    """Each number the model refuses for its range, the API server refuses too (and the reverse), integers
+    included: `heartbeat.intervalSeconds: 0` may not pass the CRD and wait for a reconcile to be refused."""
+    fields = _every_bounded_number()
+    paths = {path for path, *_ in fields}
+    assert {"spec.heartbeat.intervalSeconds", "spec.replicas", "spec.checkpoint.intervalSteps"} <= paths
+    assert "spec.failurePolicy.rules.match.exitCodes[]" in paths
+    disagreements = []
+    for path, model, name, alias, node in fields:
+        listed = path.endswith("[]")
+        leaf = node["items"] if listed else node
+        for value in _probes(leaf):
+            kube = _kube_accepts_number(leaf, value)
+            ours = _model_accepts(model, name, alias, [value] if listed else value)
+            if kube != ours:
+                disagreements.append(f"{path} = {value!r}: the CRD {'accepts' if kube else 'refuses'} it")
+    assert disagreements == []
+
+
+def test_a_fractional_minimum_refuses_the_integer_below_it() -> None:
+    interval = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ]["heartbeat"]["properties"]["intervalSeconds"]
+    assert interval.get("exclusiveMinimum") is True and int(interval["minimum"]) == 0
+    assert interval["minimum"] < 0.2 and math.nextafter(interval["minimum"], math.inf) == 0.2
+    assert not _kube_accepts_number(interval, 0) and not _kube_accepts_number(interval, 0.1)
+    assert _kube_accepts_number(interval, 0.2) and _kube_accepts_number(interval, 1)
+
+
+QUANTITIES_OK = ["8Gi", "512Mi", "1.5G", "500m", "2", "0", "1.", ".5", "+1Ki", "1e9", "1E-3", "2e+2", "100n"]
+QUANTITIES_BAD = ["lots", "", "-1Gi", "1e1.5", "1 Gi", "1Ki ", "1ki", ".", "Gi", "1GiB", "1e", "0x10", "1,5G"]
+PATHS_OK = ["/checkpoints", "/data/ckpt", "/mnt/.hidden", "/a/..b/...", "/c p", "/x.y"]
+PATHS_BAD = ["../../etc", "", "/", "ckpt", "/a/../b", "/a/./b", "/a//b", "/a/", "/..", "/.", "//a", "/a/.."]
+
+
+@pytest.mark.parametrize(
+    ("path", "good", "bad"),
+    [
+        ("sharedMemory.sizeLimit", QUANTITIES_OK, QUANTITIES_BAD),
+        ("checkpoint.localTier.sizeLimit", QUANTITIES_OK, QUANTITIES_BAD),
+        ("checkpoint.path", PATHS_OK, PATHS_BAD),
+        ("checkpoint.localTier.path", PATHS_OK, PATHS_BAD),
+        ("checkpoint.localTier.hostPath", PATHS_OK, PATHS_BAD),
+    ],
+)
+def test_the_crds_pattern_and_the_model_agree(path: str, good: list[str], bad: list[str]) -> None:
+    node = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for key in path.split("."):
+        node = node["properties"][key]
+    *parents, leaf = path.split(".")
+    for value in good + bad:
+        raw: dict[str, Any] = {leaf: value}
+        for key in reversed(parents):
+            raw = {key: raw}
+        try:
+            api.TrainingJobSpec.model_validate({"template": {}, **raw})
+            ours = True
+        except ValidationError:
+            ours = False
+        kube = re.fullmatch(node["pattern"], value) is not None
+        assert (kube, ours) == (value in good, value in good), f"{path} = {value!r}"
+
+
+def test_quantities_are_int_or_string_as_in_a_pod() -> None:
+    spec = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    size = spec["properties"]["sharedMemory"]["properties"]["sizeLimit"]
+    assert size["x-kubernetes-int-or-string"] is True and "type" not in size
+    assert size["pattern"] == formats.QUANTITY_PATTERN
+    assert api.SharedMemorySpec.model_validate({"sizeLimit": 1024}).size_limit == "1024"
+
+
+def test_the_trainer_container_is_a_container_name_defaulting_to_trainer() -> None:
+    spec = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    node = spec["properties"]["trainerContainer"]
+    assert node["default"] == "trainer" and node["maxLength"] == 63
+    assert re.fullmatch(node["pattern"], "main") and not re.fullmatch(node["pattern"], "Main_1")
+
+
+def test_a_bound_kubernetes_cannot_apply_exactly_is_refused_by_the_generator() -> None:
+    # Integers meet `int64(minimum)`: -0.5 would become 0 and refuse the integer 0 the model accepts.
+    with pytest.raises(TypeError, match="no exact structural form"):
+        crd._kube_minimum(-0.5, exclusive=False)
+    with pytest.raises(TypeError, match="no exact structural form"):
+        crd._kube_maximum(-0.5)
+    assert crd._kube_minimum(0.5, exclusive=True) == (0.5, True)
+    assert crd._kube_minimum(2, exclusive=False) == (2, False)

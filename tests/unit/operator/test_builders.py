@@ -109,6 +109,22 @@ def test_the_users_command_is_wrapped_by_the_launcher(make_job: MakeJob) -> None
     assert "args" in job["spec"]["template"]["spec"]["containers"][0]
 
 
+def test_the_container_chosen_by_trainer_container_runs_training(make_job: MakeJob) -> None:
+    job = make_job(trainerContainer="main", checkpoint={"volume": {"emptyDir": {}}})
+    containers = job["spec"]["template"]["spec"]["containers"]
+    containers[0]["name"] = "main"
+    sidecar = {"name": "trainer", "image": "busybox:sidecar", "command": ["sleep", "inf"]}
+    containers.insert(0, sidecar)
+    spec = _spec(job)
+    first, second = builders.build_worker_pod(job, spec, 0, "worker")["spec"]["containers"]
+    # The sidecar, though called `trainer`, is left as it is: `main` gets the launcher, contract and volumes.
+    assert first == sidecar
+    assert second["name"] == "main" and second["command"][:4] == list(builders.LAUNCHER)
+    assert {"PHALANX_JOB_NAME", "PHALANX_CHECKPOINT_DIR"} <= {entry["name"] for entry in second["env"]}
+    assert {mount["mountPath"] for mount in second["volumeMounts"]} >= {"/checkpoints", "/dev/shm"}
+    assert builders.build_rendezvous_pod(job, spec)["spec"]["containers"][0]["image"] == "phalanx:dev"
+
+
 def test_same_inputs_give_the_same_pod(make_job: MakeJob) -> None:
     job = make_job()
     assert builders.build_worker_pod(job, _spec(job), 1, "worker") == builders.build_worker_pod(

@@ -99,3 +99,44 @@ def test_pod_requests_count_limits_and_init_containers_as_the_scheduler_does() -
         "nvidia.com/gpu": Decimal(1),
         "pods": Decimal(1),
     }
+
+
+def test_jobs_that_arrive_together_are_admitted_one_by_one_in_rank_order() -> None:
+    """Room for two gangs of 3 one-CPU pods (3 nodes of 2 CPUs): the third job waits, whichever reconcile
+    runs first."""
+    from phalanx.operator.capacity import Gang
+
+    nodes = _cluster(3, cpu="2")
+    shape = _pod(cpu="1")
+    first, second = Gang("ml/a", shape, 3), Gang("ml/b", shape, 3)
+    assert gang_fit(ClusterView(nodes), shape, 3).fits  # the first-ranked job: nothing ahead of it
+    assert gang_fit(ClusterView(nodes, earlier=[first]), shape, 3).fits
+    held = gang_fit(ClusterView(nodes, earlier=[first, second]), shape, 3)
+    assert not held.fits
+    assert "the gangs of ml/a, ml/b, ahead of this job" in held.message
+
+
+def test_pods_created_but_not_bound_yet_are_room_already_promised() -> None:
+    nodes = _cluster(3, cpu="2")
+    shape = _pod(cpu="1")
+    pending = [{"cpu": "1"}] * 6
+    fit = gang_fit(ClusterView(nodes, pending=pending), shape, 3)
+    assert not fit.fits and "6 pods of other jobs not yet bound" in fit.message
+    assert gang_fit(ClusterView(nodes, pending=pending[:3]), shape, 3).fits
+
+
+def test_an_earlier_job_that_cannot_fit_holds_no_room() -> None:
+    from phalanx.operator.capacity import Gang
+
+    nodes = _cluster(3, cpu="2")
+    too_large = Gang("ml/huge", _pod(cpu="1"), 100)
+    assert gang_fit(ClusterView(nodes, earlier=[too_large]), _pod(cpu="1"), 3).fits
+
+
+def test_rank_puts_priority_before_age() -> None:
+    from phalanx.operator.capacity import rank
+
+    old_low = rank(0, "2026-01-01T00:00:00Z", "ml", "old")
+    new_high = rank(100, "2026-01-02T00:00:00Z", "ml", "new")
+    new_low = rank(0, "2026-01-02T00:00:00Z", "ml", "another")
+    assert sorted([new_low, old_low, new_high]) == [new_high, old_low, new_low]

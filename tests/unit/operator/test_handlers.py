@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -170,6 +172,8 @@ def test_all_handlers_register_with_ids_matching_their_kwargs() -> None:
         "phalanx_leases",
         "phalanx_nodes",
         "phalanx_job_histories",
+        "phalanx_waiting_gangs",
+        "phalanx_priorities",
     }
     resource_ids = {handler.id for handler in registry._changing.get_all_handlers()}
     assert {"created", "updated", "resumed", "deleted"} <= resource_ids
@@ -235,6 +239,8 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_leases={},
         phalanx_nodes={},
         phalanx_job_histories={},
+        phalanx_waiting_gangs={},
+        phalanx_priorities={},
     )
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
 
@@ -288,6 +294,8 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
             phalanx_leases={},
             phalanx_nodes={},
             phalanx_job_histories={},
+            phalanx_waiting_gangs={},
+            phalanx_priorities={},
         )
         return kube.calls.count(("get", "demo")) - before
 
@@ -489,6 +497,7 @@ def test_throttled_creations_pause_the_job_and_resume_after_the_backoff(make_job
         "refused",
     ]
     assert plan.wake_after == 2.0  # woken when the pause ends, not at the next periodic reconcile
+    assert ("event", "FailedCreate") not in kube.calls  # "not now" is no fault of the job's
     assert metrics.registry.get_sample_value("phalanx_api_errors_total", {"operation": "create"}) == 1
     kube.calls.clear()
     moment[0] = 1.0
@@ -520,3 +529,263 @@ def test_the_cluster_view_counts_other_jobs_live_pods_and_is_taken_only_before_a
     assert not handlers._gang_unplaced(job, [own])  # an attempt is under way
     assert not handlers._gang_unplaced({**job, "status": {"gang": {"scheduledTime": "t"}}}, [])
     assert not handlers._gang_unplaced(make_job(suspend=True), [])
+
+
+def test_a_reconcile_after_the_operator_was_paused_replaces_no_worker(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """The index still shows the Leases of before a 60 s pause: with the view clock's gap left out, no
+    heartbeat is late; judged by the wall clock alone, every worker would be replaced."""
+    from datetime import timedelta
+
+    from phalanx.operator import viewclock
+    from phalanx.operator.timeutil import format_micro_time, now
+
+    paused_at = now() - timedelta(seconds=60)
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1"), make_pod("demo-rdzv", role="rendezvous")]
+    stale = {"phase": "training", "step": "50", "renewTime": format_micro_time(paused_at)}
+    leases = {("ml", "demo-worker-0"): [stale], ("ml", "demo-worker-1"): [stale]}
+    healthy = {"node-a": [{"labels": {}, "ready": "True", "noExecute": []}]}
+
+    def deletions(view: viewclock.OperatorView | None) -> list[tuple[str, str]]:
+        kube = FakeKube(make_job(spares=0))
+        reconciler = handlers.JobReconciler(kube, OperatorMetrics(), view=view)  # type: ignore[arg-type]
+        logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): pods}, leases, healthy, logger)
+        return [call for call in kube.calls if call[0].startswith("delete")]
+
+    assert len(deletions(None)) == 2
+    view = viewclock.OperatorView(["phalanx-system"], clusterwide=True)
+    view.saw("phalanx-system", paused_at)
+    assert deletions(view) == []
+
+
+def test_the_gangs_ranked_before_a_job_are_those_waiting_without_pods(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    def job(name: str, created: str, **template_spec: Any) -> dict[str, Any]:
+        body = make_job()
+        body["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp=created)
+        body["spec"]["template"]["spec"].update(template_spec)
+        return body
+
+    older = job("older", "2026-01-01T10:00:00Z")
+    started = job("started", "2026-01-01T10:30:00Z")
+    urgent = job("urgent", "2026-01-01T12:00:00Z", priorityClassName="urgent")
+    newer = job("newer", "2026-01-01T11:00:00Z")
+    waiting = [
+        w for body in (older, started, urgent, newer) if (w := handlers.waiting_gang(body)) is not None
+    ]
+    placed = {**job("placed", "2026-01-01T09:00:00Z"), "status": {"gang": {"scheduledTime": "x"}}}
+    assert handlers.waiting_gang(placed) is None
+    pods = {("ml", "started"): [make_pod("started-worker-0")]}
+    priorities = {"urgent": [1000]}
+    gangs = handlers.earlier_gangs(newer, waiting, pods, priorities)
+    assert [gang.name for gang in gangs] == ["ml/urgent", "ml/older"]
+    assert gangs[0].count == 3  # two workers and a spare
+    assert handlers.earlier_gangs(urgent, waiting, pods, priorities) == []
+    assert handlers.job_priority(newer, {handlers.GLOBAL_DEFAULT_PRIORITY: [7]}) == 7
+
+
+INVALID = json.dumps(
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "Invalid",
+        "code": 422,
+        "message": 'Pod "demo-worker-0" is invalid: spec.containers[0].volumeMounts[0].name: Not found: "nowhere"',
+    }
+)
+
+
+class RejectingKube(FakeKube):
+    """The API server refuses the pods named in `rejected` (with `status`), says `exists` ones exist already
+    (409), and creates the rest; the Events' texts are kept."""
+
+    def __init__(
+        self,
+        job: dict[str, Any],
+        rejected: set[str],
+        status: int = 422,
+        exists: frozenset[str] = frozenset(),
+        body: str = INVALID,
+    ) -> None:
+        super().__init__(job)
+        self.rejected = rejected
+        self.status = status
+        self.body = body
+        self.exists = exists
+        self.events: list[Event] = []
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        name = obj["metadata"]["name"]
+        if name in self.rejected:
+            self.calls.append(("refused", name))
+            raise ApiException(status=self.status, reason="Refused", body=self.body)
+        if name in self.exists:
+            self.calls.append(("exists", name))
+            return False
+        return super().create(obj)
+
+    def post_event(self, job: dict[str, Any], event: Event) -> None:
+        super().post_event(job, event)
+        self.events.append(event)
+
+
+def _reconciler(kube: FakeKube, moment: list[float]) -> Callable[[], Any]:
+    from phalanx.operator.throttle import CreationThrottle
+
+    creations = CreationThrottle(first=1.0, longest=4.0, clock=lambda: moment[0])
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics(), creations=creations)  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    return lambda: reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+
+
+def test_a_refused_pod_is_a_failed_create_warning_never_a_created_pods_and_its_job_backs_off(
+    make_job: Callable[..., Any],
+) -> None:
+    moment = [0.0]
+    kube = RejectingKube(make_job(), rejected={"demo-worker-0", "demo-worker-1", "demo-worker-2"})
+    reconcile = _reconciler(kube, moment)
+    plan = reconcile()
+    # The rendezvous pod went through; the first trainer was refused and the others were not sent.
+    assert [call for call in kube.calls if call[0] in ("create", "refused")] == [
+        ("create", "demo-rdzv"),
+        ("refused", "demo-worker-0"),
+    ]
+    assert "CreatedPods" in [event.reason for event in plan.events]  # planned, but nothing it names exists
+    (failed,) = [event for event in kube.events if event.reason == "FailedCreate"]
+    assert failed.type == "Warning"
+    assert failed.message == (
+        'pod demo-worker-0 refused: 422 Invalid: Pod "demo-worker-0" is invalid: '
+        'spec.containers[0].volumeMounts[0].name: Not found: "nowhere"; next attempt in 1s'
+    )
+    assert not [event for event in kube.events if event.reason == "CreatedPods"]
+    assert plan.wake_after == 1.0
+
+    # Reconciles during the pause send nothing and say nothing more.
+    kube.calls.clear()
+    moment[0] = 0.5
+    reconcile()
+    assert not [call for call in kube.calls if call[0] in ("create", "refused")]
+    # Each later attempt is refused again: one Warning per step, the steps doubling up to the ceiling.
+    pauses = []
+    for _ in range(4):
+        moment[0] += 10.0
+        pauses.append(reconcile().wake_after)
+    assert pauses == [2.0, 4.0, 4.0, 4.0]
+    failures = [event for event in kube.events if event.reason == "FailedCreate"]
+    assert len(failures) == 5 and failures[-1].message.endswith("next attempt in 4s")
+    assert not [event for event in kube.events if event.reason == "CreatedPods"]
+
+
+def test_a_new_spec_tries_at_once_and_created_pods_names_what_was_created(
+    make_job: Callable[..., Any],
+) -> None:
+    moment = [0.0]
+    kube = RejectingKube(make_job(), rejected={"demo-worker-0"})
+    reconcile = _reconciler(kube, moment)
+    reconcile()
+    assert reconcile().wake_after == 1.0  # paused at the same spec
+    # The user fixes the template: a new generation, sent at once, though the pause has not run out.
+    kube.job["metadata"]["generation"] = 2
+    kube.rejected = set()
+    kube.calls.clear()
+    plan = reconcile()
+    assert [name for kind, name in kube.calls if kind == "create"] == [
+        "demo-rdzv",
+        "demo-worker-0",
+        "demo-worker-1",
+        "demo-worker-2",
+    ]
+    assert plan.wake_after != 1.0
+    created = [event for event in kube.events if event.reason == "CreatedPods"]
+    assert [event.message for event in created] == ["created demo-worker-0, demo-worker-1, demo-worker-2"]
+
+
+def test_created_pods_leaves_out_pods_refused_or_already_there(make_job: Callable[..., Any]) -> None:
+    # A quota that holds one more pod: the third trainer is refused (403), the second existed already.
+    quota = 'pods "demo-worker-2" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2'
+    kube = RejectingKube(
+        make_job(spares=2),
+        rejected={"demo-worker-2"},
+        status=403,
+        exists=frozenset({"demo-worker-1"}),
+        body=json.dumps({"kind": "Status", "reason": "Forbidden", "code": 403, "message": quota}),
+    )
+    _reconciler(kube, [0.0])()
+    assert [call for call in kube.calls if call[0] in ("create", "exists", "refused")] == [
+        ("create", "demo-rdzv"),
+        ("create", "demo-worker-0"),
+        ("exists", "demo-worker-1"),
+        ("refused", "demo-worker-2"),
+    ]
+    assert [(event.reason, event.message) for event in kube.events if event.reason != "FailedCreate"][-1] == (
+        "CreatedPods",
+        "created demo-worker-0",
+    )
+    (failed,) = [event for event in kube.events if event.reason == "FailedCreate"]
+    assert failed.message == f"pod demo-worker-2 refused: 403 Forbidden: {quota}; next attempt in 1s"
+    # The Warning follows the status write, after every planned Event.
+    kinds = [kind for kind, _ in kube.calls]
+    assert kinds.index("status") < len(kinds) - 1 and kube.calls[-1] == ("event", "FailedCreate")
+
+
+def test_a_refusal_is_told_even_when_the_status_is_not_written(make_job: Callable[..., Any]) -> None:
+    kube = RejectingKube(make_job(), rejected={"demo-worker-0"})
+    kube.status_errors = [500]
+    _reconciler(kube, [0.0])()
+    assert [event.reason for event in kube.events] == ["FailedCreate"]
+
+
+def test_an_invalid_waiting_job_holds_no_room_and_breaks_no_other_reconcile(
+    make_job: Callable[..., Any],
+) -> None:
+    mine = make_job()
+    mine["metadata"].update(creationTimestamp="2026-01-01T12:00:00Z")
+    broken = make_job()
+    broken["metadata"].update(name="broken", uid="uid-broken", creationTimestamp="2026-01-01T10:00:00Z")
+    broken["spec"]["template"]["spec"]["containers"][0]["name"] = "main"  # no `trainer` container
+    huge = make_job(spares=50000)
+    huge["metadata"].update(name="huge", uid="uid-huge", creationTimestamp="2026-01-01T10:00:00Z")
+    waiting = [handlers.waiting_gang(body) for body in (broken, huge)]
+    assert handlers.earlier_gangs(mine, [w for w in waiting if w], {}, {}, max_gang_pods=2000) == []
+
+
+def test_a_promotion_is_relabelled_and_announced_once_while_the_index_lags(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """The role label the operator wrote reaches its pod index a moment later: a reconcile in between must
+    not relabel the pod and announce the promotion again."""
+    healthy = {"labels": {}, "ready": "True", "noExecute": []}
+    pods = [
+        make_pod("demo-worker-0", node="node-gone"),
+        make_pod("demo-worker-1"),
+        make_pod("demo-worker-2", role="spare"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    leases = {("ml", "demo-worker-2"): [{"phase": "training", "step": "3", "rank": "0"}]}
+    job = make_job()
+    job["status"] = {"gang": {"scheduledTime": "2026-01-01T11:59:30Z"}, "startTime": "2026-01-01T11:59:30Z"}
+
+    class StoringKube(FakeKube):
+        def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
+            super().replace_status(job, status)
+            self.job = {**self.job, "status": status}
+
+    kube = StoringKube(job)
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    nodes = {"node-a": [healthy]}
+    # Each reconcile reads pod summaries the index made from the pods' events: still labelled `spare`.
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): copy.deepcopy(pods)}, leases, nodes, logger)
+    assert kube.calls.count(("label", "demo-worker-2=worker")) == 1
+    announced = kube.calls.count(("event", "SparePromoted"))
+    assert announced == 1
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): copy.deepcopy(pods)}, leases, nodes, logger)
+    assert kube.calls.count(("label", "demo-worker-2=worker")) == 1
+    assert kube.calls.count(("event", "SparePromoted")) == announced
+    # Once the index shows the label, the memory of it goes; a new pod of that name is judged afresh.
+    caught_up = [*pods[:2], make_pod("demo-worker-2", role="worker"), pods[3]]
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): caught_up}, leases, nodes, logger)
+    assert reconciler._roles_written == {}

@@ -114,9 +114,9 @@ def beats(now: datetime, *steps: int) -> list[incidents.Beat]:
     return [incidents.Beat(step=step, renewed=now) for step in steps]
 
 
-def opened(now: datetime, step: int | None = 20, spare: bool = False) -> api.Incident:
+def opened(now: datetime, step: int | None = 20) -> api.Incident:
     decision = policy.decide(KILLED, api.FailurePolicySpec())
-    found = failure("Killed", exit_code=137, spare=spare)
+    found = failure("Killed", exit_code=137)
     return incidents.open_incident(found, decision, now, step, unreported=2)
 
 
@@ -145,11 +145,6 @@ def test_steps_lost_is_detected_minus_resumed_from(now: datetime) -> None:
         first.incidents, beats(now, 33), now + timedelta(seconds=3)
     ).recovered
     assert closed.steps_lost == 2 and closed.resumed_from_step == 28
-
-
-def test_a_spare_failure_disrupts_nothing(now: datetime) -> None:
-    incident = opened(now, spare=True)
-    assert not incidents.is_open(incident) and incident.seconds_to_recover == 0
 
 
 def test_goodput_counts_closed_and_open_recoveries(now: datetime) -> None:

@@ -191,6 +191,26 @@ def test_a_failed_worker_is_replaced_once_and_counted_once(
     assert second.status["restarts"]["total"] == 1 and second.delete_pods == ["demo-worker-1"]
 
 
+def test_the_exits_judged_are_those_of_the_chosen_trainer_container(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(trainerContainer="main")
+    containers = job["spec"]["template"]["spec"]["containers"]
+    containers[0]["name"] = "main"
+    containers.append({"name": "trainer", "image": "busybox", "command": ["sleep", "inf"]})
+    pods = _running_gang(make_pod)
+    # A sidecar called `trainer` that ended says nothing about training; `main` failing does.
+    pods[0]["status"]["containerStatuses"] = [
+        {"name": "trainer", "ready": False, "terminated": {"exitCode": 0}}
+    ]
+    pods[1] = make_pod("demo-worker-1", phase="Failed", exit_code=3, container="main")
+    result = plan(job, Observed(pods=pods, now=now))
+    (incident,) = result.status["incidents"]
+    assert incident["worker"] == "demo-worker-1" and incident["cause"] == "ExitCode"
+    assert "code 3" in incident["message"], incident
+    assert result.status["replicas"]["active"] == 1 and result.delete_pods == ["demo-worker-1"]
+
+
 def test_a_permanent_exit_code_fails_the_job(make_job: MakeJob, make_pod: MakePod, now: datetime) -> None:
     rules = [{"name": "bad-config", "match": {"exitCodes": [3]}, "action": "FailJob"}]
     pods = _running_gang(make_pod)
@@ -286,12 +306,14 @@ def test_progress_is_unknown_while_the_workers_train_without_publishing_steps(
     make_job: MakeJob, make_pod: MakePod, now: datetime
 ) -> None:
     pods = _running_gang(make_pod)
-    silent = {"phase": "training", "step": ""}
+    started = format_micro_time(now - timedelta(seconds=121))
+    silent = {"phase": "training", "step": "", "group-started": started}
     leases = {"demo-worker-0": silent, "demo-worker-1": silent, "demo-worker-2": {"phase": "standby"}}
-    job = make_job()
+    job = make_job(heartbeat={"progressTimeoutSeconds": 120})
     result = plan(job, Observed(pods=pods, now=now, leases=leases))
     assert result.status["progress"] == "Unknown" and result.status.get("step") is None
     assert [e.reason for e in result.events].count("ProgressUnknown") == 1
+    assert "trained for 120s" in next(e.message for e in result.events if e.reason == "ProgressUnknown")
     # Said once, not at every reconcile.
     again = plan(_with_status(job, result), Observed(pods=pods, now=now, leases=leases))
     assert again.status["progress"] == "Unknown"
@@ -300,6 +322,35 @@ def test_progress_is_unknown_while_the_workers_train_without_publishing_steps(
     stepping = {**leases, "demo-worker-0": {"phase": "training", "step": "3"}}
     reported = plan(_with_status(job, again), Observed(pods=pods, now=now, leases=stepping))
     assert reported.status["progress"] == "Reported" and reported.status["step"] == 3
+
+
+def test_progress_is_not_called_unknown_before_the_progress_timeout(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    # The group started a minute ago and its first step is still being computed (a model built, compiled).
+    pods = _running_gang(make_pod)
+    job = make_job(heartbeat={"progressTimeoutSeconds": 120})
+    started = {
+        "phase": "training",
+        "step": "",
+        "group-started": format_micro_time(now - timedelta(seconds=60)),
+    }
+    leases = {"demo-worker-0": started, "demo-worker-1": started, "demo-worker-2": {"phase": "standby"}}
+    early = plan(job, Observed(pods=pods, now=now, leases=leases))
+    assert early.status.get("progress") is None
+    assert "ProgressUnknown" not in [e.reason for e in early.events]
+    # Its first step arrives: progress was known all along.
+    stepping = {**leases, "demo-worker-0": {**started, "step": "1"}}
+    later = now + timedelta(seconds=30)
+    first = plan(_with_status(job, early), Observed(pods=pods, now=later, leases=stepping))
+    assert first.status["progress"] == "Reported"
+    assert "ProgressUnknown" not in [e.reason for e in first.events]
+    # Past the window without a step, it is unknown (judged by the periodic reconcile).
+    silent_long = plan(
+        _with_status(job, early), Observed(pods=pods, now=now + timedelta(seconds=61), leases=leases)
+    )
+    assert silent_long.status["progress"] == "Unknown"
+    assert [e.reason for e in silent_long.events].count("ProgressUnknown") == 1
 
 
 # ------------------------------------------------------------------------------------- fault tolerance
@@ -641,7 +692,8 @@ def test_no_request_when_no_running_group_lost_a_worker(
         _with_status(job, steady),
         Observed(pods=pods, now=now, leases=_gang_leases(now, 10), nodes=HEALTHY_NODES),
     )
-    assert spare.status["incidents"][0]["worker"] == "demo-worker-2" and "regroup" not in spare.status
+    assert spare.status["incidents"] == [] and "regroup" not in spare.status
+    assert "SpareReplaced" in [e.reason for e in spare.events]
     # A worker that never joined a group (still in the rendezvous) exits: no group lost it, but the round it
     # joins must not wait for its keep-alive to lapse, so the launchers are told to drop it (the request names
     # it; a launcher restarts only a group it belongs to, worker/regroup.py).

@@ -67,3 +67,15 @@ def test_identical_replicas_get_different_peering_priorities() -> None:
     priorities = {peering_priority(settings) for _ in range(20)}
     assert len(priorities) > 1 and all(priority > 0 for priority in priorities)
     assert peering_priority(settings_from({"PHALANX_OPERATOR_PRIORITY": "7"})) == 7
+
+
+def test_the_view_canary_goes_where_the_operator_watches() -> None:
+    from phalanx.operator.settings import settings_from
+
+    assert settings_from({"PHALANX_OPERATOR_VIEW_NAMESPACE": "phalanx-system"}).view_namespaces == (
+        "phalanx-system",
+    )
+    assert settings_from({}).view_namespaces == ("default",)
+    scoped = settings_from({"PHALANX_OPERATOR_NAMESPACES": "team-a, team-*,team-b"})
+    assert scoped.view_namespaces == ("team-a", "team-b")
+    assert settings_from({"PHALANX_OPERATOR_VIEW_INTERVAL_SECONDS": "0"}).view_namespaces == ()

@@ -39,6 +39,25 @@ def test_spread_uses_topology_spread_constraints() -> None:
     assert "affinity" not in hard
 
 
+def test_spread_leaves_out_a_constraint_the_template_already_has_for_the_key() -> None:
+    # The API server refuses two spread constraints with the same topology key and whenUnsatisfiable.
+    users = {
+        "maxSkew": 2,
+        "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"team": "ml"}},
+    }
+    spec = apply_topology(
+        {"topologySpreadConstraints": [users]}, "demo", api.TopologySpec(policy="Spread", required=True)
+    )
+    assert spec["topologySpreadConstraints"] == [users]
+    soft = apply_topology({"topologySpreadConstraints": [users]}, "demo", api.TopologySpec(policy="Spread"))
+    assert [c["whenUnsatisfiable"] for c in soft["topologySpreadConstraints"]] == [
+        "DoNotSchedule",
+        "ScheduleAnyway",
+    ]
+
+
 def test_users_affinity_is_kept_and_extended() -> None:
     user_term = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}
     node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
@@ -104,11 +123,35 @@ def test_avoiding_nodes_joins_every_required_term_of_the_users() -> None:
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    exclusion = {"key": "metadata.name", "operator": "NotIn", "values": ["node-a", "node-b"]}
-    assert [term["matchFields"] for term in terms] == [[exclusion], [exclusion]]
+    # The API server takes one value per field requirement: one NotIn per node, all in every term.
+    exclusions = [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["node-a"]},
+        {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]},
+    ]
+    assert [term["matchFields"] for term in terms] == [exclusions, exclusions]
     assert [term["matchExpressions"] for term in terms] == [t["matchExpressions"] for t in user_terms]
     assert "matchFields" not in user_terms[0]  # the template is not changed
     assert avoided_nodes(spec) == {"node-a", "node-b"}
+
+
+def test_every_field_requirement_holds_one_value_and_the_users_own_stay() -> None:
+    user_field = {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
+    user = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchFields": [user_field]}]
+                }
+            }
+        }
+    }
+    spec = avoid_nodes(user, frozenset({"node-c", "node-b", "node-d"}))
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"][0] == user_field
+    assert all(len(field["values"]) == 1 for field in term["matchFields"])
+    assert avoided_nodes(spec) == {"node-b", "node-c", "node-d"}
 
 
 def test_avoiding_no_node_adds_nothing() -> None:

@@ -44,7 +44,7 @@ def test_a_good_spec_passes(make_job: MakeJob) -> None:
         ),
         ({"gang": {"podGroup": "Kueue"}}, "spec.gang.queueName", "LocalQueue"),
         (
-            {"checkpoint": {"path": "/ckpt", "localTier": {"enabled": True, "path": "/ckpt/"}}},
+            {"checkpoint": {"path": "/ckpt", "localTier": {"enabled": True, "path": "/ckpt"}}},
             "spec.checkpoint.localTier.path",
             "differ",
         ),
@@ -79,8 +79,36 @@ def test_the_container_named_trainer_is_the_one_checked(make_job: MakeJob) -> No
     containers = job["spec"]["template"]["spec"]["containers"]
     containers.insert(0, {"name": "sidecar", "image": "busybox"})
     assert _fields(job) == {}
-    containers[1]["name"] = "main"  # now the sidecar (first container) is the trainer, and it has no command
+    del containers[1]["command"]
+    assert "spec.template.spec.containers[1].command" in _fields(job)
+
+
+def test_a_template_without_the_trainer_container_is_refused_naming_the_field(make_job: MakeJob) -> None:
+    job = make_job()
+    containers = job["spec"]["template"]["spec"]["containers"]
+    containers.insert(0, {"name": "sidecar", "image": "busybox"})
+    containers[1]["name"] = "main"
+    # No guess: the first container (a sidecar without a command here) would silently run training.
+    problems = _fields(job)
+    assert list(problems) == ["spec.trainerContainer"]
+    assert (
+        "'trainer'" in problems["spec.trainerContainer"]
+        and "'sidecar', 'main'" in problems["spec.trainerContainer"]
+    )
+
+
+def test_the_trainer_container_can_be_chosen_by_name(make_job: MakeJob) -> None:
+    job = make_job(trainerContainer="main")
+    containers = job["spec"]["template"]["spec"]["containers"]
+    containers[0]["name"] = "main"
+    containers.insert(0, {"name": "trainer", "image": "busybox"})  # a sidecar may even be called `trainer`
+    assert _fields(job) == {}
+    job["spec"]["trainerContainer"] = "trainer"
     assert "spec.template.spec.containers[0].command" in _fields(job)
+    job["spec"]["trainerContainer"] = "gone"
+    assert "'gone'" in _fields(job)["spec.trainerContainer"]
+    job["spec"]["trainerContainer"] = "Not_A_Name"
+    assert "spec.trainerContainer" in _fields(job)
 
 
 def test_no_containers(make_job: MakeJob) -> None:
@@ -94,6 +122,145 @@ def test_wrong_types_that_bypassed_the_schema_are_reported_with_their_path(make_
     assert "spec.heartbeat.intervalSeconds" in problems
 
 
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        # Spares alone push the job over the limit: spares is the field to fix, not replicas.
+        ({"replicas": 2, "spares": 50000}, "spec.spares", "50002 pods"),
+        ({"replicas": 1999, "spares": 2}, "spec.spares", "2001 pods"),
+        ({"replicas": 100000, "maxReplicas": 100000}, "spec.replicas", "replicas (100000)"),
+        ({"replicas": 100000, "spares": 5}, "spec.replicas", "replicas (100000)"),
+        ({"replicas": 2, "spares": 1, "maxReplicas": 2000}, "spec.maxReplicas", "2001 pods"),
+    ],
+)
+def test_each_gang_limit_names_the_field_that_broke_it(
+    make_job: MakeJob, spec: dict[str, Any], field: str, words: str
+) -> None:
+    _, issues = check(make_job(**spec)["spec"], "demo", max_gang_pods=2000)
+    assert [issue.field for issue in issues] == [field], issues
+    assert words in issues[0].message and "maxGangPods" in issues[0].message and "2000" in issues[0].message
+
+
+def test_a_gang_at_the_limit_passes(make_job: MakeJob) -> None:
+    _, issues = check(make_job(replicas=1999, spares=1, maxReplicas=1999)["spec"], "demo", max_gang_pods=2000)
+    assert issues == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"sharedMemory": {"sizeLimit": "lots"}}, "spec.sharedMemory.sizeLimit"),
+        ({"sharedMemory": {"sizeLimit": "-1Gi"}}, "spec.sharedMemory.sizeLimit"),
+        ({"sharedMemory": {"sizeLimit": "1e1.5"}}, "spec.sharedMemory.sizeLimit"),
+        (
+            {"checkpoint": {"localTier": {"enabled": True, "sizeLimit": "20 GB"}}},
+            "spec.checkpoint.localTier.sizeLimit",
+        ),
+        (
+            {"checkpoint": {"volume": {"emptyDir": {"sizeLimit": "big"}}}},
+            "spec.checkpoint.volume.emptyDir.sizeLimit",
+        ),
+    ],
+)
+def test_a_quantity_of_the_spec_that_is_not_one_is_refused(
+    make_job: MakeJob, overrides: dict[str, Any], field: str
+) -> None:
+    problems = _fields(make_job(**overrides))
+    assert list(problems) == [field], problems
+    assert "quantity" in problems[field]
+
+
+@pytest.mark.parametrize("value", ["8Gi", "512Mi", "1.5G", "500m", "2", 1073741824, "1e9", "+1Ki", ".5Gi"])
+def test_quantities_pass_as_strings_or_numbers(make_job: MakeJob, value: Any) -> None:
+    spec, issues = check(make_job(sharedMemory={"sizeLimit": value})["spec"], "demo")
+    assert issues == [] and spec is not None and spec.shared_memory.size_limit == str(value)
+
+
+def _with_container(make_job: MakeJob, **container: Any) -> dict[str, Any]:
+    job = make_job()
+    job["spec"]["template"]["spec"]["containers"][0].update(container)
+    return job
+
+
+@pytest.mark.parametrize(
+    ("resources", "field", "words"),
+    [
+        ({"limits": {"memory": "lots"}}, "limits.memory", "quantity"),
+        ({"requests": {"cpu": "two"}}, "requests.cpu", "quantity"),
+        ({"requests": {"cpu": "-1"}}, "requests.cpu", "quantity"),
+        ({"requests": {"nvidia.com/gpu": "1 "}}, "requests.nvidia.com/gpu", "quantity"),
+        ({"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}, "requests.memory", "above the limit"),
+    ],
+)
+def test_resources_of_the_template_are_quantities(
+    make_job: MakeJob, resources: dict[str, Any], field: str, words: str
+) -> None:
+    problems = _fields(_with_container(make_job, resources=resources))
+    path = f"spec.template.spec.containers[0].resources.{field}"
+    assert list(problems) == [path], problems
+    assert words in problems[path]
+
+
+def test_resources_of_every_container_and_template_emptydirs_are_checked(make_job: MakeJob) -> None:
+    job = make_job()
+    pod_spec = job["spec"]["template"]["spec"]
+    pod_spec["initContainers"] = [{"name": "init", "image": "x", "resources": {"limits": {"cpu": "1 core"}}}]
+    pod_spec["containers"].append(
+        {"name": "sidecar", "image": "x", "resources": {"requests": {"memory": "1GB"}}}
+    )
+    pod_spec["volumes"] = [{"name": "scratch", "emptyDir": {"sizeLimit": "huge"}}]
+    assert set(_fields(job)) == {
+        "spec.template.spec.initContainers[0].resources.limits.cpu",
+        "spec.template.spec.containers[1].resources.requests.memory",
+        "spec.template.spec.volumes[0].emptyDir.sizeLimit",
+    }
+    pod_spec["initContainers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    pod_spec["containers"][1]["resources"] = {"requests": {"memory": "1G"}, "limits": {"memory": 1000000000}}
+    pod_spec["volumes"][0]["emptyDir"]["sizeLimit"] = "10Gi"
+    assert _fields(job) == {}
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "field"),
+    [
+        ({"path": "../../etc"}, "spec.checkpoint.path"),
+        ({"path": "checkpoints"}, "spec.checkpoint.path"),
+        ({"path": "/data/../etc"}, "spec.checkpoint.path"),
+        ({"path": "/data/./ckpt"}, "spec.checkpoint.path"),
+        ({"path": "/data//ckpt"}, "spec.checkpoint.path"),
+        ({"path": "/data/ckpt/"}, "spec.checkpoint.path"),
+        ({"path": "/"}, "spec.checkpoint.path"),
+        ({"path": ""}, "spec.checkpoint.path"),
+        ({"localTier": {"enabled": True, "path": "local"}}, "spec.checkpoint.localTier.path"),
+        ({"localTier": {"enabled": True, "hostPath": "/mnt/../etc"}}, "spec.checkpoint.localTier.hostPath"),
+    ],
+)
+def test_checkpoint_paths_must_be_absolute_and_normalised(
+    make_job: MakeJob, checkpoint: dict[str, Any], field: str
+) -> None:
+    problems = _fields(make_job(checkpoint=checkpoint))
+    assert list(problems) == [field], problems
+    assert "absolute, normalised path" in problems[field]
+
+
+@pytest.mark.parametrize("path", ["/checkpoints", "/data/ckpt", "/mnt/.hidden/x", "/a/..b/c.d/...", "/c p"])
+def test_normalised_absolute_paths_pass(make_job: MakeJob, path: str) -> None:
+    spec, issues = check(make_job(checkpoint={"path": path})["spec"], "demo")
+    assert issues == [] and spec is not None and spec.checkpoint.path == path
+
+
+def test_heartbeat_interval_below_its_minimum_is_refused(make_job: MakeJob) -> None:
+    assert "spec.heartbeat.intervalSeconds" in _fields(make_job(heartbeat={"intervalSeconds": 0}))
+
+
 def test_long_job_names_are_refused_because_pods_use_them_as_hostnames(make_job: MakeJob) -> None:
     _, issues = check(make_job()["spec"], "x" * 60)
     assert [issue.field for issue in issues] == ["metadata.name"]
+
+
+def test_job_names_its_services_and_hostnames_cannot_carry_are_refused(make_job: MakeJob) -> None:
+    for name in ("train.v2", "2nd-run"):
+        _, issues = check(make_job()["spec"], name)
+        assert [issue.field for issue in issues] == ["metadata.name"], name
+        assert "starting with a letter" in issues[0].message
+    assert check(make_job()["spec"], "run-2")[1] == []

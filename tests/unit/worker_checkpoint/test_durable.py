@@ -10,7 +10,7 @@ import pytest
 from helpers import advance_to, build_state, expected_fingerprint, fingerprint
 
 from phalanx.worker import Checkpointer, cleanup_snapshots
-from phalanx.worker.checkpoint import durable, layout
+from phalanx.worker.checkpoint import durable, layout, skipped
 
 
 def saved_steps(directory: Path) -> list[int]:
@@ -123,3 +123,96 @@ def test_resumed_training_keeps_going_from_the_loaded_step(workdir: Path) -> Non
         ckpt.save(step)
     ckpt.close()
     assert saved_steps(workdir / "ckpt") == [4, 6]
+
+
+def plant_torn(directory: Path, step: int) -> None:
+    """A step folder renamed into place whose manifest was never written (a writer died in between)."""
+    (directory / layout.step_dir_name(step)).mkdir()
+    (directory / layout.step_dir_name(step) / layout.STATE_FILE).write_bytes(b"half a checkpoint")
+
+
+def plant_copy(directory: Path, source: int, step: int, **manifest_changes: object) -> Path:
+    """Step `source`'s checkpoint again as step `step`, its manifest changed as given."""
+    target = directory / layout.step_dir_name(step)
+    target.mkdir()
+    original = directory / layout.step_dir_name(source)
+    (target / layout.STATE_FILE).write_bytes((original / layout.STATE_FILE).read_bytes())
+    manifest = json.loads((original / layout.MANIFEST_NAME).read_text())
+    manifest.update(step=step, **manifest_changes)
+    (target / layout.MANIFEST_NAME).write_text(json.dumps(manifest))
+    return target
+
+
+def test_a_restore_names_every_checkpoint_it_passed_over_and_why(workdir: Path) -> None:
+    train_and_save(workdir, steps=6, interval=2, keep=3)
+    ckpt_dir = workdir / "ckpt"
+    plant_torn(ckpt_dir, 12)
+    plant_copy(ckpt_dir, 6, 10, format=layout.MANIFEST_FORMAT + 1)
+    sharded = durable.new_tmp_dir(ckpt_dir, 9)
+    (sharded / "__0_0.distcp").write_bytes(b"a shard")
+    durable.commit(sharded, 9, "sharded")
+    corrupt = plant_copy(ckpt_dir, 6, 8)
+    data = bytearray((corrupt / layout.STATE_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (corrupt / layout.STATE_FILE).write_bytes(bytes(data))
+    (ckpt_dir / "step-7").mkdir()
+    (ckpt_dir / "step-7" / layout.MANIFEST_NAME).write_text("{not json")
+    (ckpt_dir / ".tmp-step-14-123-abc").mkdir()  # being written: no checkpoint yet, so none passed over
+
+    cleanup_snapshots(directory=ckpt_dir)
+    state = build_state()
+    ckpt = Checkpointer(state, ckpt_dir, durable_tier=None)
+    assert ckpt.load() == 6
+    assert state.step == 6 and fingerprint(state) == expected_fingerprint(6)
+    info = ckpt.last_restore
+    ckpt.close()
+    assert info is not None and info.source == "disk"
+    # Newest first; the older step 4 and 2 were never looked at, so they are not named.
+    assert [(entry.step, entry.tier, entry.reason) for entry in info.skipped] == [
+        (12, skipped.TIER_DURABLE, skipped.TORN),
+        (10, skipped.TIER_DURABLE, skipped.OTHER_FORMAT),
+        (9, skipped.TIER_DURABLE, skipped.OTHER_FORMAT),
+        (8, skipped.TIER_DURABLE, skipped.CORRUPT),
+        (7, skipped.TIER_DURABLE, skipped.CORRUPT),
+    ]
+    messages = {entry.step: entry.message for entry in info.skipped}
+    assert messages[12] == "no manifest (incomplete)"
+    assert messages[10] == f"unknown manifest format {layout.MANIFEST_FORMAT + 1}"
+    assert messages[9] == "a sharded checkpoint; this restore takes replicated ones"
+    assert messages[8] == "state.bin: sha256 mismatch (file corrupt)"
+    assert messages[7].startswith("unreadable manifest:")
+
+
+def test_a_restore_that_passed_over_nothing_names_nothing(workdir: Path) -> None:
+    train_and_save(workdir, steps=4, interval=2, keep=3)
+    cleanup_snapshots(directory=workdir / "ckpt")
+    ckpt = Checkpointer(build_state(), workdir / "ckpt", durable_tier=None)
+    assert ckpt.load() == 4
+    assert ckpt.last_restore is not None and ckpt.last_restore.skipped == ()
+    # A torn folder older than the state restored was never a candidate: the purge's business, not the restore's.
+    plant_torn(workdir / "ckpt", 3)
+    cleanup_snapshots(directory=workdir / "ckpt")
+    again = Checkpointer(build_state(), workdir / "ckpt", durable_tier=None)
+    assert again.load() == 4 and again.last_restore is not None and again.last_restore.skipped == ()
+    ckpt.close()
+    again.close()
+
+
+def test_each_restore_names_only_what_it_passed_over(workdir: Path) -> None:
+    """A restore from memory looks at no checkpoint older than the snapshot; a later one starts a new list."""
+    train_and_save(workdir, steps=4, interval=2, keep=3)
+    plant_torn(workdir / "ckpt", 9)
+    cleanup_snapshots(directory=workdir / "ckpt")
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=100, durable_tier=None)
+    assert ckpt.load() == 4
+    assert ckpt.last_restore is not None
+    assert [entry.step for entry in ckpt.last_restore.skipped] == [9]
+    for step in range(5, 11):
+        advance_to(state, step)
+        ckpt.save(step)
+    # The snapshot of step 10 is newer than the torn folder: nothing on disk is looked at.
+    assert ckpt.load() == 10
+    assert ckpt.last_restore is not None and ckpt.last_restore.source == "memory"
+    assert ckpt.last_restore.skipped == ()
+    ckpt.close()

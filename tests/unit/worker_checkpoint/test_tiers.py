@@ -11,7 +11,7 @@ import pytest
 from helpers import advance_to, build_state, expected_fingerprint, fingerprint, run_ranks
 
 from phalanx.worker import Checkpointer, cleanup_snapshots
-from phalanx.worker.checkpoint import durable, layout, tiers
+from phalanx.worker.checkpoint import durable, layout, skipped, tiers
 
 BUCKET = "phalanx-checkpoints"
 
@@ -209,3 +209,38 @@ def test_the_rank_on_the_node_that_kept_the_newest_checkpoint_sends_it_to_the_ot
     assert [(result["step"], result["source"]) for result in results] == [(10, "disk")] * 3
     for result in results:
         assert result["state"] == expected_fingerprint(10)
+
+
+def test_a_restore_names_the_durable_copies_and_local_checkpoints_it_passed_over(
+    workdir: Path, tier: tiers.DurableTier
+) -> None:
+    train_and_save(workdir / "fast", tier, steps=8)
+    assert durable_steps(tier) == [8, 4]
+    # On the durable tier: a copy cut short (data, no manifest) at step 12, a corrupt copy of step 8.
+    if tier.is_directory:
+        (tier.directory / "step-12").mkdir()
+        (tier.directory / "step-12" / layout.STATE_FILE).write_bytes(b"half a copy")
+        path = tier.directory / "step-8" / layout.STATE_FILE
+        path.write_bytes(bytes(path.stat().st_size))
+    else:
+        fs, root = tier.filesystem()
+        fs.pipe_file(f"{root}/step-12/{layout.STATE_FILE}", b"half a copy")
+        size = len(fs.cat_file(f"{root}/step-8/{layout.STATE_FILE}"))
+        fs.pipe_file(f"{root}/step-8/{layout.STATE_FILE}", bytes(size))
+    # On the new node's own tier: a folder its writer never finished.
+    (workdir / "new-node" / "step-10").mkdir(parents=True)
+    state = build_state()
+    ckpt = Checkpointer(
+        state, workdir / "new-node", interval_steps=2, keep=3, durable_tier=tier, node_local=True
+    )
+    assert ckpt.load() == 4
+    info = ckpt.last_restore
+    ckpt.close()
+    cleanup_snapshots(directory=workdir / "new-node")
+    assert info is not None and fingerprint(state) == expected_fingerprint(4)
+    assert [(entry.step, entry.tier, entry.reason) for entry in info.skipped] == [
+        (12, skipped.TIER_DURABLE, skipped.TORN),
+        (10, skipped.TIER_LOCAL, skipped.TORN),
+        (8, skipped.TIER_DURABLE, skipped.CORRUPT),
+    ]
+    assert "do not match the manifest" in info.skipped[-1].message

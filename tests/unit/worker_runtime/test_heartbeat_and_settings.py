@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from phalanx.worker.checkpoint import skipped
+from phalanx.worker.checkpoint.skipped import SkippedCheckpoint
 from phalanx.worker.env import SettingsError, parse_nnodes, settings_from
 from phalanx.worker.heartbeat import (
     PhaseClock,
@@ -102,9 +105,11 @@ def test_lease_annotations_follow_the_contract() -> None:
             "phase-since",
             "group-started",
             "group-restarts",
+            "restart-cause",
             "restored-step",
             "restore-source",
             "resumed-at",
+            "checkpoint-skipped",
             "compute-seconds",
             "checkpoint-save-seconds",
             "checkpoint-interval",
@@ -147,6 +152,7 @@ def test_lease_annotations_carry_times_restores_and_compute() -> None:
         phase_since=moment,
         group_started=moment - 1.5,
         group_restarts=2,
+        restart_cause="preflight: restart from its checkpoint",
         restored_step=40,
         restore_source="disk",
         resumed_at=moment + 0.25,
@@ -156,12 +162,21 @@ def test_lease_annotations_carry_times_restores_and_compute() -> None:
     assert annotations["phalanx.dev/phase-since"] == "2025-01-02T03:04:05.678901Z"
     assert annotations["phalanx.dev/group-started"] == "2025-01-02T03:04:04.178901Z"
     assert annotations["phalanx.dev/group-restarts"] == "2"
+    # The operator tells the preflight's planned restart from a failure's by it.
+    assert annotations["phalanx.dev/restart-cause"] == "preflight: restart from its checkpoint"
     assert annotations["phalanx.dev/restored-step"] == "40"
     assert annotations["phalanx.dev/restore-source"] == "durable"
     assert annotations["phalanx.dev/resumed-at"] == "2025-01-02T03:04:05.928901Z"
     assert annotations["phalanx.dev/compute-seconds"] == "0.125"
     empty = lease_annotations(PodStatus(phase="rendezvous"))
-    for key in ("phase-since", "group-started", "restored-step", "restore-source", "resumed-at"):
+    for key in (
+        "phase-since",
+        "group-started",
+        "restart-cause",
+        "restored-step",
+        "restore-source",
+        "resumed-at",
+    ):
         assert empty["phalanx.dev/" + key] == ""
 
 
@@ -216,6 +231,49 @@ def test_combine_ignores_what_an_older_group_restored() -> None:
         29,
         None,
     )
+
+
+def test_the_checkpoints_a_restore_passed_over_go_into_the_heartbeat_bounded(tmp_path: Path) -> None:
+    env = {"PHALANX_STATUS_DIR": str(tmp_path), "RANK": "0", "WORLD_SIZE": "2", "PHALANX_GROUP_ATTEMPT": "1"}
+    publisher = StatusPublisher.from_env(env)
+    passed_over = [
+        SkippedCheckpoint(30, "durable", "Torn", "no manifest (incomplete)"),
+        SkippedCheckpoint(25, "durable", "Corrupt", "state.bin: sha256 mismatch (file corrupt)"),
+    ]
+    publisher.restored(20, "disk", skipped_checkpoints=passed_over)
+    (record,) = read_records(tmp_path)
+    status = combine([record, StatusRecord(rank=1, step=20, phase="training", attempt=1)], None, attempt=1)
+    text = lease_annotations(status)["phalanx.dev/checkpoint-skipped"]
+    assert json.loads(text) == [
+        {"step": 30, "tier": "durable", "reason": "Torn", "message": "no manifest (incomplete)"},
+        {
+            "step": 25,
+            "tier": "durable",
+            "reason": "Corrupt",
+            "message": "state.bin: sha256 mismatch (file corrupt)",
+        },
+    ]
+    assert skipped.decode(text) == passed_over
+    # A later restore that passed over nothing says so; so does a pod whose group is re-forming.
+    publisher.restored(40, "memory")
+    (record,) = read_records(tmp_path)
+    assert lease_annotations(combine([record], None, attempt=1))["phalanx.dev/checkpoint-skipped"] == ""
+    earlier = StatusRecord(rank=0, step=20, phase="training", attempt=1, checkpoint_skipped=text)
+    assert (
+        lease_annotations(combine([earlier], "rendezvous", attempt=1))["phalanx.dev/checkpoint-skipped"] == ""
+    )
+    # Bounded: the newest entries only, each message cut, whatever a restore passed over.
+    many = [SkippedCheckpoint(step, "local", "Corrupt", "x" * 1000) for step in range(100)]
+    bounded = json.loads(skipped.encode(many))
+    assert [entry["step"] for entry in bounded] == list(range(99, 99 - skipped.MAX_ENTRIES, -1))
+    assert all(len(entry["message"]) == skipped.MAX_MESSAGE for entry in bounded)
+    # Every rank that read a location (each its own node-local tier) is named, once.
+    ranks = [
+        StatusRecord(rank=0, phase="training", checkpoint_skipped=skipped.encode(many[:2])),
+        StatusRecord(rank=1, phase="training", checkpoint_skipped=skipped.encode(many[1:3])),
+    ]
+    assert [entry.step for entry in skipped.decode(combine(ranks, None).checkpoint_skipped)] == [2, 1, 0]
+    assert skipped.decode("not json") == [] and skipped.decode('[{"step": "x"}]') == []
 
 
 def test_combine_reports_the_busiest_rank_and_when_the_pod_entered_its_phase() -> None:

@@ -4,6 +4,7 @@ framework callbacks stay out of `import phalanx.worker`."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,23 @@ def test_a_run_resumes_where_it_stopped_and_matches_an_undisturbed_one(env: Path
     with session(model, optimizer, checkpoint_dir=env / "second") as run:
         train(10, model, optimizer, run)
     assert torch.equal(model.weight.detach(), resumed)
+
+
+def test_a_run_publishes_the_checkpoints_its_restore_passed_over(env: Path) -> None:
+    model, optimizer = fresh()
+    with session(model, optimizer, checkpoint_dir=env / "ckpt") as run:
+        train(4, model, optimizer, run)
+    # A save cut short after its folder got its final name (no manifest), newer than step 4; no snapshot left.
+    (env / "ckpt" / "step-8").mkdir()
+    for folder in (env / "shm").iterdir():
+        shutil.rmtree(folder)
+    model, optimizer = fresh()
+    with session(model, optimizer, checkpoint_dir=env / "ckpt") as run:
+        assert run.start_step == 4 and run.checkpointer.last_restore.source == "disk"
+        record = json.loads((env / "status" / "rank-0.json").read_text())
+        assert json.loads(record["checkpoint_skipped"]) == [
+            {"step": 8, "tier": "durable", "reason": "Torn", "message": "no manifest (incomplete)"}
+        ]
 
 
 def test_a_ddp_wrapped_model_saves_the_module_underneath(env: Path) -> None:

@@ -106,8 +106,29 @@ def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     script = tmp_path / "worker.py"
+    # Rank 1 fails only once rank 0 has exited 0: torch's agent stops the other ranks of a failed group, so a
+    # rank 0 still running then (a loaded machine) would end by its SIGTERM and count as failed too.
     script.write_text(
-        "import os, sys\nprint('local rank', os.environ['LOCAL_RANK'])\nsys.exit(int(os.environ['LOCAL_RANK']))\n"
+        "import os, sys, time\n"
+        f"marker = {str(tmp_path / 'rank0.pid')!r}\n"
+        "rank = int(os.environ['LOCAL_RANK'])\n"
+        "print('local rank', rank)\n"
+        "if rank == 0:\n"
+        "    open(marker + '.tmp', 'w').write(str(os.getpid())); os.rename(marker + '.tmp', marker)\n"
+        "    sys.exit(0)\n"
+        "def rank0_gone():\n"
+        "    try:\n"
+        "        pid = open(marker).read()\n"
+        "    except FileNotFoundError:\n"
+        "        return False\n"
+        "    try:\n"
+        "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] in 'ZX'\n"
+        "    except FileNotFoundError:\n"
+        "        return True\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not rank0_gone() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(rank)\n"
     )
     pool = WarmPool(ranks=2).start() if warm else None
     try:
