@@ -75,7 +75,7 @@ class Failure:
     force: bool = False
     """Delete the pod with grace 0: its node is gone, or it is frozen or hung (nothing left to save)."""
     spare: bool = False
-    """The pod was a standby spare: training was not disrupted."""
+    """The pod was a spare standing by (`status.standing_by`): training was not disrupted."""
     alive: bool = False
     """The pod still runs (the operator deletes it); False when it already ended or is going."""
     occurred_at: datetime | None = None
@@ -587,7 +587,7 @@ def detect(
             continue
         judged = track if key in known else None
         lease = heartbeat_of(pod, leases)
-        spare = observe.observed_role(pod, lease) == "spare"
+        spare = observe.standing_by(pod, lease)
         failure = _pod_failure(pod, judged, trainer, nodes, spare, lease, now)
         if failure is None and track is not None:
             failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare, gaps)

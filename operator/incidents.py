@@ -96,6 +96,10 @@ class Beat:
     """Step the group restored."""
     restored_from: str | None = None
     """Where the group restored its state from."""
+    active: bool = True
+    """The worker's phase says it is in a group (training, saving, restoring, finished). False between groups
+    (re-forming, standing by): its step is then the last one its latest group reached, and the group figures,
+    when given, are that group's (it resumed before it ended)."""
 
 
 def failed_at(incident: api.Incident) -> datetime | None:
@@ -110,9 +114,20 @@ def _raise_detected_step(incident: api.Incident, beats: list[Beat], failure: dat
     hold the incident open). Only for a worker's failure: after a rendezvous loss the group may train on."""
     if failure is None or incident.detected_step is None or incident.action not in WORKER_ACTIONS:
         return
-    old = [beat.step for beat in beats if beat.group_started is not None and beat.group_started <= failure]
+    old = [beat.step for beat in beats if _of_a_group_before(beat, failure)]
     ceiling = incident.resume_step if incident.resume_step is not None else incident.detected_step
     incident.detected_step = max(incident.detected_step, min(max(old, default=0), ceiling))
+
+
+def _of_a_group_before(beat: Beat, failure: datetime) -> bool:
+    """Whether the beat's step was reached by a group formed before the failure: one that runs, or the latest
+    group of a worker now between groups (a survivor re-forming shows the step its group stopped at as soon
+    as it leaves, often before the failed pod's loss is seen and well before a new group forms); a worker
+    between groups whose latest group never resumed does not say when it started, and its step is that
+    group's restored one at most."""
+    if beat.group_started is not None:
+        return beat.group_started <= failure
+    return not beat.active
 
 
 def _resumed_group(beats: list[Beat], failure: datetime | None) -> Beat | None:
@@ -146,7 +161,12 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
     if group is not None and group.resumed_at is not None:
         incident.restored_step, incident.restored_from = group.restored_step, group.restored_from
         _close(incident, format_micro_time(group.resumed_at), failure, now)
-        baseline, restored = incident.detected_step, group.restored_step
+        restored = group.restored_step
+        if incident.detected_step is not None and restored is not None and incident.action in WORKER_ACTIONS:
+            # Whatever a group formed after the failure restored had been reached before it: the step at
+            # detection, from Leases that lag, may be short of it.
+            incident.detected_step = max(incident.detected_step, restored)
+        baseline = incident.detected_step
         if baseline is not None and restored is None:
             restored = incident.resumed_from_step
         if baseline is not None and restored is not None:
@@ -156,7 +176,7 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
     fresh = [
         beat.step
         for beat in beats
-        if detected_at is None or beat.renewed is None or beat.renewed >= detected_at
+        if beat.active and (detected_at is None or beat.renewed is None or beat.renewed >= detected_at)
     ]
     highest, lowest = max(fresh, default=None), min(fresh, default=None)
     if lowest is not None and (incident.resumed_from_step is None or lowest < incident.resumed_from_step):
@@ -174,8 +194,9 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
 def observe_progress(incidents: list[api.Incident], beats: list[Beat], now: datetime) -> Progress:
     """Update open incidents with the active workers' heartbeats seen now.
 
-    `beats`: heartbeats of the live workers whose phase says they train (or save / restore). For the
-    estimate, only a heartbeat renewed at or after an incident's detection speaks for it: an older one
+    `beats`: heartbeats of the live workers that report a step; those whose phase says they train (or save /
+    restore) tell where training resumed, and those between groups only what their previous group reached. For
+    the estimate, only a heartbeat renewed at or after an incident's detection speaks for it: an older one
     shows a step from before the failure, not where training resumed.
     """
     updated: list[api.Incident] = []

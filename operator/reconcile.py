@@ -372,14 +372,18 @@ def _force_delete_on_lost_nodes(b: _Builder) -> None:
 
 
 def _in_group(pod: dict[str, Any] | None, failure_spare: bool, b: _Builder) -> bool:
-    """Whether the pod held a place in a running worker group (its loss breaks that group): its last
-    heartbeat says so; without one (heartbeats off, pod gone), an active worker is assumed to."""
+    """Whether the pod held a place in a running worker group (its loss breaks that group), or was joining
+    one (a promoted spare, a worker re-forming: the round must not wait for its keep-alive to lapse): its last
+    heartbeat says so; without one (heartbeats off, pod gone), an active worker is assumed to. A spare whose
+    loss overlaps a recovery (`_overlapping_spares`) may be joining whatever its heartbeat says."""
     if failure_spare:
         return False
     lease = _heartbeat(pod, b) if pod is not None else None
     if lease is None or not lease.get("phase"):
         return True
-    return lease.get("phase") in GROUP_PHASES
+    if pod is not None and observe.role(pod) == names.ROLE_SPARE:
+        return True
+    return lease.get("phase") in (*GROUP_PHASES, observe.JOINING_PHASE)
 
 
 def _decisions(
@@ -531,6 +535,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         for failure in [failure for failure in failures if failure.spare]:
             b.mark_done(failure.pod, failure.uid, kept=True)
         failures = [failure for failure in failures if not failure.spare]
+    failures = _overlapping_spares(b, failures)
     for failure, decision in _decisions(failures, spec):
         pod = pods.get(failure.pod)
         if decision.action in incidents.WORKER_ACTIONS and failure.spare:
@@ -586,6 +591,20 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     if disrupted:
         detection.restart_clocks(b.status.tracking, b.now)
     return False
+
+
+def _overlapping_spares(b: _Builder, failures: list[detection.Failure]) -> list[detection.Failure]:
+    """A spare lost while a worker's failure is being recovered from may be the one torch is promoting into
+    the failed worker's place, though its Lease (renewed a moment after each change, and read later still)
+    says it stood by: failures that overlap are recovered from together, so it counts as a worker's (an
+    incident open until training resumed after it, its node dropped from the rendezvous)."""
+    recovering = any(
+        incidents.is_open(incident) and incident.action in incidents.WORKER_ACTIONS
+        for incident in b.status.incidents
+    ) or any(not failure.spare for failure in failures)
+    if not recovering:
+        return failures
+    return [replace(failure, spare=False) if failure.spare else failure for failure in failures]
 
 
 def _standby_spare(pod: dict[str, Any] | None, b: _Builder) -> bool:
@@ -681,7 +700,7 @@ def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.He
 
 
 def _beat(step: int, lease: dict[str, Any]) -> incidents.Beat:
-    """An active worker's heartbeat as the incidents read it (empty annotations mean unknown)."""
+    """A worker's heartbeat as the incidents read it (empty annotations mean unknown)."""
     restored = detection.lease_number(lease, "restored-step")
     return incidents.Beat(
         step=step,
@@ -690,6 +709,7 @@ def _beat(step: int, lease: dict[str, Any]) -> incidents.Beat:
         resumed_at=parse_time(lease.get("resumed-at")),
         restored_step=None if restored is None else int(restored),
         restored_from=lease.get("restore-source") or None,
+        active=lease.get("phase") in ACTIVE_PHASES,
     )
 
 
@@ -703,7 +723,7 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
         and observe.is_live(pod)
         and observe.pod_name(pod) not in doing
         and (lease := _heartbeat(pod, b)) is not None
-        and lease.get("phase") in ACTIVE_PHASES
+        and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, "standby")
         and (step := detection.lease_step(lease)) is not None
     ]
     progress = incidents.observe_progress(b.status.incidents, beats, b.now)

@@ -274,6 +274,8 @@ def latest_step(trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]
 
 
 ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
+JOINING_PHASE = "rendezvous"
+"""The heartbeat phase of a launcher joining a round (not standing by: the round has room for it)."""
 
 PROGRESS_REPORTED = "Reported"
 PROGRESS_UNKNOWN = "Unknown"
@@ -313,6 +315,15 @@ def observed_role(pod: dict[str, Any], lease: dict[str, Any] | None) -> str:
     if heartbeat_phase in ACTIVE_PHASES:
         return names.ROLE_WORKER
     return role(pod) or names.ROLE_WORKER
+
+
+def standing_by(pod: dict[str, Any], lease: dict[str, Any] | None) -> bool:
+    """Whether the pod is a spare standing by, so that losing it disrupts no training. A spare whose launcher
+    left standby (heartbeat phase `rendezvous`: it is joining a round that has room for it) is being promoted
+    into a group that waits for it, whatever its label still says: its loss is a worker's."""
+    if (lease or {}).get("phase") == JOINING_PHASE:
+        return False
+    return observed_role(pod, lease) == names.ROLE_SPARE
 
 
 def worker_statuses(

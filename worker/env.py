@@ -58,6 +58,12 @@ MAX_NODES_KEY = "phalanx/max-nodes"
 # the request with compare-and-set. The one launcher whose compare-and-set wins bumps the restart epoch.
 REGROUP_EPOCH_KEY = "phalanx/regroup-epoch"
 
+# The key in the rendezvous store naming the node that holds the newest state of those re-forming the group
+# (worker/rendezvous.py, `FreshestClaim`): `"<step> <round> <addr> <pid> <local id>"`. A launcher holding an
+# in-memory snapshot claims it before each rendezvous; a node holding older state leaves that node the last
+# place in the round.
+FRESHEST_KEY = "phalanx/freshest"
+
 # The key in the rendezvous store holding the newest rollback request handled (`status.rollback.epoch`,
 # worker/rollback.py), claimed like the regroup epoch: the one winner restarts every launcher's group.
 ROLLBACK_EPOCH_KEY = "phalanx/rollback-epoch"

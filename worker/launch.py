@@ -54,7 +54,7 @@ from phalanx.worker import (
     warmstart,
 )
 from phalanx.worker import fatal as trainer_fatal
-from phalanx.worker.checkpoint import durable, tiers
+from phalanx.worker.checkpoint import durable, shm_store, tiers
 from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
@@ -110,7 +110,15 @@ class RendezvousClient:
         self.settings = settings
         self.new_store_hooks: list[Callable[[dist.TCPStore], None]] = []
         """Called with each new store connection after a reconnect, before anyone uses it."""
-        self.store = self._connect_until(time.monotonic() + settings.join_timeout)
+        deadline = time.monotonic() + settings.join_timeout
+        self.store = self._connect_until(deadline)
+        # The handler's own connection, for what the members of a new round wait on each other for (the
+        # bootstrap address, the rank assignment): one that died right after the round formed leaves the others
+        # waiting a full timeout there. On the shared connection that wait held up the keep-alives too, until
+        # torch dropped this node: the survivor holding the newest state lost its place to new pods holding
+        # none. Apart, the keep-alives go on, and the wait ends after the keep-alive timeout (the time torch
+        # gives any silent peer), followed by a reconnect and a new round.
+        self.round_store = self._connect_until(deadline, timeout=self.round_wait)
         self.max_nodes = scaling.StoreMaxNodes(lambda: self.store, settings.max_nodes)
         poll = rendezvous.sync_poll_interval(settings.max_nodes)
         if not rendezvous.install_sync_poll(poll):
@@ -119,7 +127,7 @@ class RendezvousClient:
             )
         self.handler = DynamicRendezvousHandler.from_backend(
             run_id=settings.run_id,
-            store=self.store,
+            store=self.round_store,
             backend=C10dRendezvousBackend(self.store, settings.run_id),
             min_nodes=settings.min_nodes,
             max_nodes=settings.max_nodes,
@@ -140,12 +148,30 @@ class RendezvousClient:
         scaling.install_live_settings(self.handler, self.max_nodes.current)
         self.publish_node(self.store)
         self.new_store_hooks.append(self.publish_node)
+        # The node holding the newest state gets a place in the group before nodes holding older state.
+        self.freshness = rendezvous.FreshnessGuard(
+            lambda: self.store,
+            rendezvous.node_key(torch_elastic.node_of(self.handler)),
+            patience=settings.keepalive_timeout,
+        )
+        torch_elastic.guard_joins(self.handler, self.freshness.must_wait)
 
     def publish_node(self, store: dist.TCPStore) -> None:
         """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
         with contextlib.suppress(*STORE_ERRORS, RuntimeError):
             key = self.settings.pod_uid or self.settings.pod_name
             rendezvous.publish_node(store, key, torch_elastic.node_of(self.handler))
+
+    def offer_held_state(self) -> None:
+        """Before a rendezvous: claim, for the round this node joins, the newest snapshot its pod holds (see
+        `rendezvous.FreshnessGuard`). The store's trouble is the rendezvous's to handle."""
+        held = shm_store.newest_held_step()
+        with contextlib.suppress(*STORE_ERRORS, RuntimeError):
+            self.handler.num_nodes_waiting()  # reads the state afresh, under the handler's lock
+            state = torch_elastic.round_state(self.handler)
+            claim = self.freshness.offer(held, state.round, state.complete)
+            if claim is not None and held >= 0 and claim.node != self.freshness.node:
+                logger.info("this node holds step %d; %s/%s holds step %d", held, *claim.node[:2], claim.step)
 
     def forget_departed(self, pod_keys: tuple[str, ...]) -> list[str]:
         """Expire the departed pods' nodes in the rendezvous state (see `rendezvous.forget_departed`)."""
@@ -157,13 +183,19 @@ class RendezvousClient:
             self.settings.rdzv_host, self.settings.rdzv_port, timeout=self.settings.store_timeout
         )
 
-    def _connect_until(self, deadline: float) -> dist.TCPStore:
+    @property
+    def round_wait(self) -> float:
+        """Seconds the members of a new round wait for each other's first words (at least 2)."""
+        return max(self.settings.keepalive_timeout, ROUND_WAIT_FLOOR)
+
+    def _connect_until(self, deadline: float, timeout: float | None = None) -> dist.TCPStore:
+        wanted = self.settings.store_timeout if timeout is None else timeout
         while True:
             try:
                 return rendezvous.connect(
                     self.settings.rdzv_host,
                     self.settings.rdzv_port,
-                    timeout=min(self.settings.store_timeout, max(deadline - time.monotonic(), 1.0)),
+                    timeout=min(wanted, max(deadline - time.monotonic(), 1.0)),
                 )
             except (RuntimeError, dist.DistError) as error:
                 if time.monotonic() >= deadline:
@@ -175,12 +207,14 @@ class RendezvousClient:
 
     def try_reconnect(self) -> bool:
         """One quick attempt to reach the store again; on success every later call uses the new client."""
+        host, port = self.settings.rdzv_host, self.settings.rdzv_port
         try:
-            store = rendezvous.connect(self.settings.rdzv_host, self.settings.rdzv_port, timeout=2.0)
+            store = rendezvous.connect(host, port, timeout=2.0)
+            round_store = rendezvous.connect(host, port, timeout=self.round_wait)
             backend = C10dRendezvousBackend(store, self.settings.run_id)
         except (RuntimeError, dist.DistError, RendezvousConnectionError):
             return False
-        self._swap(store, backend)
+        self._swap(store, round_store, backend)
         return True
 
     def reconnect_until(self, deadline: float) -> None:
@@ -192,27 +226,29 @@ class RendezvousClient:
                 )
             time.sleep(1.0)
 
-    def _swap(self, store: dist.TCPStore, backend: C10dRendezvousBackend) -> None:
+    def _swap(self, store: dist.TCPStore, round_store: dist.TCPStore, backend: C10dRendezvousBackend) -> None:
         # A restarted store has lost the rendezvous state; the handler's next sync reads the fresh one
         # (or the surviving one after a network blip) and its next join works against it.
         for hook in self.new_store_hooks:
             with contextlib.suppress(*STORE_ERRORS, RuntimeError):
                 hook(store)
-        self.store = store
-        torch_elastic.swap_store(self.handler, store, backend)
+        self.store, self.round_store = store, round_store
+        torch_elastic.swap_store(self.handler, round_store, backend)
 
     def restart_epoch(self) -> int:
         return rendezvous.read_restart_epoch(self.store)
 
     def in_standby(self) -> bool:
-        """Whether this node stands by: in torch's redundancy list, or queued for a group that is full
-        (read from the local copy of the state)."""
+        """Whether this node stands by: in torch's redundancy list, or outside a group that is full (queued, or
+        a spare on its way into the redundancy list). Read from the local copy of the state. A node that is
+        not standing by while it rendezvous is joining a round with room for it: the operator counts its loss
+        as a worker's."""
         with contextlib.suppress(Exception):
             state = torch_elastic.round_state(self.handler)
             node = torch_elastic.node_of(self.handler)
             if node in state.redundancy_list:
                 return True
-            return node in state.wait_list and not rendezvous.has_room(
+            return node not in state.participants and not rendezvous.has_room(
                 state.complete, len(state.participants), self.max_nodes.current()
             )
         return False
@@ -462,6 +498,7 @@ class PhalanxAgent(LocalElasticAgent):
         started = time.monotonic()
         self._read_max_nodes()
         self._members = None
+        self._client.offer_held_state()
         super()._rendezvous(worker_group)
         with contextlib.suppress(Exception):
             participants = torch_elastic.round_state(self._client.handler).participants
@@ -490,7 +527,10 @@ class PhalanxAgent(LocalElasticAgent):
             except STORE_ERRORS as error:
                 now = time.monotonic()
                 deadline = deadline or now + self._settings.join_timeout
-                logger.warning("rendezvous store unreachable (%s); reconnecting", type(error).__name__)
+                logger.warning(
+                    "rendezvous store unreachable, or a member of the new round gone (%s); reconnecting",
+                    type(error).__name__,
+                )
                 self._stop_workers(self._worker_group)
                 self._client.reconnect_until(deadline)
                 self._restart_cause = "store-reconnected"
@@ -618,6 +658,12 @@ class PhalanxAgent(LocalElasticAgent):
         return None
 
 
+BETWEEN_GROUPS = ("rendezvous", "standby")
+"""The pod's phases while its launcher re-forms or stands by: no group of its runs."""
+
+ROUND_WAIT_FLOOR = 2.0
+"""The shortest wait of the members of a new round for each other's first words (see `RendezvousClient`)."""
+
 STUCK_STEP_FACTOR = 3.0
 STUCK_STEP_FLOOR = 1.0
 """A training process that has spent more than max(factor x its last step's time, floor) seconds in the current
@@ -654,8 +700,9 @@ class PodReporter:
         """Pids of the running group's training processes (set by the agent)."""
         self.attempt: int | None = None
         """The launcher's current group attempt (records of older attempts are stale)."""
-        self.group_started: float | None = None
-        """Unix time when the current worker group started; None while none runs."""
+        self._group_started: float | None = None
+        self.latest_group_started: float | None = None
+        """Unix time when the latest worker group started (kept between groups)."""
         self.group_restarts = 0
         """Restarts of the worker group by this launcher."""
         self.restart_cause: str | None = None
@@ -677,6 +724,17 @@ class PodReporter:
         self._lease: Any = None
         self._last_phase: str | None = None
         self._thread = threading.Thread(target=self._loop, name="phalanx-reporter", daemon=True)
+
+    @property
+    def group_started(self) -> float | None:
+        """Unix time when the current worker group started; None while none runs."""
+        return self._group_started
+
+    @group_started.setter
+    def group_started(self, started: float | None) -> None:
+        self._group_started = started
+        if started is not None:
+            self.latest_group_started = started
 
     @property
     def launcher_phase(self) -> heartbeat.Phase | None:
@@ -711,6 +769,8 @@ class PodReporter:
             restart_cause=self.restart_cause,
             exit_code=self.exit_code,
         )
+        if status.phase in BETWEEN_GROUPS:
+            status = replace(status, **self._latest_resumption(records))
         failure = self.preflight_failure
         if failure is None:
             return status
@@ -720,6 +780,32 @@ class PodReporter:
             preflight_reason=failure["preflight_reason"],
             preflight_message=failure["preflight_message"],
         )
+
+    def _latest_resumption(self, records: list[heartbeat.StatusRecord]) -> dict[str, Any]:
+        """Between groups: the latest group's start and where it resumed from, once it did (else nothing).
+
+        A group that broke soon after its first step (the spare that took a failed worker's place lost as well)
+        may have resumed and left within one look at the records: kept until the next group starts, these
+        figures still tell the operator that training resumed, and when (docs/ARCHITECTURE.md)."""
+        started = self.latest_group_started
+        if started is None or self.attempt is None:
+            return {}
+        resumed = [
+            record
+            for record in records
+            if record.attempt == self.attempt
+            and record.resumed_at is not None
+            and record.resumed_at >= started
+        ]
+        if not resumed:
+            return {}
+        leader = min(resumed, key=lambda record: record.rank if record.rank is not None else 1 << 30)
+        return {
+            "group_started": started,
+            "resumed_at": leader.resumed_at,
+            "restored_step": leader.restored_step,
+            "restore_source": leader.restore_source,
+        }
 
     def group_left(self) -> bool:
         """Some training process has left the running group live (worker/livegroup.py): it re-forms."""

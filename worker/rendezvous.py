@@ -10,19 +10,24 @@ the death of any worker never takes the rendezvous down.
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import pickle
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.worker.env import MAX_NODES_KEY, RESTART_EPOCH_KEY
+from phalanx.worker.env import FRESHEST_KEY, MAX_NODES_KEY, RESTART_EPOCH_KEY
+
+logger = logging.getLogger("phalanx.launch")
 
 READY_PREFIX = "phalanx-rendezvous ready"
 
@@ -257,3 +262,176 @@ def forget_departed(store: dist.Store, backend: Any, pod_keys: Sequence[str], at
         if written is not None and written[2]:
             return [f"{node.addr}/{node.pid}" for node in stale]
     return []
+
+
+# ------------------------------------------------------------------------------- the freshest state
+
+# torch fills a round with whichever nodes add themselves first and knows nothing of what they hold. When a
+# group re-forms with more candidates than places (a survivor and two new spares after two failures in a
+# row, or every launcher at once after a store loss), the one node holding the newest in-memory snapshot
+# can lose the race: the group then restores an older state (a durable checkpoint), and the freshest one
+# stands by unused. So every launcher holding a snapshot names itself in the store before it rendezvous,
+# when it holds a newer state than the one named, and a node holding older state (a new pod holds none)
+# leaves that node the last place of a round being formed. The restore then takes the newest state any
+# member holds (worker/checkpoint/checkpointer.py), which is the newest anywhere.
+
+
+@dataclass(frozen=True)
+class FreshestClaim:
+    """The node named as holding the newest state (`phalanx/freshest`), and the round it is joining."""
+
+    step: int
+    """The newest step of which the node holds an in-memory snapshot."""
+    round: int
+    """The round the node was about to join when it claimed (the current one if still being formed, else the
+    next)."""
+    node: Node
+
+    def encode(self) -> str:
+        addr, pid, local_id = self.node
+        return f"{self.step} {self.round} {addr} {pid} {local_id}"
+
+    @classmethod
+    def parse(cls, raw: str) -> FreshestClaim | None:
+        parts = raw.split()
+        if len(parts) != 5:
+            return None
+        step, round_, addr, pid, local_id = parts
+        try:
+            return cls(int(step), int(round_), (addr, int(pid), int(local_id)))
+        except ValueError:
+            return None
+
+
+def replaces(new: FreshestClaim, current: FreshestClaim) -> bool:
+    """Whether `new` takes the place of the claim in force: the same node's; a claim older than the previous
+    round (its group formed long since); a newer step; or the same step for a later round (the holder of that
+    step that is re-forming now, rather than one that may since have gone)."""
+    return (
+        new.node == current.node
+        or current.round < new.round - 1
+        or new.step > current.step
+        or (new.step == current.step and new.round > current.round)
+    )
+
+
+def read_claim(store: dist.Store) -> FreshestClaim | None:
+    """The claim in force (None: none yet)."""
+    if not store.check([FRESHEST_KEY]):
+        return None
+    return FreshestClaim.parse(store.get(FRESHEST_KEY).decode())
+
+
+def claim_freshest(store: dist.Store, claim: FreshestClaim, attempts: int = 5) -> FreshestClaim | None:
+    """Name `claim`'s node as the holder of the newest state where it `replaces` the claim in force
+    (compare-and-set; of launchers claiming together the freshest wins); returns the claim in force after."""
+    mine = claim.encode()
+    raw = store.compare_set(FRESHEST_KEY, "", mine).decode()
+    for _ in range(attempts):
+        if raw == mine:
+            return claim
+        current = FreshestClaim.parse(raw)
+        if current is not None and not replaces(claim, current):
+            return current
+        raw = store.compare_set(FRESHEST_KEY, raw, mine).decode()
+    return FreshestClaim.parse(raw)
+
+
+def target_round(current_round: int, complete: bool) -> int:
+    """The round a node that starts a rendezvous now joins: the one being formed, else the next one."""
+    return current_round + 1 if complete else current_round
+
+
+def must_leave_last_place(
+    claim: FreshestClaim | None,
+    me: Node,
+    my_step: int,
+    state_round: int,
+    participants: set[Node],
+    present: set[Node],
+    places_left: int,
+) -> bool:
+    """Whether this node, about to add itself to the round `state_round` being formed, must leave the place to
+    the claimed holder of a newer state than its own: only the last place, and only while the holder is on its
+    way (it claimed for this round, so it is between leaving the last one and joining this one, or it claimed
+    for the previous round and still waits in the rendezvous: `present`)."""
+    if claim is None or claim.node == me or claim.step <= my_step:
+        return False
+    if claim.node in participants or places_left > 1:
+        return False
+    if claim.round == state_round:
+        return True
+    return claim.round == state_round - 1 and claim.node in present
+
+
+class FreshnessGuard:
+    """One launcher's side of the freshest-state rule: it claims before each rendezvous (`offer`) and, asked by
+    torch's join (`torch_elastic.guard_joins`), holds this node back from the last place of a round while the
+    holder of a newer state is on its way, for at most `patience` seconds per round and holder (a holder that
+    died on its way is dropped by torch once its keep-alive lapses; this bound keeps the round from waiting
+    longer than that)."""
+
+    def __init__(
+        self,
+        store: Callable[[], dist.Store],
+        node: Node,
+        patience: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self.node = node
+        self.patience = patience
+        self._clock = clock
+        self.held = -1
+        """The newest step this pod holds a snapshot of, as offered at the last rendezvous (-1: none)."""
+        self._waiting_for: tuple[int, FreshestClaim] | None = None
+        self._since = 0.0
+
+    def offer(self, held: int, current_round: int, complete: bool) -> FreshestClaim | None:
+        """Before a rendezvous: remember what this pod holds and, when it holds a snapshot, claim it for the
+        round it joins. Returns the claim in force."""
+        self.held = held
+        if held < 0:
+            return None
+        claim = FreshestClaim(held, target_round(current_round, complete), self.node)
+        return claim_freshest(self._store(), claim)
+
+    def must_wait(self, state: Any, max_nodes: int) -> bool:
+        """Whether this node must not add itself yet to the round that `state` (torch's rendezvous state) forms."""
+        try:
+            claim = read_claim(self._store())
+        except Exception:  # the store's trouble is the rendezvous's to handle, not this rule's
+            return False
+        participants = {node_key(node) for node in state.participants}
+        present = participants | {node_key(node) for node in (*state.wait_list, *state.redundancy_list)}
+        places_left = max_nodes - len(state.participants)
+        if not must_leave_last_place(
+            claim, self.node, self.held, state.round, participants, present, places_left
+        ):
+            self._waiting_for = None
+            return False
+        assert claim is not None
+        waiting_for = (state.round, claim)
+        now = self._clock()
+        if self._waiting_for != waiting_for:
+            self._waiting_for, self._since = waiting_for, now
+            addr, pid, _ = claim.node
+            logger.info(
+                "leaving the last place of round %d to %s/%s, which holds step %d (this node holds %s)",
+                state.round,
+                addr,
+                pid,
+                claim.step,
+                self.held if self.held >= 0 else "none",
+            )
+        if now - self._since < self.patience:
+            return True
+        if self._since >= 0:
+            self._since = -math.inf  # said once per round and holder
+            logger.warning(
+                "round %d: the holder of step %d did not join within %gs; taking the place",
+                state.round,
+                claim.step,
+                self.patience,
+            )
+        return False

@@ -69,6 +69,7 @@ __all__ = [
     "SubprocessHandler",
     "WorkerSpec",
     "WorkerState",
+    "guard_joins",
     "handler_settings",
     "node_of",
     "replace_handler_settings",
@@ -148,6 +149,33 @@ def replace_handler_settings(handler: DynamicRendezvousHandler, settings: Any) -
     handler._settings = settings
     handler._op_executor._settings = settings  # type: ignore[attr-defined]  # the base class lacks it
     state_holder(handler)._settings = settings
+
+
+def guard_joins(handler: DynamicRendezvousHandler, must_wait: Callable[[Any, int], bool]) -> None:
+    """Have the handler ask `must_wait(state, max_nodes)` each time its join would add this node to the
+    participants of a round being formed: while it answers True the node waits instead (it keeps its keep-alive
+    and reads the state again after the poll delay), and the join goes on as torch decides once it answers
+    False. Everything else the join does (the wait and redundancy lists, completing a round, timeouts) stays
+    torch's."""
+    executor = handler._op_executor
+    run = executor.run
+    join_op = dynamic_rendezvous._RendezvousJoinOp
+    action = dynamic_rendezvous._Action
+    keep_alive_due = dynamic_rendezvous._should_keep_alive
+
+    def guarded_run(state_handler: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if isinstance(state_handler, join_op):
+            join = state_handler
+
+            def state_handler(ctx: Any, deadline: float) -> Any:
+                decided = join(ctx, deadline)
+                if decided == action.ADD_TO_PARTICIPANTS and must_wait(ctx.state, ctx.settings.max_nodes):
+                    return action.KEEP_ALIVE if keep_alive_due(ctx) else action.SYNC
+                return decided
+
+        run(state_handler, *args, **kwargs)
+
+    executor.run = guarded_run  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------- the rendezvous poll delay

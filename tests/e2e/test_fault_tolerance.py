@@ -8,8 +8,11 @@ Timeouts used here (printed with every failure): heartbeat interval 1 s, timeout
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -449,3 +452,119 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
     assert incident.get("restoredFrom") in ("memory", "peer"), incident
     lost = [i for i in incidents_of(final) if i["cause"] == "RendezvousLost"]
     assert lost and lost[0]["node"] == node, incidents_of(final)
+
+
+def step_log(path: Path) -> list[dict[str, Any]]:
+    """The example's log (`--log-file`): one line per step from rank 0, one per restore from every rank."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class LoggedRecovery:
+    """What the step log says of a failure at `failed_at`: the step training had reached, the step the group
+    that trained on first restored, and when that group completed its first step."""
+
+    reached: int
+    restored: int
+    resumed_at: float
+
+    @property
+    def lost(self) -> int:
+        return self.reached - self.restored
+
+
+def logged_recovery(log: list[dict[str, Any]], failed_at: float) -> LoggedRecovery:
+    steps = [line for line in log if "event" not in line]
+    # Rank 0 logs a step after the step's delay: a step logged within one delay after the failure had been
+    # computed before it (its all-reduce done), and the survivors hold it.
+    in_flight = failed_at + STEP_DELAY + 0.05
+    reached = max((line["step"] for line in steps if line["time"] < in_flight), default=0)
+    restores = [line for line in log if line.get("event") == "restore" and line["time"] > failed_at]
+    # The first step of a group formed after the failure: one that restored after it, before that step.
+    first = next(
+        line for line in steps if line["time"] > failed_at and any(r["time"] < line["time"] for r in restores)
+    )
+    restored = [r for r in restores if r["time"] < first["time"]][-1]
+    assert first["step"] == restored["step"] + 1, (first, restored)
+    return LoggedRecovery(reached, restored["step"], first["time"])
+
+
+def assert_incident_agrees(incident: dict[str, Any], log: list[dict[str, Any]], killed_at: float) -> None:
+    """The incident's figures are the step log's: the step reached before the kill, the step resumed from,
+    when the first step after it completed, and the time from the kill to then."""
+    logged = logged_recovery(log, killed_at)
+    resumed = parse_time(incident.get("resumedAt"))
+    assert resumed is not None, incident
+    assert incident["restoredStep"] == logged.restored, (incident, logged)
+    # Rank 0 itself killed never logs the step it had just completed: the survivors hold it.
+    assert logged.reached <= incident["detectedStep"] <= logged.reached + 1, (incident, logged)
+    assert incident["stepsLost"] == incident["detectedStep"] - logged.restored, (incident, logged)
+    # The first step's heartbeat is published right before rank 0 logs it.
+    assert abs(resumed.timestamp() - logged.resumed_at) < 0.5, (incident, logged)
+    # From `occurredAt`, when the node agent saw the container end (a kubelet keeps it to the second, and the
+    # operator takes the end of that second): never before the kill, and within a second or so of it.
+    logged_seconds = logged.resumed_at - killed_at
+    assert logged_seconds - 1.5 <= incident["secondsToRecover"] <= logged_seconds + 0.5, (incident, logged)
+
+
+def test_a_worker_and_then_the_promoted_spare_killed_lose_at_most_one_step(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    """Two failures that overlap: a worker is killed, and the spare taking its slot is killed 0.8 s later. The
+    survivor holds the newest state in its memory: it stays a worker, and the group that trains on restores
+    from it (at most the step in flight is lost), not from the durable checkpoint many steps back. Each
+    incident's figures are the step log's."""
+    tmp_path.chmod(0o777)
+    job = fault_job("twice")
+    template = job["spec"]["template"]["spec"]
+    (container,) = template["containers"]
+    container["args"] += ["--log-file", "/steplog/steps.jsonl"]
+    container["volumeMounts"] = [{"name": "steplog", "mountPath": "/steplog"}]
+    template["volumes"] = [{"name": "steplog", "hostPath": {"path": str(tmp_path)}}]
+    cluster.apply(job, namespace)
+    # Past a durable checkpoint (every 20 steps) by several steps: the disk holds an older state than memory.
+    victim = training_worker(cluster, namespace, "twice", min_step=28)
+    (spare,) = job_pods(cluster, namespace, "twice", "phalanx.dev/role=spare")
+    wait_for(
+        lambda: lease_phase(cluster, namespace, spare.metadata.name) == "standby",
+        60,
+        message="the spare to stand by",
+    )
+    first_killed = kill_whole_pod(namespace, victim.metadata.name)
+    time.sleep(max(first_killed + 0.8 - time.time(), 0))
+    second_killed = kill_whole_pod(namespace, spare.metadata.name)
+    assert second_killed - first_killed < 1.0
+    final = wait_succeeded(cluster, namespace, "twice", timeout=400)
+    log = step_log(tmp_path / "steps.jsonl")
+    status = final["status"]
+    print(f"incidents: {status.get('incidents')} restarts: {status['restarts']}")
+    print(
+        "restores:", [line for line in log if line.get("event") == "restore" and line["time"] > first_killed]
+    )
+    assert status["step"] == STEPS
+    reached = max(line["step"] for line in log if "event" not in line and line["time"] < first_killed)
+    final_resume = logged_recovery(log, second_killed)
+    assert final_resume.restored >= reached - 1, (reached, final_resume)
+    # By UID: a new pod may take a killed one's name.
+    (first,) = [i for i in incidents_of(final) if i.get("podUid") == victim.metadata.uid]
+    (second,) = [i for i in incidents_of(final) if i.get("podUid") == spare.metadata.uid]
+    assert first["cause"] == second["cause"] == "Killed", (first, second)
+    assert_incident_agrees(first, log, first_killed)
+    assert_incident_agrees(second, log, second_killed)
+    assert second["restoredFrom"] in ("memory", "peer"), second
+    assert status["restarts"].get("counted", 0) == 0
+
+
+def kill_whole_pod(namespace: str, pod: str) -> float:
+    """SIGKILL every process of the pod (launcher and training processes) in one instant; that instant."""
+    pids = faults.pod_processes(pod, namespace)
+    moment = time.time()
+    assert faults.signal_all(pids, signal.SIGKILL), f"no process of {pod} found"
+    return moment
+
+
+def lease_phase(cluster: Cluster, namespace: str, pod: str) -> str | None:
+    lease = cluster.get_json("lease", pod, "-n", namespace)
+    return lease["metadata"].get("annotations", {}).get("phalanx.dev/phase")

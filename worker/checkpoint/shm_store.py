@@ -34,6 +34,8 @@ _GROW_QUANTUM = 1 << 20
 STATE_DROPPED = "dropped"
 """Header state of a snapshot a rollback abandoned (not committed: never restored)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_DIGEST_CHARS = 12
+_DIGEST = re.compile(r"[0-9a-f]{12}")
 
 
 class SnapshotSpaceError(OSError):
@@ -72,18 +74,40 @@ def snapshot_root() -> Path:
     return Path(tempfile.gettempdir())
 
 
+def job_prefix() -> str:
+    """What every namespace of this job's snapshots starts with (the job id from the environment)."""
+    job = os.environ.get("PHALANX_JOB_UID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
+    if job in ("", "none"):
+        job = "local"
+    return _UNSAFE.sub("_", f"{job}-")
+
+
 def job_namespace(directory: str | os.PathLike[str] | None) -> str:
     """The key of this job's snapshots: the job id from the environment plus a hash of the directory.
 
     ``PHALANX_JOB_UID`` (set by the operator) or ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``)
     names the job; the checkpoint directory tells apart two checkpointers of one job.
     """
-    job = os.environ.get("PHALANX_JOB_UID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
-    if job in ("", "none"):
-        job = "local"
     where = os.path.abspath(os.fspath(directory)) if directory is not None else ""
-    digest = hashlib.sha256(where.encode()).hexdigest()[:12]
-    return _UNSAFE.sub("_", f"{job}-{digest}")
+    digest = hashlib.sha256(where.encode()).hexdigest()[:_DIGEST_CHARS]
+    return job_prefix() + digest
+
+
+def newest_held_step(root: Path | None = None) -> int:
+    """The newest step of which this pod holds a committed snapshot of this job (any checkpointer, any local
+    rank), read from the slot headers alone; -1 when it holds none. The launcher offers it when a group forms
+    (worker/rendezvous.py): the pod holding the newest state must get a place in the group."""
+    prefix = f"phalanx-snap-{job_prefix()}"
+    newest = -1
+    with contextlib.suppress(OSError):
+        for folder in (root or snapshot_root()).glob(f"{prefix}*"):
+            if not _DIGEST.fullmatch(folder.name[len(prefix) :]):
+                continue  # another job whose id starts with this one's
+            for slot in folder.glob("local-*/slot-*"):
+                header = slots.read_header(slot)
+                if slots.is_committed(header) and isinstance(header.get("step"), int):
+                    newest = max(newest, header["step"])
+    return newest
 
 
 def store_dir(namespace: str, local_rank: int, root: Path | None = None) -> Path:

@@ -287,6 +287,22 @@ def test_standby_spare_failure_is_marked_spare(make_pod: MakePod, now: datetime)
     assert failure.cause == "HeartbeatTimeout" and failure.spare
 
 
+@pytest.mark.parametrize(
+    ("phase", "standing_by"),
+    [("standby", True), ("starting", True), (None, True), ("rendezvous", False), ("restoring", False)],
+)
+def test_a_spare_that_left_standby_fails_as_a_worker(
+    make_pod: MakePod, now: datetime, phase: str | None, standing_by: bool
+) -> None:
+    # Its launcher left standby to join a round with room for it (torch is promoting it) before the operator
+    # relabelled it: its loss breaks the group being formed.
+    pod = make_pod("demo-worker-2", role="spare", phase="Failed", exit_code=137)
+    leases = {"demo-worker-2": lease(now, step=0, phase=phase)} if phase else {}
+    tracks = run([make_pod("demo-worker-2", role="spare")], leases, now)[1]
+    (failure,), _ = run([pod], leases, now, tracks)
+    assert failure.cause == "Killed" and failure.spare is standing_by
+
+
 def test_memory_survives_an_operator_restart(make_pod: MakePod, now: datetime) -> None:
     """The no-progress clock lives in status: a new operator reading it detects on time."""
     pods = [make_pod("demo-worker-0")]

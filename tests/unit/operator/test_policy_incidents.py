@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from phalanx.operator import api, detection, incidents, policy
-from phalanx.operator.timeutil import format_time
+from phalanx.operator.timeutil import format_micro_time, format_time
 
 
 def failure(cause: str, **fields: object) -> detection.Failure:
@@ -253,3 +253,63 @@ def test_a_lost_rendezvous_is_replaced_and_open_until_training_advances(now: dat
     trained_on = incidents.Beat(step=42, renewed=now, group_started=old)
     (closed,) = incidents.observe_progress([incident], [trained_on], now).recovered
     assert closed.detected_step == 40 and closed.steps_lost == 0
+
+
+def test_a_survivor_between_groups_tells_the_step_its_group_stopped_at(now: datetime) -> None:
+    # Detected from a Lease that lagged (step 30); the survivor left its group and said at once it had reached
+    # step 31. Between groups it tells what was lost, never where training resumed.
+    incident = opened_at(now - timedelta(seconds=2), now, step=30)
+    between = incidents.Beat(step=31, renewed=now, active=False)
+    seen = incidents.observe_progress([incident], [between], now + timedelta(seconds=1))
+    (still_open,) = seen.incidents
+    assert seen.recovered == [] and still_open.detected_step == 31 and still_open.resumed_from_step is None
+    # Even far past the step, a worker between groups closes nothing.
+    past = incidents.Beat(step=40, renewed=now + timedelta(seconds=2), active=False)
+    assert incidents.observe_progress(seen.incidents, [past], now + timedelta(seconds=2)).recovered == []
+
+
+def test_overlapping_failures_close_when_training_resumed_after_both(now: datetime) -> None:
+    # A worker dies at step 31; the spare taking its slot dies 0.8 s later, before its group trained a step.
+    first_failed = now - timedelta(seconds=2)
+    second_failed = first_failed + timedelta(milliseconds=800)
+    first = opened_at(first_failed, now - timedelta(seconds=1), step=31)
+    decision = policy.decide(KILLED, api.FailurePolicySpec())
+    spare = failure("Killed", exit_code=137, occurred_at=second_failed, spare=False)
+    second = incidents.open_incident(spare, decision, now, 31, unreported=2)
+    assert incidents.is_open(second)
+    # The group the spare joined formed after the first failure but never completed a step: it closes nothing.
+    formed = first_failed + timedelta(milliseconds=300)
+    broken = group_beat(31, formed, restored_step=31, restored_from="memory")
+    progress = incidents.observe_progress([first, second], [broken], now)
+    assert progress.recovered == []
+    # The next group restored step 31 and completed step 32.
+    started = now + timedelta(seconds=3)
+    resumed = now + timedelta(seconds=4)
+    beat = group_beat(32, started, resumed, restored_step=31, restored_from="memory")
+    done = incidents.observe_progress(progress.incidents, [beat], now + timedelta(seconds=5))
+    first_closed, second_closed = done.recovered
+    for closed in (first_closed, second_closed):
+        assert closed.resumed_at == format_micro_time(resumed) and closed.steps_lost == 0
+    assert (first_closed.seconds_to_recover, second_closed.seconds_to_recover) == (6.0, 5.2)
+    assert done.recovery_seconds == 6.0  # the union of both
+
+
+def test_a_group_that_resumed_then_broke_closes_the_incident_it_followed(now: datetime) -> None:
+    # The spare that took the failed worker's place died right after the group's first step: the survivor is
+    # between groups again, and its Lease still says when that group started and resumed.
+    failed = now - timedelta(seconds=2)
+    incident = opened_at(failed, now, step=35)  # from a Lease that lagged its worker
+    started, resumed = failed + timedelta(milliseconds=600), failed + timedelta(milliseconds=900)
+    survivor = incidents.Beat(
+        step=38,
+        renewed=now,
+        group_started=started,
+        resumed_at=resumed,
+        restored_step=37,
+        restored_from="memory",
+        active=False,
+    )
+    (closed,) = incidents.observe_progress([incident], [survivor], now).recovered
+    assert closed.resumed_at == format_micro_time(resumed) and closed.seconds_to_recover == 0.9
+    # The state restored had been reached before the failure: the step at detection was short of it.
+    assert (closed.detected_step, closed.restored_step, closed.steps_lost) == (37, 37, 0)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+
 from phalanx.operator.reconcile import REGROUP_CLOCK_MARGIN, SUSPECT_NODE_SECONDS, Observed, Plan, plan
 from phalanx.operator.timeutil import format_micro_time
 from phalanx.operator.topology import avoided_nodes
@@ -692,7 +694,9 @@ def test_no_request_when_no_running_group_lost_a_worker(
     )
     assert spare.status["incidents"] == [] and "regroup" not in spare.status
     assert "SpareReplaced" in [e.reason for e in spare.events]
-    # A worker that never joined a group (still in the rendezvous) exits.
+    # A worker that never joined a group (still in the rendezvous) exits: no group lost it, but the round it
+    # joins must not wait for its keep-alive to lapse, so the launchers are told to drop it (the request names
+    # it; a launcher restarts only a group it belongs to, worker/regroup.py).
     pods = _running_gang(make_pod)
     leases = {**_gang_leases(now, 10), "demo-worker-1": _lease(now, 0, phase="rendezvous")}
     steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
@@ -700,7 +704,7 @@ def test_no_request_when_no_running_group_lost_a_worker(
     joining = plan(
         _with_status(job, steady), Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES)
     )
-    assert joining.status["incidents"] and "regroup" not in joining.status
+    assert joining.status["incidents"] and joining.status["regroup"]["departed"] == ["demo-worker-1"]
     # A failure the policy ignores.
     rules = [{"match": {"exitCodes": [1]}, "action": "Ignore"}]
     ignoring = make_job(failurePolicy={"rules": rules})
@@ -876,6 +880,79 @@ def test_the_incident_takes_its_figures_from_the_group_that_resumed(
     assert incident["resumedAt"] == "2026-01-01T12:00:04.250000Z"
     assert incident["secondsToRecover"] == 2.3  # from 12:00:01.999999, the end of the exit's second
     assert (incident["stepsLost"], incident["restoredStep"], incident["restoredFrom"]) == (3, 10, "peer")
+    assert _condition(resumed, "Recovering")["reason"] == "Recovered"
+
+
+@pytest.mark.parametrize("spare_seen", ["rendezvous", "standby"])
+def test_a_spare_killed_while_taking_the_slot_is_an_incident_of_its_own_until_training_resumes(
+    make_job: MakeJob, make_pod: MakePod, now: datetime, spare_seen: str
+) -> None:
+    # worker-1 is killed at step 13; the spare leaves standby to take its slot and is killed 0.8 s later,
+    # before the group it joins trains a step. worker-0 keeps the newest state (step 13) and re-forms with the
+    # spare refilling the pool; the group restores step 13 and trains on. The spare's last Lease says it was
+    # joining, or (renewed a moment after each change, and read later still) that it stood by.
+    job = make_job(heartbeat={"intervalSeconds": 1})
+    pods = _running_gang(make_pod)
+    group = "2026-01-01T11:50:00.000000Z"
+    leases = {name: {**lease, "group-started": group} for name, lease in _gang_leases(now, 10).items()}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    first = now + timedelta(seconds=2)
+    pods[1] = _exited(make_pod, "demo-worker-1", 137, "2026-01-01T12:00:01Z")
+    leases = {
+        "demo-worker-0": {**_lease(first, 11), "group-started": group},  # its Lease lags its step
+        "demo-worker-1": {**_lease(first, 11), "group-started": group},
+        "demo-worker-2": _lease(first, 0, phase="standby"),
+    }
+    killed = plan(
+        _with_status(job, steady), Observed(pods=pods, now=first, leases=leases, nodes=HEALTHY_NODES)
+    )
+    assert killed.status["incidents"][0]["detectedStep"] == 11
+    assert [p["metadata"]["name"] for p in killed.create_pods] == ["demo-worker-3"]
+
+    second = first + timedelta(seconds=1)
+    pods = [p for p in pods if p["metadata"]["name"] != "demo-worker-1"]
+    pods[1] = _exited(make_pod, "demo-worker-2", 137, "2026-01-01T12:00:02Z")
+    pods[1]["metadata"]["labels"]["phalanx.dev/role"] = "spare"  # not relabelled: it never trained
+    pods.append(make_pod("demo-worker-3", role="spare", node=None, phase="Pending"))
+    leases = {
+        # worker-0 left its group: it says at once the step that group stopped at.
+        "demo-worker-0": _lease(second, 13, phase="rendezvous"),
+        "demo-worker-2": _lease(second, 0, phase=spare_seen),
+    }
+    both = plan(
+        _with_status(job, killed), Observed(pods=pods, now=second, leases=leases, nodes=HEALTHY_NODES)
+    )
+    first_incident, spare_incident = both.status["incidents"]
+    assert first_incident["detectedStep"] == 13 and first_incident.get("resumedAt") is None
+    assert spare_incident["worker"] == "demo-worker-2" and spare_incident["cause"] == "Killed"
+    assert spare_incident.get("resumedAt") is None and spare_incident["detectedStep"] == 13
+    # The round being formed must not wait for the spare's keep-alive to lapse.
+    assert both.status["regroup"]["departed"] == ["demo-worker-2"]
+    assert _condition(both, "Recovering")["status"] == "True"
+    assert both.delete_pods == ["demo-worker-2"]
+
+    resumed_at = second + timedelta(seconds=4)
+    pods = [pods[0], make_pod("demo-worker-3", role="spare"), make_pod("demo-worker-4", role="spare")]
+    pods.append(make_pod("demo-rdzv", role="rendezvous"))
+    new_group = {
+        "group-started": "2026-01-01T12:00:05.000000Z",
+        "resumed-at": "2026-01-01T12:00:06.500000Z",
+        "restored-step": "13",
+    }
+    leases = {
+        "demo-worker-0": {**_lease(resumed_at, 14), **new_group, "restore-source": "memory"},
+        "demo-worker-3": {**_lease(resumed_at, 14), **new_group, "restore-source": "peer"},
+        "demo-worker-4": _lease(resumed_at, 0, phase="standby"),
+    }
+    resumed = plan(
+        _with_status(job, both), Observed(pods=pods, now=resumed_at, leases=leases, nodes=HEALTHY_NODES)
+    )
+    first_incident, spare_incident = resumed.status["incidents"]
+    for incident in (first_incident, spare_incident):
+        assert incident["resumedAt"] == "2026-01-01T12:00:06.500000Z"
+        assert (incident["stepsLost"], incident["restoredStep"]) == (0, 13)
+    # Each from its own failure: 12:00:01.999999 and 12:00:02.999999, the ends of the exits' seconds.
+    assert (first_incident["secondsToRecover"], spare_incident["secondsToRecover"]) == (4.5, 3.5)
     assert _condition(resumed, "Recovering")["reason"] == "Recovered"
 
 

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import WORKER, advance_to, build_state, expected_fingerprint, fingerprint, run_ranks
 
 from phalanx.worker import Checkpointer, cleanup_snapshots
-from phalanx.worker.checkpoint import shm_store, slots
+from phalanx.worker.checkpoint import payload, shm_store, slots
 
 
 def test_snapshot_survives_the_writing_process(workdir: Path) -> None:
@@ -97,3 +98,31 @@ def test_a_snapshot_that_does_not_fit_says_what_to_change(tmp_path: Path, monkey
         store._mapping(slot, 5 * 2**20, pin=False)
     assert "a slot needs 5 MiB" in str(raised.value) and "64 MiB" in str(raised.value)
     assert not slot.exists() or slot.stat().st_size == 0  # nothing was mapped over unreserved memory
+
+
+def _commit(root: Path, namespace: str, local_rank: int, step: int) -> None:
+    store = shm_store.SnapshotStore(shm_store.store_dir(namespace, local_rank, root))
+    plan = payload.plan({"step": step, "weights": torch.zeros(4)})
+    store.write(plan, {"step": step})
+    store.close()
+
+
+def test_the_launcher_reads_the_newest_step_its_pod_holds_from_the_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a launcher offers when its group re-forms (worker/rendezvous.py): any checkpointer of this job, any
+    # local rank, committed snapshots only; other jobs' snapshots on the node do not count.
+    monkeypatch.setenv("PHALANX_JOB_UID", "job")
+    assert shm_store.newest_held_step(tmp_path) == -1
+    _commit(tmp_path, shm_store.job_namespace(tmp_path / "ckpt"), 0, 12)
+    _commit(tmp_path, shm_store.job_namespace(tmp_path / "ckpt"), 1, 13)
+    _commit(tmp_path, shm_store.job_namespace(tmp_path / "other-ckpt"), 0, 9)
+    monkeypatch.setenv("PHALANX_JOB_UID", "job-2")  # a job whose id starts with this one's
+    _commit(tmp_path, shm_store.job_namespace(tmp_path / "ckpt"), 0, 99)
+    monkeypatch.setenv("PHALANX_JOB_UID", "job")
+    assert shm_store.newest_held_step(tmp_path) == 13
+    newest = shm_store.SnapshotStore(
+        shm_store.store_dir(shm_store.job_namespace(tmp_path / "ckpt"), 1, tmp_path)
+    )
+    newest.drop(lambda info: True)  # a rollback abandoned it: not held any more
+    assert shm_store.newest_held_step(tmp_path) == 12

@@ -438,3 +438,34 @@ def test_a_script_that_publishes_nothing_shows_as_training_with_its_step_unknown
     publisher = StatusPublisher(tmp_path / "rank-0.json", rank=0, world_size=2, attempt=1)
     publisher.publish(phase="starting")
     assert not reporter.silent_script() and reporter.current().phase == "starting"
+
+
+def test_between_groups_the_lease_keeps_where_the_latest_group_resumed(tmp_path: Path) -> None:
+    # A group that resumed and broke within one look at the records (the spare that took a failed worker's
+    # place lost right after the first step): the operator must still learn that training resumed, and when.
+    from phalanx.worker.launch import PodReporter
+
+    env = {"PHALANX_RDZV_ENDPOINT": "rdzv.ns.svc:29400", "PHALANX_JOB_UID": "uid-9", "POD_IP": "127.0.3.4"}
+    settings = settings_from(env, {"command": ("python", "train.py")})
+    reporter = PodReporter(settings, tmp_path, PodMetrics())
+    reporter.attempt = 2
+    reporter.launcher_phase = None
+    started = time.time()
+    reporter.group_started = started
+    publisher = StatusPublisher(tmp_path / "rank-0.json", rank=0, world_size=2, attempt=2)
+    publisher.restored(37, "memory")
+    # Re-forming before the group's first step: nothing resumed, nothing to keep.
+    reporter.group_started = None
+    reporter.launcher_phase = "rendezvous"
+    assert lease_annotations(reporter.current())["phalanx.dev/resumed-at"] == ""
+    publisher.publish(phase="training", step=38)
+    annotations = lease_annotations(reporter.current())
+    assert annotations["phalanx.dev/phase"] == "rendezvous"
+    assert annotations["phalanx.dev/restored-step"] == "37"
+    assert annotations["phalanx.dev/restore-source"] == "memory"
+    assert annotations["phalanx.dev/group-started"] and annotations["phalanx.dev/resumed-at"]
+    # The next group's own figures replace them once it starts.
+    reporter.attempt = 3
+    reporter.launcher_phase = None
+    reporter.group_started = time.time()
+    assert lease_annotations(reporter.current())["phalanx.dev/resumed-at"] == ""

@@ -86,3 +86,15 @@ def test_a_lost_member_or_a_larger_group_lets_the_waiter_in() -> None:
     assert not client_for(state, C, 3).in_standby()
     del state.participants[B]
     assert client_for(state, A, 2).waiting_with_room() == 1
+
+
+def test_a_node_outside_a_full_round_stands_by_before_torch_lists_it() -> None:
+    # A spare that saw the group full and is joining: torch has yet to put it in the redundancy list, but it
+    # stands by all the same (the operator must not take its loss for a promoted spare's).
+    state = full_round_with_a_waiter()
+    state.wait_list = set()
+    assert client_for(state, C, 2).in_standby()
+    # With room for it, it is joining the group (being promoted), not standing by.
+    assert not client_for(state, C, 3).in_standby()
+    state.complete = False
+    assert not client_for(state, C, 2).in_standby()

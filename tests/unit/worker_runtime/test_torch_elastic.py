@@ -198,6 +198,33 @@ def test_replaced_settings_reach_every_part_that_reads_them(store: dist.Store) -
     assert torch_elastic.state_holder(handler)._settings is marker
 
 
+def test_the_join_the_launcher_guards_is_where_it_reaches(
+    store: dist.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # worker/rendezvous.py's freshest-state rule wraps the executor's run and answers torch's join actions.
+    generator = torch_elastic.dynamic_rendezvous._NodeDescGenerator()
+    monkeypatch.setattr(torch_elastic.DynamicRendezvousHandler, "_node_desc_generator", generator)
+    handler = handler_on(store)
+    run = inspect.signature(handler._op_executor.run)
+    assert list(run.parameters)[:2] == ["state_handler", "deadline"]
+    dynamic = torch_elastic.dynamic_rendezvous
+    assert {"ADD_TO_PARTICIPANTS", "KEEP_ALIVE", "SYNC"} <= set(dynamic._Action.__members__)
+    assert callable(dynamic._should_keep_alive) and callable(dynamic._RendezvousJoinOp())
+    asked: list[tuple[int, int]] = []
+
+    class Asked(Exception):
+        pass
+
+    def guard(state: object, max_nodes: int) -> bool:
+        asked.append((len(state.participants), max_nodes))  # type: ignore[attr-defined]
+        raise Asked
+
+    torch_elastic.guard_joins(handler, guard)
+    with pytest.raises(Asked):
+        handler.next_rendezvous()  # an open round: before adding itself, it asks
+    assert asked == [(0, 2)]
+
+
 def test_the_rendezvous_still_polls_through_the_module_delay() -> None:
     delay = torch_elastic.sync_delay()
     assert delay is not None
