@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -285,8 +285,25 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             argv.append(f"--gpus-per-node={config.gpus_per_node}")
         if config.real_nodes:
             argv.append(f"--real-node-dns={config.node_ip}")
+        argv.extend(pod_namespaces_flag(os.environ))
         return argv
     raise ValueError(name)
+
+
+POD_NAMESPACES_ENV = "PHALANX_DEV_POD_NAMESPACES"
+"""`off` runs the agent's pods without private mount/UTS namespaces even where `unshare` works, as on a machine
+that refuses it (some CI sandboxes); `on` requires them; unset: the agent probes."""
+
+
+def pod_namespaces_flag(env: Mapping[str, str]) -> list[str]:
+    value = env.get(POD_NAMESPACES_ENV, "").strip().lower()
+    if value in ("off", "0", "false", "no"):
+        return ["--no-namespaces"]
+    if value in ("on", "1", "true", "yes"):
+        return ["--namespaces"]
+    if value:
+        raise UserFacingError(f"{POD_NAMESPACES_ENV}={value!r}: use on, off, or leave it unset")
+    return []
 
 
 def write_kubeconfig(layout: Layout, pki: Pki, api_port: int) -> None:

@@ -14,6 +14,7 @@ training-health signal on or off (`health.HealthMonitor`), never a mere renewal.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
+from phalanx import kubecredentials
 from phalanx.operator import (
     api,
     builders,
@@ -510,7 +512,10 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # In a pod: its ServiceAccount; elsewhere: the kubeconfig, as the kubernetes client resolves them.
+        # The same identity as the operator's own client (kubecredentials): a kubeconfig named by KUBECONFIG
+        # wins over the pod's service account, which kopf alone would try first.
+        if kubecredentials.source(os.environ) == "kubeconfig":
+            return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_via_client(**kwargs)
 
     @kopf.index("pods", id="phalanx_pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)

@@ -10,6 +10,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from phalanx import kubecredentials
 from phalanx.operator import api
 from phalanx.operator.reconcile import Event
 from phalanx.operator.timeutil import format_time, now
@@ -36,12 +37,9 @@ def _collection_path(obj: dict[str, Any]) -> str:
 
 
 def load_client(connections: int = 10) -> kubernetes.client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG); keeps up to
-    `connections` connections open, so parallel requests do not queue for a connection."""
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+    """A client with the credentials `kubecredentials.load` chooses (KUBECONFIG, else the pod's service
+    account); keeps up to `connections` connections open, so parallel requests do not queue for one."""
+    kubecredentials.load()
     configuration = kubernetes.client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = connections
     return kubernetes.client.ApiClient(configuration)

@@ -148,3 +148,12 @@ _session_config: dict[str, pytest.Config] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     _session_config["config"] = config
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whether the node agent's pods get private mount namespaces here: where `unshare` is refused (some CI
+    sandboxes) they share the machine's filesystem, and a failure may be that mode's."""
+    from phalanx.devcluster.agent.runtime import probe_namespaces
+
+    setting = os.environ.get(controlplane.POD_NAMESPACES_ENV) or "unset"
+    return f"pods' private namespaces: unshare {'works' if probe_namespaces() else 'refused'}; {controlplane.POD_NAMESPACES_ENV}={setting}"

@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from phalanx import kubecredentials
 
 logger = logging.getLogger(__name__)
 
@@ -21,22 +22,13 @@ def kubernetes_reachable(env: Mapping[str, str]) -> bool:
     return bool(env.get("KUBERNETES_SERVICE_HOST") or env.get("KUBECONFIG"))
 
 
-def _load_config() -> None:
-    from kubernetes import config
-
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-    else:
-        config.load_kube_config()
-
-
 class LeaseClient:
     """Creates the Lease on first use, then replaces its spec and annotations on each renewal."""
 
     def __init__(self, pod_name: str, namespace: str) -> None:
         from kubernetes import client
 
-        _load_config()
+        kubecredentials.load()
         self._core = client.CoreV1Api()
         self._coordination = client.CoordinationV1Api()
         self._api_exception = client.ApiException
@@ -96,7 +88,7 @@ class TrainingJobApi:
         from kubernetes import client
 
         if api_client is None:
-            _load_config()
+            kubecredentials.load()
         self._custom = client.CustomObjectsApi(api_client)
         self._api_exception = client.ApiException
         self.job_name = job_name

@@ -72,7 +72,8 @@ class Agent:
         namespaced = probe_namespaces() if config.use_namespaces is None else config.use_namespaces
         if not namespaced:
             log.warning(
-                "unshare is not permitted: pods run without private mount/UTS namespaces (see sandbox)"
+                "pods run without private mount/UTS namespaces (unshare refused, or --no-namespaces): their mount"
+                " paths are rewritten to their volumes (sharedfs)"
             )
         kube = KubeClient(str(config.kubeconfig))
         specs = all_nodes(config)

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from phalanx.devcluster.agent import podstatus, volumes
+from phalanx.devcluster.agent import podstatus, sharedfs, volumes
 from phalanx.devcluster.agent.context import FREEZE_ANNOTATION, KILL_ANNOTATION, AgentContext
 from phalanx.devcluster.agent.envresolve import (
     ContainerConfigError,
@@ -372,6 +372,28 @@ class PodWorker:
             if not record.running and record.terminated is None:
                 self._maybe_start(pod, record)
 
+    def _outside_namespaces(
+        self,
+        container: str,
+        argv: list[str],
+        env: dict[str, str],
+        working_dir: str | None,
+        mounts: list[volumes.Mount],
+    ) -> tuple[list[str], dict[str, str], str | None, list[volumes.Mount]]:
+        """A container on the machine's shared filesystem (sharedfs): its mount paths rewritten to its own
+        volumes, and its service account as a kubeconfig of its own instead of a shared mount."""
+        account = sharedfs.service_account_mount(mounts)
+        if account is not None:
+            mounts = [mount for mount in mounts if mount is not account]
+            host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+            if host and port and "KUBECONFIG" not in env:
+                path = self.dir / "run" / f"{container}.kubeconfig"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(sharedfs.kubeconfig(Path(account.source), host, port))
+                env["KUBECONFIG"] = str(path)
+        argv, env, working_dir = sharedfs.rewrite_container(argv, env, working_dir, mounts)
+        return argv, env, working_dir, mounts
+
     def _maybe_start(self, pod: dict[str, Any], record: ContainerRecord) -> None:
         if time.monotonic() < self.next_start.get(record.name, 0.0) or self.record.failure_reason:
             return
@@ -403,9 +425,13 @@ class PodWorker:
         for mount in container.get("volumeMounts") or []:
             env.setdefault(volume_env_name(mount["name"]), (self.volume_paths or {})[mount["name"]])
         self.shm_dir.mkdir(parents=True, exist_ok=True)
+        working_dir = container.get("workingDir")
         if not self.ctx.namespaced:
             # Without a mount namespace /dev/shm is the machine's: point shared-memory users at the pod's own.
             env.setdefault("PHALANX_SNAPSHOT_DIR", str(self.shm_dir))
+            argv, env, working_dir, mounts = self._outside_namespaces(
+                record.name, argv, env, working_dir, mounts
+            )
         restart = record.restart_count + (
             1 if record.last_terminated is not None and record.container_id else 0
         )
@@ -420,7 +446,7 @@ class PodWorker:
             "container": record.name,
             "argv": argv,
             "env": env,
-            "working_dir": container.get("workingDir"),
+            "working_dir": working_dir,
             "hostname": volumes.pod_hostname(pod),
             "mounts": [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in mounts],
             "hosts_file": str(self.dir / "etc" / "hosts"),

@@ -1,9 +1,10 @@
 """Runs inside a pod's private mount + UTS namespaces: hostname, bind mounts, /etc files, then exec.
 
 `python -m phalanx.devcluster.agent.sandbox SPEC.json` (started by the agent under
-`unshare -m -u --propagation private`). Without namespaces (`"namespaced": false`) the hostname is left alone and
-each volume is reachable through `$PHALANX_VOLUME_<NAME>` and, where the mount path does not exist yet, a symlink
-there; the pod's /etc/hosts and resolv.conf are then not applied.
+`unshare -m -u --propagation private`). Without namespaces (`"namespaced": false`) nothing is mounted or linked:
+the hostname is left alone, the agent has already rewritten the container's mount paths to its volumes
+(`sharedfs`), each volume is also reachable through `$PHALANX_VOLUME_<NAME>`, and the pod's /etc/hosts and
+resolv.conf are not applied.
 """
 
 from __future__ import annotations
@@ -44,17 +45,6 @@ def bind(source: str, target: str, read_only: bool) -> None:
         _libc_mount(source, target, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
 
 
-def link(source: str, target: str) -> None:
-    dst = Path(target)
-    if dst.exists() or dst.is_symlink():
-        return
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.symlink_to(source)
-    except OSError as error:
-        print(f"phalanx sandbox: cannot link {target} -> {source}: {error}", file=sys.stderr)
-
-
 def enter(spec: dict[str, Any]) -> None:
     """Set up the pod's view of the machine, then replace this process with the container's command."""
     if spec.get("namespaced"):
@@ -77,9 +67,6 @@ def enter(spec: dict[str, Any]) -> None:
         ):
             if source and os.path.exists(target):
                 _libc_mount(source, os.path.realpath(target), MS_BIND)
-    else:
-        for mount in spec.get("mounts") or []:
-            link(mount["source"], mount["target"])
     if spec.get("working_dir"):
         Path(spec["working_dir"]).mkdir(parents=True, exist_ok=True)
         os.chdir(spec["working_dir"])

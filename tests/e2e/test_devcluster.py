@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -550,3 +551,111 @@ def test_each_pod_has_its_own_dev_shm_kept_across_container_restarts(
         assert (
             cluster.core.read_namespaced_pod(name, namespace).status.container_statuses[0].restart_count == 1
         )
+
+
+def test_pods_without_private_namespaces_each_see_their_own_volumes_and_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where `unshare` is refused (some CI sandboxes), pods share the machine's filesystem. Two pods, one after
+    the other, mount different folders at the same path and act as their own service accounts: each writes to
+    its own folder and reads itself through the API server, also after the first pod is gone (a shared link
+    at the mount path used to leave every later pod with the first one's dangling credentials)."""
+    monkeypatch.setenv(controlplane.POD_NAMESPACES_ENV, "off")
+    mount_path = f"/phalanx-test-{uuid.uuid4().hex[:8]}"  # a path no earlier run can have left behind
+    layout = controlplane.up(tmp_path / "shared", nodes=1, simulated_nodes=0, quiet=True)
+    kubectl = [str(layout.bin / "kubectl"), f"--kubeconfig={layout.kubeconfig}"]
+
+    def apply(manifest: dict) -> None:
+        subprocess.run(
+            [*kubectl, "apply", "-f", "-"],
+            input=json.dumps(manifest),
+            text=True,
+            check=True,
+            capture_output=True,
+        )
+
+    try:
+        rbac = {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": "read-pods", "namespace": "default"},
+                    "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+                },
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "read-pods", "namespace": "default"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-pods"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "default"}],
+                },
+            ],
+        }
+        apply(rbac)
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    [*kubectl, "get", "serviceaccount", "default", "-o", "jsonpath={.secrets[0].name}"],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            ),
+            60,
+            message="the default ServiceAccount's token",
+        )
+        script = """
+            import os, kubernetes
+            from phalanx import kubecredentials
+            assert kubecredentials.load() == "kubeconfig", os.environ.get("KUBECONFIG")
+            me = kubernetes.client.CoreV1Api().read_namespaced_pod(os.environ["HOSTNAME"], "default")
+            with open("MOUNT/uid", "w") as out:
+                out.write(me.metadata.uid)
+        """.replace("MOUNT", mount_path)
+        uids = {}
+        for name in ("first", "second"):
+            folder = tmp_path / name
+            folder.mkdir()
+            apply(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            python_container(
+                                "main", script, volumeMounts=[{"name": "out", "mountPath": mount_path}]
+                            )
+                        ],
+                        "volumes": [{"name": "out", "hostPath": {"path": str(folder)}}],
+                    },
+                }
+            )
+            wait_for(
+                lambda name=name: (
+                    subprocess.run(
+                        [*kubectl, "get", "pod", name, "-o", "jsonpath={.status.phase}"],
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                    in ("Succeeded", "Failed")
+                ),
+                90,
+                message=f"pod {name} to end",
+            )
+            pod = json.loads(
+                subprocess.run(
+                    [*kubectl, "get", "pod", name, "-o", "json"], capture_output=True, text=True, check=True
+                ).stdout
+            )
+            logs = subprocess.run([*kubectl, "logs", name], capture_output=True, text=True).stdout
+            assert pod["status"]["phase"] == "Succeeded", logs
+            uids[name] = pod["metadata"]["uid"]
+            subprocess.run([*kubectl, "delete", "pod", name, "--wait=true"], check=True, capture_output=True)
+        assert {name: (tmp_path / name / "uid").read_text() for name in uids} == uids
+        assert not Path(mount_path).exists(), "a mount path was made on the machine, shared by every pod"
+    finally:
+        controlplane.down(tmp_path / "shared", quiet=True)

@@ -509,54 +509,6 @@ def assert_incident_agrees(incident: dict[str, Any], log: list[dict[str, Any]], 
     assert logged_seconds - 1.5 <= incident["secondsToRecover"] <= logged_seconds + 0.5, (incident, logged)
 
 
-def test_a_worker_and_then_the_promoted_spare_killed_lose_at_most_one_step(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
-) -> None:
-    """Two failures that overlap: a worker is killed, and the spare taking its slot is killed 0.8 s later. The
-    survivor holds the newest state in its memory: it stays a worker, and the group that trains on restores
-    from it (at most the step in flight is lost), not from the durable checkpoint many steps back. Each
-    incident's figures are the step log's."""
-    tmp_path.chmod(0o777)
-    job = fault_job("twice")
-    template = job["spec"]["template"]["spec"]
-    (container,) = template["containers"]
-    container["args"] += ["--log-file", "/steplog/steps.jsonl"]
-    container["volumeMounts"] = [{"name": "steplog", "mountPath": "/steplog"}]
-    template["volumes"] = [{"name": "steplog", "hostPath": {"path": str(tmp_path)}}]
-    cluster.apply(job, namespace)
-    # Past a durable checkpoint (every 20 steps) by several steps: the disk holds an older state than memory.
-    victim = training_worker(cluster, namespace, "twice", min_step=28)
-    (spare,) = job_pods(cluster, namespace, "twice", "phalanx.dev/role=spare")
-    wait_for(
-        lambda: lease_phase(cluster, namespace, spare.metadata.name) == "standby",
-        60,
-        message="the spare to stand by",
-    )
-    first_killed = kill_whole_pod(namespace, victim.metadata.name)
-    time.sleep(max(first_killed + 0.8 - time.time(), 0))
-    second_killed = kill_whole_pod(namespace, spare.metadata.name)
-    assert second_killed - first_killed < 1.0
-    final = wait_succeeded(cluster, namespace, "twice", timeout=400)
-    log = step_log(tmp_path / "steps.jsonl")
-    status = final["status"]
-    print(f"incidents: {status.get('incidents')} restarts: {status['restarts']}")
-    print(
-        "restores:", [line for line in log if line.get("event") == "restore" and line["time"] > first_killed]
-    )
-    assert status["step"] == STEPS
-    reached = max(line["step"] for line in log if "event" not in line and line["time"] < first_killed)
-    final_resume = logged_recovery(log, second_killed)
-    assert final_resume.restored >= reached - 1, (reached, final_resume)
-    # By UID: a new pod may take a killed one's name.
-    (first,) = [i for i in incidents_of(final) if i.get("podUid") == victim.metadata.uid]
-    (second,) = [i for i in incidents_of(final) if i.get("podUid") == spare.metadata.uid]
-    assert first["cause"] == second["cause"] == "Killed", (first, second)
-    assert_incident_agrees(first, log, first_killed)
-    assert_incident_agrees(second, log, second_killed)
-    assert second["restoredFrom"] in ("memory", "peer"), second
-    assert status["restarts"].get("counted", 0) == 0
-
-
 def kill_whole_pod(namespace: str, pod: str) -> float:
     """SIGKILL every process of the pod (launcher and training processes) in one instant; that instant."""
     pids = faults.pod_processes(pod, namespace)
