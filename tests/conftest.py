@@ -130,7 +130,9 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Say why a test failed the moment it fails, not only in the summary at the end: a CI run stopped at its
-    time limit never prints that summary, and then its log would show only a row of Fs."""
+    time limit never prints that summary, and then its log would show only a row of Fs. With the cluster's
+    state (its pods, the node agent's last lines) and the machine's, briefly: enough to tell a test's failure
+    from a cluster or a machine that can no longer run pods."""
     if not report.failed:
         return
     config = _session_config.get("config")
@@ -140,7 +142,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     text = report.longreprtext.splitlines()
     terminal.write_line("")
     terminal.write_sep("-", f"{report.nodeid} failed ({report.when}), {report.duration:.0f} s", red=True)
-    terminal.write_line("\n".join(text[-40:]))
+    terminal.write_line("\n".join(text[-30:]))
+    for title, content in report.sections:
+        if title.startswith(("kubectl get pods", "log node-agent")):
+            terminal.write_line(f"-- {title}, last 12 lines:")
+            terminal.write_line("\n".join(content.splitlines()[-12:]))
+    terminal.write_line(f"-- the machine now: {machine_state()}")
 
 
 _session_config: dict[str, pytest.Config] = {}
@@ -150,10 +157,38 @@ def pytest_configure(config: pytest.Config) -> None:
     _session_config["config"] = config
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Whether the node agent's pods get private mount namespaces here: where `unshare` is refused (some CI
-    sandboxes) they share the machine's filesystem, and a failure may be that mode's."""
+def machine_state() -> str:
+    """Free disk, /dev/shm and memory, the load, and what limits this process: what a CI machine may lack."""
+    import resource
+    import shutil
+    import tempfile
+
+    import psutil
+
+    def free(path: str) -> str:
+        try:
+            return f"{shutil.disk_usage(path).free / 2**30:.1f} GiB"
+        except OSError:
+            return "absent"
+
+    memory = psutil.virtual_memory()
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    processes = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    return (
+        f"free: {tempfile.gettempdir()} {free(tempfile.gettempdir())}, repo {free(str(REPO_ROOT))}, "
+        f"/dev/shm {free('/dev/shm')}, memory {memory.available / 2**30:.1f} of {memory.total / 2**30:.1f} GiB; "
+        f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; open files {files}, processes {processes}"
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The machine as the tests find it. Where `unshare` is refused (some CI sandboxes) the node agent's pods
+    share the machine's filesystem (and cluster DNS names do not resolve in them): a failure may be that mode's."""
     from phalanx.devcluster.agent.runtime import probe_namespaces
 
     setting = os.environ.get(controlplane.POD_NAMESPACES_ENV) or "unset"
-    return f"pods' private namespaces: unshare {'works' if probe_namespaces() else 'refused'}; {controlplane.POD_NAMESPACES_ENV}={setting}"
+    return [
+        f"pods' private namespaces: unshare {'works' if probe_namespaces() else 'refused'}; "
+        f"{controlplane.POD_NAMESPACES_ENV}={setting}",
+        f"machine: {machine_state()}",
+    ]
