@@ -144,7 +144,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     terminal.write_sep("-", f"{report.nodeid} failed ({report.when}), {report.duration:.0f} s", red=True)
     terminal.write_line("\n".join(text[-30:]))
     for title, content in report.sections:
-        if title.startswith(("kubectl get pods", "log node-agent")):
+        if title.startswith(("kubectl get pods", "kubectl get events", "log node-agent")):
             terminal.write_line(f"-- {title}, last 12 lines:")
             terminal.write_line("\n".join(content.splitlines()[-12:]))
     terminal.write_line(f"-- the machine now: {machine_state()}")
