@@ -133,6 +133,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     time limit never prints that summary, and then its log would show only a row of Fs. With the cluster's
     state (its pods, the node agent's last lines) and the machine's, briefly: enough to tell a test's failure
     from a cluster or a machine that can no longer run pods."""
+    if report.when == "call" and "e2e" in report.keywords:
+        _note_cluster_outcome(report)
     if not report.failed:
         return
     config = _session_config.get("config")
@@ -151,10 +153,31 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _session_config: dict[str, pytest.Config] = {}
+_sessions: list[pytest.Session] = []
+_cluster_failures_in_a_row: list[str] = []
+CLUSTER_FAILURES_TO_STOP = 4
+"""Tests on the shared local cluster failing one after another: the cluster (or the machine) is broken, and each
+further test would only wait out its timeouts. The session stops there, so its summary still gets printed."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     _session_config["config"] = config
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _sessions.append(session)
+
+
+def _note_cluster_outcome(report: pytest.TestReport) -> None:
+    if not report.failed:
+        _cluster_failures_in_a_row.clear()
+        return
+    _cluster_failures_in_a_row.append(report.nodeid)
+    if len(_cluster_failures_in_a_row) >= CLUSTER_FAILURES_TO_STOP and _sessions:
+        _sessions[-1].shouldstop = (
+            f"{len(_cluster_failures_in_a_row)} tests on the local cluster failed in a row "
+            f"({', '.join(_cluster_failures_in_a_row)}): the cluster or the machine is broken, see the first failure"
+        )
 
 
 def machine_state() -> str:
