@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -1278,5 +1278,17 @@ def launch_from_args(args: argparse.Namespace) -> int:
     return run(settings)
 
 
+def exit_now(code: int) -> NoReturn:
+    """Leave with `code` once the launcher's own cleanup is done, skipping the interpreter's teardown: that
+    teardown destroys torch's native objects (store clients) while a daemon thread (torch's rendezvous
+    keep-alive, the heartbeat reporter) may still be inside one of them, and C++ then aborts the process with
+    "terminate called without an active exception": SIGABRT instead of the exit code the pod reports."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
