@@ -838,14 +838,22 @@ def test_a_permanent_failure_is_the_only_incident_of_its_reconcile(
 # --------------------------------------------------------------------------------- exact incident figures
 
 
-def test_the_incident_takes_its_figures_from_the_group_that_resumed(
+def _steady_gang_at_step_10(
     make_job: MakeJob, make_pod: MakePod, now: datetime
-) -> None:
+) -> tuple[dict[str, Any], list[dict[str, Any]], str, Plan]:
+    """Two workers and a standby spare training at step 10 in one group: the job, its pods, the group's start
+    and the plan that saw it."""
     job = make_job(heartbeat={"intervalSeconds": 1})
     pods = _running_gang(make_pod)
     group = "2026-01-01T11:50:00.000000Z"
     leases = {name: {**lease, "group-started": group} for name, lease in _gang_leases(now, 10).items()}
-    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    return job, pods, group, plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+
+
+def test_the_incident_takes_its_figures_from_the_group_that_resumed(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job, pods, group, steady = _steady_gang_at_step_10(make_job, make_pod, now)
     later = now + timedelta(seconds=2)
     pods[1] = _exited(make_pod, "demo-worker-1", 137, "2026-01-01T12:00:01Z")
     leases = {
@@ -891,11 +899,7 @@ def test_a_spare_killed_while_taking_the_slot_is_an_incident_of_its_own_until_tr
     # before the group it joins trains a step. worker-0 keeps the newest state (step 13) and re-forms with the
     # spare refilling the pool; the group restores step 13 and trains on. The spare's last Lease says it was
     # joining, or (renewed a moment after each change, and read later still) that it stood by.
-    job = make_job(heartbeat={"intervalSeconds": 1})
-    pods = _running_gang(make_pod)
-    group = "2026-01-01T11:50:00.000000Z"
-    leases = {name: {**lease, "group-started": group} for name, lease in _gang_leases(now, 10).items()}
-    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES))
+    job, pods, group, steady = _steady_gang_at_step_10(make_job, make_pod, now)
     first = now + timedelta(seconds=2)
     pods[1] = _exited(make_pod, "demo-worker-1", 137, "2026-01-01T12:00:01Z")
     leases = {
