@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.devcluster.agent.volumes import SERVICE_ACCOUNT_DIR, Mount
@@ -27,31 +27,35 @@ def _normalized(path: str) -> str:
     return path.rstrip("/") or "/"
 
 
-def rewrite(text: str, mounts: Sequence[Mount]) -> str:
-    """`text` with each mount path that appears in it as a whole path (at its start or after a space, quote,
-    `=` or `:`, and followed by `/` or the end of that path) replaced by the volume's folder on the machine."""
-    targets = sorted(
-        {_normalized(m.target): m.source for m in mounts if _normalized(m.target) != "/"}.items(),
-        key=lambda item: len(item[0]),
-        reverse=True,
-    )
-    if not targets:
-        return text
+def rewriter(mounts: Sequence[Mount]) -> Callable[[str], str]:
+    """A function of text that replaces each mount path appearing in it as a whole path (at its start or after a
+    space, quote, `=` or `:`, and followed by `/` or the end of that path) with the volume's folder on the
+    machine; the longest mount path wins."""
+    sources = {_normalized(m.target): m.source for m in mounts if _normalized(m.target) != "/"}
+    if not sources:
+        return lambda text: text
     pattern = re.compile(
-        r"(?<![^\s'\"=:,])(" + "|".join(re.escape(target) for target, _ in targets) + r")(?=/|$|[\s'\":,;)])"
+        r"(?<![^\s'\"=:,])("
+        + "|".join(re.escape(target) for target in sorted(sources, key=len, reverse=True))
+        + r")(?=/|$|[\s'\":,;)])"
     )
-    sources = dict(targets)
-    return pattern.sub(lambda match: sources[match.group(1)], text)
+    return lambda text: pattern.sub(lambda match: sources[match.group(1)], text)
+
+
+def rewrite(text: str, mounts: Sequence[Mount]) -> str:
+    """`text` with its mount paths replaced (see `rewriter`)."""
+    return rewriter(mounts)(text)
 
 
 def rewrite_container(
     argv: Sequence[str], env: Mapping[str, str], working_dir: str | None, mounts: Sequence[Mount]
 ) -> tuple[list[str], dict[str, str], str | None]:
     """The container's command line, environment and working directory with its mount paths rewritten."""
+    rewritten = rewriter(mounts)
     return (
-        [rewrite(arg, mounts) for arg in argv],
-        {name: rewrite(value, mounts) for name, value in env.items()},
-        rewrite(working_dir, mounts) if working_dir else working_dir,
+        [rewritten(arg) for arg in argv],
+        {name: rewritten(value) for name, value in env.items()},
+        rewritten(working_dir) if working_dir else working_dir,
     )
 
 
