@@ -173,10 +173,16 @@ def _update_open(incident: api.Incident, beats: list[Beat], now: datetime) -> da
             incident.steps_lost = max(baseline - restored, 0)
         return group.resumed_at
     detected_at = parse_time(incident.detected_at)
+    # After a worker's failure the group it broke never resumes: a survivor's Lease renewed since, still
+    # showing that group's steps (it trained on until a collective failed), says nothing of where training
+    # resumed. After a rendezvous loss the group may train on, so its beats count.
+    replaced_group = incident.action in WORKER_ACTIONS and failure is not None
     fresh = [
         beat.step
         for beat in beats
-        if beat.active and (detected_at is None or beat.renewed is None or beat.renewed >= detected_at)
+        if beat.active
+        and (detected_at is None or beat.renewed is None or beat.renewed >= detected_at)
+        and not (replaced_group and failure is not None and _of_a_group_before(beat, failure))
     ]
     highest, lowest = max(fresh, default=None), min(fresh, default=None)
     if lowest is not None and (incident.resumed_from_step is None or lowest < incident.resumed_from_step):

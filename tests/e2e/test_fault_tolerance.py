@@ -386,8 +386,9 @@ POOL_LABEL = "phalanx.dev/e2e-pool"
 
 
 def _place_worker_beside_rendezvous(cluster: Cluster, namespace: str, job: dict[str, Any]) -> Any:
-    """Apply `job` until the scheduler puts a worker (not the spare) on the rendezvous pod's node; that
-    worker. The job's nodeSelector holds it to two nodes, so one or two tries usually do."""
+    """Apply `job` until the scheduler puts one worker (not the spare) on the rendezvous pod's node and the
+    other elsewhere, so a survivor keeps the newest state in memory; the worker beside it. The job's
+    nodeSelector holds it to two nodes, so a few tries usually do."""
     name = job["metadata"]["name"]
     selector = f"phalanx.dev/job-name={name}"
     for _ in range(8):
@@ -409,7 +410,7 @@ def _place_worker_beside_rendezvous(cluster: Cluster, namespace: str, job: dict[
             if pod.metadata.labels.get("phalanx.dev/role") == "worker"
             and pod.spec.node_name == rendezvous.spec.node_name
         ]
-        if beside:
+        if len(beside) == 1:
             return beside[0]
         cluster.kubectl("delete", "trainingjob", name, "-n", namespace, "--wait=true", timeout=120)
         wait_for(
@@ -417,7 +418,7 @@ def _place_worker_beside_rendezvous(cluster: Cluster, namespace: str, job: dict[
             120,
             message="the job's pods gone",
         )
-    raise AssertionError("the scheduler never put a worker beside the rendezvous pod")
+    raise AssertionError("the scheduler never put exactly one worker beside the rendezvous pod")
 
 
 def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(

@@ -313,3 +313,19 @@ def test_a_group_that_resumed_then_broke_closes_the_incident_it_followed(now: da
     assert closed.resumed_at == format_micro_time(resumed) and closed.seconds_to_recover == 0.9
     # The state restored had been reached before the failure: the step at detection was short of it.
     assert (closed.detected_step, closed.restored_step, closed.steps_lost) == (37, 37, 0)
+
+
+def test_a_survivor_still_showing_its_broken_group_closes_nothing(now: datetime) -> None:
+    # Detected from a Lease that lagged (step 30, resume past 32). The survivor's Lease, renewed after the
+    # detection, still shows its old group, which trained on to step 34 before its collective failed: that
+    # is no resumption, and where training resumed comes only from the group formed after the failure.
+    failed = now - timedelta(seconds=2)
+    incident = opened_at(failed, now, step=30)
+    old_group = now - timedelta(minutes=5)
+    survivor = incidents.Beat(step=34, renewed=now + timedelta(seconds=1), group_started=old_group)
+    seen = incidents.observe_progress([incident], [survivor], now + timedelta(seconds=1))
+    assert seen.recovered == [] and seen.incidents[0].resumed_from_step is None
+    started = now + timedelta(seconds=2)
+    resumed = group_beat(33, started, now + timedelta(seconds=3), restored_step=32, restored_from="memory")
+    (closed,) = incidents.observe_progress(seen.incidents, [resumed], now + timedelta(seconds=4)).recovered
+    assert (closed.restored_from, closed.restored_step, closed.steps_lost) == ("memory", 32, 0)
