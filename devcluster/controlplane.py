@@ -24,7 +24,13 @@ import yaml
 
 from phalanx.devcluster import processes
 from phalanx.devcluster.agent.volumes import shm_root
-from phalanx.devcluster.binaries import Binaries, require_binaries
+from phalanx.devcluster.binaries import (
+    KUBERNETES_VERSION,
+    VERSION_ENV,
+    Binaries,
+    kube_version,
+    require_binaries,
+)
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.realnode import node as real_node
 from phalanx.errors import UserFacingError
@@ -62,6 +68,9 @@ class ClusterConfig:
     """Real nodes (containerd + kubelet + kube-proxy on this host): 0 or 1."""
     node_ip: str = ""
     """The host address the apiserver advertises when a real node runs (its pods reach it through it)."""
+    kubernetes_version: str = KUBERNETES_VERSION
+    """The release whose binaries made the cluster (its etcd data is that release's); cluster.json files from
+    before this field were all made by the default release."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,7 @@ def choose_config(
     binaries: Binaries,
     real_nodes: int = 0,
     node_ip: str = "",
+    kubernetes_version: str = KUBERNETES_VERSION,
 ) -> ClusterConfig:
     used: set[int] = set()
 
@@ -178,6 +188,7 @@ def choose_config(
         binaries=binaries.as_dict(),
         real_nodes=real_nodes,
         node_ip=node_ip,
+        kubernetes_version=kubernetes_version,
     )
 
 
@@ -445,6 +456,15 @@ def _real_node_up(layout: Layout, config: ClusterConfig, pki: Pki, say: Callable
     )
 
 
+def other_version_message(layout: Layout, made_with: str, wanted: str) -> str:
+    """A state dir keeps one release's etcd data and config: another release does not start on it."""
+    return (
+        f"the cluster in {layout.root} was made with Kubernetes {made_with}, not {wanted} (the release "
+        f"{VERSION_ENV} picks now): `phalanx dev down --purge --state-dir {layout.root}` removes it with its data, "
+        f"or set {VERSION_ENV}={made_with} to use it"
+    )
+
+
 def up(
     state_dir: Path,
     nodes: int = 4,
@@ -456,6 +476,9 @@ def up(
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
     previous = layout.load_config()
+    version = kube_version()
+    if previous and previous.kubernetes_version != version:
+        raise UserFacingError(other_version_message(layout, previous.kubernetes_version, version))
     running = running_components(layout)
     if previous and len(running) == len(COMPONENT_ORDER):
         sizes = (previous.nodes, previous.simulated_nodes, previous.real_nodes)
@@ -494,7 +517,16 @@ def up(
     node_ip = real_node.host_ip() if real_nodes else ""
     if real_nodes:
         real_node.prepare_credentials(pki)
-    config = choose_config(previous, nodes, simulated_nodes, gpus_per_node, binaries, real_nodes, node_ip)
+    config = choose_config(
+        previous,
+        nodes,
+        simulated_nodes,
+        gpus_per_node,
+        binaries,
+        real_nodes,
+        node_ip,
+        kubernetes_version=version,
+    )
     layout.config_file.write_text(json.dumps(asdict(config), indent=2))
     write_kubeconfig(layout, pki, config.api_port)
     kubectl_link = layout.bin / "kubectl"

@@ -20,6 +20,7 @@ def executable(path: Path) -> None:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    monkeypatch.delenv(binaries.VERSION_ENV, raising=False)  # the default release: Debian's build
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     return binaries.cached_bin_dir()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ def make_fake_binaries(directory: Path, names: tuple[str, ...] = binaries.ALL_BI
 
 @pytest.fixture
 def isolated_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.delenv(binaries.VERSION_ENV, raising=False)  # the default release: Debian's build
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path / "cache"))
@@ -132,3 +134,24 @@ def test_status_without_cluster_says_so(tmp_path: Path) -> None:
 def test_zero_nodes_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserFacingError, match="at least one node"):
         controlplane.up(tmp_path, nodes=0, simulated_nodes=0, quiet=True)
+
+
+def test_up_on_a_state_dir_of_another_release_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its etcd data belongs to that release; a cluster.json from before the field was made by 1.20.2."""
+    layout = controlplane.Layout(tmp_path)
+    config = json.loads(json.dumps(controlplane.ClusterConfig(
+        nodes=1, simulated_nodes=0, gpus_per_node=0, cluster_octet=123, etcd_port=1, etcd_peer_port=2, api_port=3,
+        scheduler_port=4, controller_manager_port=5,
+    ).__dict__))  # fmt: skip
+    del config["kubernetes_version"]
+    layout.config_file.write_text(json.dumps(config))
+    monkeypatch.setenv(binaries.VERSION_ENV, "1.37.2")
+    with pytest.raises(UserFacingError) as refused:
+        controlplane.up(tmp_path, nodes=1, quiet=True)
+    assert str(refused.value) == (
+        f"the cluster in {tmp_path} was made with Kubernetes 1.20.2, not 1.37.2 (the release PHALANX_KUBE_VERSION "
+        f"picks now): `phalanx dev down --purge --state-dir {tmp_path}` removes it with its data, or set "
+        "PHALANX_KUBE_VERSION=1.20.2 to use it"
+    )
