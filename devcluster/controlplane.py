@@ -111,6 +111,12 @@ class Layout:
     def log_file(self, component: str) -> Path:
         return self.logs / f"{component}.log"
 
+    @property
+    def kubernetes_version(self) -> str:
+        """The release the cluster in this state dir runs (the default one before it was made)."""
+        config = self.load_config()
+        return config.kubernetes_version if config else KUBERNETES_VERSION
+
     def load_config(self) -> ClusterConfig | None:
         try:
             return ClusterConfig(**json.loads(self.config_file.read_text()))
@@ -195,9 +201,20 @@ def choose_config(
 # ---- component command lines ---------------------------------------------------------------------
 
 
+def is_legacy(kubernetes_version: str) -> bool:
+    """Kubernetes 1.20, the default release: the flags and behaviours it alone has. Every other release
+    the local cluster runs is one the Go module proxy serves (1.34 and newer)."""
+    return kubernetes_version.split(".")[:2] == ["1", "20"]
+
+
 def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> list[str]:
     bins = config.binaries
     kubeconfig = str(layout.kubeconfig)
+    legacy = is_legacy(config.kubernetes_version)
+    # The insecure ports and --pod-eviction-timeout (taint-based eviction replaced it) are gone after 1.20.
+    no_insecure_port = (
+        ["--port=0"] if legacy else []
+    )  # fixed ports (10251, 10252) would collide between clusters
     if name == "etcd":
         return [
             bins["etcd"],
@@ -214,6 +231,9 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
         # A real node's pods reach the apiserver through the `kubernetes` Service, whose endpoint is the
         # advertised address: the apiserver refuses a loopback one there, so it listens on the host's address.
         bind, advertise = ("0.0.0.0", config.node_ip) if config.real_nodes else ("127.0.0.1", "127.0.0.1")
+        # Newer releases refuse to start with a loopback advertise address unless nothing reconciles the
+        # `kubernetes` Service's endpoints (1.20 only refused the endpoints); their own test server does this.
+        no_reconciler = [] if legacy or config.real_nodes else ["--endpoint-reconciler-type=none"]
         kubelet_client = (
             [
                 f"--kubelet-client-certificate={pki.kubelet_client_cert}",
@@ -228,6 +248,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--secure-port={config.api_port}",
             f"--bind-address={bind}",
             f"--advertise-address={advertise}",
+            *no_reconciler,
             *kubelet_client,
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
@@ -257,13 +278,13 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--cluster-signing-key-file={pki.apiserver_key}",
             f"--secure-port={config.controller_manager_port}",
             "--bind-address=127.0.0.1",
-            "--port=0",  # no insecure port: it is fixed (10252) and would collide between clusters
+            *no_insecure_port,
             "--controllers=*",
             "--use-service-account-credentials=true",
             # Short node-lifecycle periods: a crashed node is NotReady in seconds, not 40 s.
             "--node-monitor-period=2s",
             "--node-monitor-grace-period=8s",
-            "--pod-eviction-timeout=30s",
+            *(["--pod-eviction-timeout=30s"] if legacy else []),
             "--kube-api-qps=200",
             "--kube-api-burst=400",
             "--concurrent-replicaset-syncs=10",
@@ -277,7 +298,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
             f"--secure-port={config.scheduler_port}",
-            "--port=0",  # no insecure port: it is fixed (10251) and would collide between clusters
+            *no_insecure_port,
             "--bind-address=127.0.0.1",
             "--kube-api-qps=300",
             "--kube-api-burst=600",
@@ -291,6 +312,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--simulated-nodes={config.simulated_nodes}",
             f"--cluster-octet={config.cluster_octet}",
             f"--api-port={config.api_port}",
+            f"--kubelet-version=v{config.kubernetes_version}",
         ]  # fmt: skip
         if config.gpus_per_node:
             argv.append(f"--gpus-per-node={config.gpus_per_node}")
@@ -360,9 +382,16 @@ def _nodes_ready(config: ClusterConfig, layout: Layout) -> bool:
     return ready >= config.nodes + config.simulated_nodes
 
 
+def service_account_ready(secrets: object, kubernetes_version: str) -> bool:
+    """Whether pods can be created with a ServiceAccount that exists and has these token Secrets: 1.20's
+    admission refuses them until its token Secret is made; later releases make none and give each pod a token
+    of its own (TokenRequest) instead."""
+    return bool(secrets) or not is_legacy(kubernetes_version)
+
+
 def _service_accounts_ready(config: ClusterConfig, layout: Layout) -> bool:
     account = _kubectl_json(config, layout, "get", "serviceaccount", "default", "-n", "default")
-    return bool(account and account.get("secrets"))
+    return account is not None and service_account_ready(account.get("secrets"), config.kubernetes_version)
 
 
 def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> Callable[[], bool]:
