@@ -54,6 +54,12 @@ def from_go_modules(version: str) -> bool:
     return version != KUBERNETES_VERSION
 
 
+def is_legacy(kubernetes_version: str) -> bool:
+    """Kubernetes 1.20, the default release: the flags and behaviours it alone has. Every other release
+    the local cluster runs is one the Go module proxy serves (1.34 and newer)."""
+    return kubernetes_version.split(".")[:2] == ["1", "20"]
+
+
 def cached_bin_dir() -> Path:
     return cache_dir() / f"k8s-{kube_version()}" / "bin"
 

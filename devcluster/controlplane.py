@@ -28,6 +28,7 @@ from phalanx.devcluster.binaries import (
     KUBERNETES_VERSION,
     VERSION_ENV,
     Binaries,
+    is_legacy,
     kube_version,
     require_binaries,
 )
@@ -199,12 +200,6 @@ def choose_config(
 
 
 # ---- component command lines ---------------------------------------------------------------------
-
-
-def is_legacy(kubernetes_version: str) -> bool:
-    """Kubernetes 1.20, the default release: the flags and behaviours it alone has. Every other release
-    the local cluster runs is one the Go module proxy serves (1.34 and newer)."""
-    return kubernetes_version.split(".")[:2] == ["1", "20"]
 
 
 def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> list[str]:
@@ -474,7 +469,7 @@ def usage_text(layout: Layout) -> str:
 def _real_node_up(layout: Layout, config: ClusterConfig, pki: Pki, say: Callable[[str], None]) -> None:
     started = time.monotonic()
     real_node.up(
-        real_node.settings_for(layout.root, config.node_ip),
+        real_node.settings_for(layout.root, config.node_ip, config.kubernetes_version),
         pki,
         config.api_port,
         config.binaries["kubectl"],
