@@ -119,6 +119,14 @@ def find_node_binaries() -> tuple[dict[str, Path], list[str]]:
     return found, [name for name in NODE_BINARIES if name not in found]
 
 
+def node_install_hint(version: str) -> str:
+    """How to get a real node's kubelet and kube-proxy for this release: 1.20's come from a second build on
+    request, a release from Go modules builds them with everything else."""
+    if from_go_modules(version):
+        return f"run `{VERSION_ENV}={version} phalanx dev install` once (about 10 minutes on 2 cores)"
+    return "run `phalanx dev install --real-node` once (about 12 minutes)"
+
+
 def require_binaries() -> Binaries:
     binaries, missing = find_binaries()
     if binaries is None:

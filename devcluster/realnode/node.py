@@ -166,7 +166,7 @@ def require_host() -> dict[str, Path]:
     node_binaries, missing = binaries.find_node_binaries()
     if missing:
         raise UserFacingError(
-            f"the real node needs {', '.join(missing)}: run `phalanx dev install --real-node` once (about 12 minutes)"
+            f"the real node needs {', '.join(missing)}: {binaries.node_install_hint(binaries.kube_version())}"
         )
     return node_binaries
 

@@ -71,3 +71,9 @@ def test_a_kubelet_elsewhere_on_the_path_does_not_count(
     executable(tmp_path / "elsewhere" / "kubelet")
     monkeypatch.setenv("PATH", f"{tmp_path / 'elsewhere'}{os.pathsep}{os.environ['PATH']}")
     assert binaries.find_node_binaries()[1] == list(binaries.NODE_BINARIES)
+
+
+def test_a_missing_kubelet_names_the_install_that_builds_it_for_the_release() -> None:
+    assert "phalanx dev install --real-node" in binaries.node_install_hint("1.20.2")
+    hint = binaries.node_install_hint("1.37.2")
+    assert "PHALANX_KUBE_VERSION=1.37.2 phalanx dev install`" in hint and "--real-node" not in hint
