@@ -249,8 +249,11 @@ class BenchCluster:
     def create_namespace(self, prefix: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:5]}"
         self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        version = controlplane.Layout(self.state_dir).kubernetes_version
         wait_for(
-            lambda: self.core.read_namespaced_service_account("default", name).secrets,
+            lambda: controlplane.service_account_ready(
+                self.core.read_namespaced_service_account("default", name).secrets, version
+            ),
             timeout=120,
             message=f"the default ServiceAccount of namespace {name}",
         )

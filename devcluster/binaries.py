@@ -1,7 +1,11 @@
 """Finds the control-plane binaries (and a real node's kubelet and kube-proxy), or builds them once into the cache.
 
+The release is 1.20.2, built from Debian's source package, unless `$PHALANX_KUBE_VERSION` names another one,
+which is built from the Go module proxy (gobuild.py; `gobuild.NEWEST` is the newest pinned release).
+
 Search order for each binary: `$KUBEBUILDER_ASSETS` (the envtest convention), then `PATH`, then Phalanx's
-cache (`~/.cache/phalanx/k8s-1.20.2/bin`). Building from Debian's source package is the last resort.
+cache (`~/.cache/phalanx/k8s-<version>/bin`). A release chosen with `$PHALANX_KUBE_VERSION` skips `PATH`,
+whose binaries are of no known version. Building is the last resort.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from phalanx.devcluster import aptsources
+from phalanx.devcluster import aptsources, gobuild
 from phalanx.errors import UserFacingError
 
 KUBERNETES_VERSION = "1.20.2"
+"""The default release, built from Debian's source package (build_kubernetes.sh)."""
+VERSION_ENV = "PHALANX_KUBE_VERSION"
+"""Names another release, built from Go modules (gobuild.py), e.g. `PHALANX_KUBE_VERSION=1.37.2`."""
 CONTROL_PLANE = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 ALL_BINARIES = ("etcd", *CONTROL_PLANE, "kubectl")
 NODE_BINARIES = ("kubelet", "kube-proxy")
@@ -37,8 +44,24 @@ def cache_dir() -> Path:
     return Path(base) / "phalanx"
 
 
+def kube_version() -> str:
+    """The release the local cluster runs: `$PHALANX_KUBE_VERSION`, else the default."""
+    chosen = os.environ.get(VERSION_ENV, "").strip()
+    return ".".join(str(part) for part in gobuild.parse_version(chosen)) if chosen else KUBERNETES_VERSION
+
+
+def from_go_modules(version: str) -> bool:
+    return version != KUBERNETES_VERSION
+
+
+def is_legacy(kubernetes_version: str) -> bool:
+    """Kubernetes 1.20, the default release: the flags and behaviours it alone has. Every other release
+    the local cluster runs is one the Go module proxy serves (1.34 and newer)."""
+    return kubernetes_version.split(".")[:2] == ["1", "20"]
+
+
 def cached_bin_dir() -> Path:
-    return cache_dir() / f"k8s-{KUBERNETES_VERSION}" / "bin"
+    return cache_dir() / f"k8s-{kube_version()}" / "bin"
 
 
 @dataclass(frozen=True)
@@ -58,7 +81,8 @@ def _search_dirs() -> list[Path]:
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets:
         dirs.append(Path(assets))
-    dirs.extend(Path(entry) for entry in os.environ.get("PATH", "").split(os.pathsep) if entry)
+    if not from_go_modules(kube_version()):
+        dirs.extend(Path(entry) for entry in os.environ.get("PATH", "").split(os.pathsep) if entry)
     dirs.append(cached_bin_dir())
     return dirs
 
@@ -95,13 +119,26 @@ def find_node_binaries() -> tuple[dict[str, Path], list[str]]:
     return found, [name for name in NODE_BINARIES if name not in found]
 
 
+def node_install_hint(version: str) -> str:
+    """How to get a real node's kubelet and kube-proxy for this release: 1.20's come from a second build on
+    request, a release from Go modules builds them with everything else."""
+    if from_go_modules(version):
+        return f"run `{VERSION_ENV}={version} phalanx dev install` once (about 10 minutes on 2 cores)"
+    return "run `phalanx dev install --real-node` once (about 12 minutes)"
+
+
 def require_binaries() -> Binaries:
     binaries, missing = find_binaries()
     if binaries is None:
+        version = kube_version()
+        if from_go_modules(version):
+            where, command = "$KUBEBUILDER_ASSETS", f"{VERSION_ENV}={version} phalanx dev install"
+            duration = "about 10 minutes on 2 cores"
+        else:
+            where, command, duration = "$KUBEBUILDER_ASSETS, PATH", "phalanx dev install", "7-10 minutes"
         raise UserFacingError(
-            f"control-plane binaries not found: {', '.join(missing)} "
-            f"(looked in $KUBEBUILDER_ASSETS, PATH and {cached_bin_dir()}). "
-            "Run `phalanx dev install` to build them once (7-10 minutes)."
+            f"Kubernetes {version} binaries not found: {', '.join(missing)} "
+            f"(looked in {where} and {cached_bin_dir()}). Run `{command}` to build them once ({duration})."
         )
     return binaries
 
@@ -109,6 +146,14 @@ def require_binaries() -> Binaries:
 def install(force: bool = False, real_node: bool = False) -> Binaries:
     """Builds the binaries into the cache unless they are already found (with `real_node`, kubelet and
     kube-proxy too), all in one build."""
+    version = kube_version()
+    if from_go_modules(version):
+        return _install_from_go_modules(version, force)
+    print(
+        f"[phalanx install] Kubernetes {version} from Debian's source package "
+        f"({VERSION_ENV}={gobuild.NEWEST.kubernetes} picks the newest release, built from Go modules)",
+        flush=True,
+    )
     wanted: list[str] = list(BUILT) if force else []
     if not force:
         binaries, missing = find_binaries()
@@ -124,6 +169,26 @@ def install(force: bool = False, real_node: bool = False) -> Binaries:
             wanted += list(NODE_BINARIES)
     if wanted:
         _build(wanted)
+    return require_binaries()
+
+
+def _install_from_go_modules(version: str, force: bool) -> Binaries:
+    """Every binary, a real node's too, comes from one build: nothing to choose."""
+    release = gobuild.release_for(version)
+    etcd = f"etcd {release.etcd}" if release.etcd else "the etcd its build/dependencies.yaml names"
+    pinned = " (the newest pinned release)" if release == gobuild.NEWEST else ""
+    print(f"[phalanx install] Kubernetes {version}{pinned} from Go modules, with {etcd}", flush=True)
+    binaries, _ = find_binaries()
+    _, node_missing = find_node_binaries()
+    if (
+        not force
+        and binaries is not None
+        and not node_missing
+        and binaries.kube_apiserver.parent != cached_bin_dir()
+    ):
+        print(f"[phalanx install] found in $KUBEBUILDER_ASSETS: {binaries.kube_apiserver.parent}", flush=True)
+        return binaries
+    gobuild.build(version, cache_dir(), force=force)
     return require_binaries()
 
 

@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.set_defaults(handler=lambda a: controlplane.status(a.state_dir))
 
     install = commands.add_parser(
-        "install", help="find or build the control-plane binaries (once, 7-10 minutes)"
+        "install",
+        help="find or build the control-plane binaries (once, 7-10 minutes); PHALANX_KUBE_VERSION=1.37.2 "
+        "builds that release and its etcd from Go modules instead (about 10 minutes, all binaries)",
     )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
     install.add_argument(

@@ -24,7 +24,14 @@ import yaml
 
 from phalanx.devcluster import processes
 from phalanx.devcluster.agent.volumes import shm_root
-from phalanx.devcluster.binaries import Binaries, require_binaries
+from phalanx.devcluster.binaries import (
+    KUBERNETES_VERSION,
+    VERSION_ENV,
+    Binaries,
+    is_legacy,
+    kube_version,
+    require_binaries,
+)
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.realnode import node as real_node
 from phalanx.errors import UserFacingError
@@ -62,6 +69,9 @@ class ClusterConfig:
     """Real nodes (containerd + kubelet + kube-proxy on this host): 0 or 1."""
     node_ip: str = ""
     """The host address the apiserver advertises when a real node runs (its pods reach it through it)."""
+    kubernetes_version: str = KUBERNETES_VERSION
+    """The release whose binaries made the cluster (its etcd data is that release's); cluster.json files from
+    before this field were all made by the default release."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,12 @@ class Layout:
 
     def log_file(self, component: str) -> Path:
         return self.logs / f"{component}.log"
+
+    @property
+    def kubernetes_version(self) -> str:
+        """The release the cluster in this state dir runs (the default one before it was made)."""
+        config = self.load_config()
+        return config.kubernetes_version if config else KUBERNETES_VERSION
 
     def load_config(self) -> ClusterConfig | None:
         try:
@@ -154,6 +170,7 @@ def choose_config(
     binaries: Binaries,
     real_nodes: int = 0,
     node_ip: str = "",
+    kubernetes_version: str = KUBERNETES_VERSION,
 ) -> ClusterConfig:
     used: set[int] = set()
 
@@ -178,6 +195,7 @@ def choose_config(
         binaries=binaries.as_dict(),
         real_nodes=real_nodes,
         node_ip=node_ip,
+        kubernetes_version=kubernetes_version,
     )
 
 
@@ -187,6 +205,11 @@ def choose_config(
 def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> list[str]:
     bins = config.binaries
     kubeconfig = str(layout.kubeconfig)
+    legacy = is_legacy(config.kubernetes_version)
+    # The insecure ports and --pod-eviction-timeout (taint-based eviction replaced it) are gone after 1.20.
+    no_insecure_port = (
+        ["--port=0"] if legacy else []
+    )  # fixed ports (10251, 10252) would collide between clusters
     if name == "etcd":
         return [
             bins["etcd"],
@@ -203,6 +226,9 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
         # A real node's pods reach the apiserver through the `kubernetes` Service, whose endpoint is the
         # advertised address: the apiserver refuses a loopback one there, so it listens on the host's address.
         bind, advertise = ("0.0.0.0", config.node_ip) if config.real_nodes else ("127.0.0.1", "127.0.0.1")
+        # Newer releases refuse to start with a loopback advertise address unless nothing reconciles the
+        # `kubernetes` Service's endpoints (1.20 only refused the endpoints); their own test server does this.
+        no_reconciler = [] if legacy or config.real_nodes else ["--endpoint-reconciler-type=none"]
         kubelet_client = (
             [
                 f"--kubelet-client-certificate={pki.kubelet_client_cert}",
@@ -217,6 +243,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--secure-port={config.api_port}",
             f"--bind-address={bind}",
             f"--advertise-address={advertise}",
+            *no_reconciler,
             *kubelet_client,
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
@@ -246,13 +273,13 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--cluster-signing-key-file={pki.apiserver_key}",
             f"--secure-port={config.controller_manager_port}",
             "--bind-address=127.0.0.1",
-            "--port=0",  # no insecure port: it is fixed (10252) and would collide between clusters
+            *no_insecure_port,
             "--controllers=*",
             "--use-service-account-credentials=true",
             # Short node-lifecycle periods: a crashed node is NotReady in seconds, not 40 s.
             "--node-monitor-period=2s",
             "--node-monitor-grace-period=8s",
-            "--pod-eviction-timeout=30s",
+            *(["--pod-eviction-timeout=30s"] if legacy else []),
             "--kube-api-qps=200",
             "--kube-api-burst=400",
             "--concurrent-replicaset-syncs=10",
@@ -266,7 +293,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
             f"--secure-port={config.scheduler_port}",
-            "--port=0",  # no insecure port: it is fixed (10251) and would collide between clusters
+            *no_insecure_port,
             "--bind-address=127.0.0.1",
             "--kube-api-qps=300",
             "--kube-api-burst=600",
@@ -280,6 +307,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--simulated-nodes={config.simulated_nodes}",
             f"--cluster-octet={config.cluster_octet}",
             f"--api-port={config.api_port}",
+            f"--kubelet-version=v{config.kubernetes_version}",
         ]  # fmt: skip
         if config.gpus_per_node:
             argv.append(f"--gpus-per-node={config.gpus_per_node}")
@@ -366,9 +394,16 @@ def _nodes_ready(config: ClusterConfig, layout: Layout) -> bool:
     return ready >= config.nodes + config.simulated_nodes
 
 
+def service_account_ready(secrets: object, kubernetes_version: str) -> bool:
+    """Whether pods can be created with a ServiceAccount that exists and has these token Secrets: 1.20's
+    admission refuses them until its token Secret is made; later releases make none and give each pod a token
+    of its own (TokenRequest) instead."""
+    return bool(secrets) or not is_legacy(kubernetes_version)
+
+
 def _service_accounts_ready(config: ClusterConfig, layout: Layout) -> bool:
     account = _kubectl_json(config, layout, "get", "serviceaccount", "default", "-n", "default")
-    return bool(account and account.get("secrets"))
+    return account is not None and service_account_ready(account.get("secrets"), config.kubernetes_version)
 
 
 def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> Callable[[], bool]:
@@ -451,7 +486,7 @@ def usage_text(layout: Layout) -> str:
 def _real_node_up(layout: Layout, config: ClusterConfig, pki: Pki, say: Callable[[str], None]) -> None:
     started = time.monotonic()
     real_node.up(
-        real_node.settings_for(layout.root, config.node_ip),
+        real_node.settings_for(layout.root, config.node_ip, config.kubernetes_version),
         pki,
         config.api_port,
         config.binaries["kubectl"],
@@ -459,6 +494,15 @@ def _real_node_up(layout: Layout, config: ClusterConfig, pki: Pki, say: Callable
     )
     say(
         f"  {real_node.NODE_NAME:<24} ready in {time.monotonic() - started:.1f} s (containerd, kubelet, kube-proxy)"
+    )
+
+
+def other_version_message(layout: Layout, made_with: str, wanted: str) -> str:
+    """A state dir keeps one release's etcd data and config: another release does not start on it."""
+    return (
+        f"the cluster in {layout.root} was made with Kubernetes {made_with}, not {wanted} (the release "
+        f"{VERSION_ENV} picks now): `phalanx dev down --purge --state-dir {layout.root}` removes it with its data, "
+        f"or set {VERSION_ENV}={made_with} to use it"
     )
 
 
@@ -473,6 +517,9 @@ def up(
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
     previous = layout.load_config()
+    version = kube_version()
+    if previous and previous.kubernetes_version != version:
+        raise UserFacingError(other_version_message(layout, previous.kubernetes_version, version))
     running = running_components(layout)
     if previous and len(running) == len(COMPONENT_ORDER):
         sizes = (previous.nodes, previous.simulated_nodes, previous.real_nodes)
@@ -511,7 +558,16 @@ def up(
     node_ip = real_node.host_ip() if real_nodes else ""
     if real_nodes:
         real_node.prepare_credentials(pki)
-    config = choose_config(previous, nodes, simulated_nodes, gpus_per_node, binaries, real_nodes, node_ip)
+    config = choose_config(
+        previous,
+        nodes,
+        simulated_nodes,
+        gpus_per_node,
+        binaries,
+        real_nodes,
+        node_ip,
+        kubernetes_version=version,
+    )
     layout.config_file.write_text(json.dumps(asdict(config), indent=2))
     write_kubeconfig(layout, pki, config.api_port)
     kubectl_link = layout.bin / "kubectl"

@@ -60,8 +60,11 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{slug}-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", name)
+    version = controlplane.Layout(cluster.state_dir).kubernetes_version
     wait_for(
-        lambda: cluster.core.read_namespaced_service_account("default", name).secrets,
+        lambda: controlplane.service_account_ready(
+            cluster.core.read_namespaced_service_account("default", name).secrets, version
+        ),
         timeout=60,
         message=f"the default ServiceAccount of namespace {name}",
     )

@@ -21,7 +21,6 @@ RACK_LABEL = "phalanx.dev/rack"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 AGENT_LABEL = "phalanx.dev/agent"
 CRASH_ANNOTATION = "phalanx.dev/crash"
-KUBELET_VERSION = "v1.20.2"
 HOST_IP = "127.0.0.1"
 LEASE_SECONDS = 40
 REAL_POD_MEMORY = 768 * 2**20
@@ -185,8 +184,8 @@ def node_status(
             "kernelVersion": "phalanx-local",
             "osImage": "phalanx local node agent",
             "containerRuntimeVersion": "phalanx-process://0.1",
-            "kubeletVersion": KUBELET_VERSION,
-            "kubeProxyVersion": KUBELET_VERSION,
+            "kubeletVersion": config.kubelet_version,
+            "kubeProxyVersion": config.kubelet_version,
             "operatingSystem": "linux",
             "architecture": "amd64",
         },

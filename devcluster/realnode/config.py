@@ -8,10 +8,11 @@ from pathlib import Path
 
 import yaml
 
+from phalanx.devcluster.binaries import KUBERNETES_VERSION, is_legacy
 from phalanx.images import containerd
 
 PAUSE_IMAGE = "localhost/pause:3.2"
-"""The sandbox image, built locally from the Kubernetes sources' pause.c: no registry is needed."""
+"""1.20's sandbox image, built locally from the Kubernetes sources' pause.c: no registry is needed."""
 CNI_BIN_DIR = "/usr/lib/cni"
 """Where Debian's containernetworking-plugins put the plugins (not /opt/cni/bin)."""
 CNI_CONF_DIR = Path("/etc/cni/net.d")
@@ -38,6 +39,8 @@ class NodeSettings:
     node_ip: str
     state_dir: Path
     """The cluster's state dir: configs, logs and pid files go under `real-node/`."""
+    kubernetes_version: str = KUBERNETES_VERSION
+    """The release of the node's kubelet and kube-proxy (the control plane's): its config follows it."""
 
     @property
     def root(self) -> Path:
@@ -72,16 +75,22 @@ class NodeSettings:
         return self.root / "sysctl.orig.json"
 
 
-def containerd_toml() -> str:
+def pause_image(pause_version: str) -> str:
+    """The local sandbox image's reference for a pause release (`3.2` for 1.20, `3.10.2` for 1.37)."""
+    return f"localhost/pause:{pause_version}"
+
+
+def containerd_toml(sandbox_image: str = PAUSE_IMAGE) -> str:
     """containerd's CRI config for this host: cgroupfs (kubelet's driver on cgroup v1, no systemd), the local
-    pause image, Debian's CNI plugin dir, and oom_score_adj clamped (see below)."""
+    pause image, Debian's CNI plugin dir, and oom_score_adj clamped (see below). The sandbox image is
+    containerd's to choose: kubelets after 1.34 have no flag for it any more."""
     return f"""version = 2
 root = "{CONTAINERD_ROOT}"
 state = "{CONTAINERD_STATE}"
 [grpc]
   address = "{CONTAINERD_SOCKET}"
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
+  sandbox_image = "{sandbox_image}"
   # Machines without CAP_SYS_RESOURCE (VMs, nested containers) cannot set the negative oom_score_adj that
   # kubelet asks for, and every sandbox would fail: clamp it to containerd's own score instead.
   restrict_oom_score_adj = true
@@ -124,10 +133,11 @@ def cni_conflist() -> str:
     )
 
 
-def kubelet_yaml(client_ca: Path, dns_ip: str) -> str:
+def kubelet_yaml(client_ca: Path, dns_ip: str, kubernetes_version: str = KUBERNETES_VERSION) -> str:
     """The kubelet's API trusts the apiserver's client certificate and asks the apiserver who may do what;
     pods resolve through the node agent's DNS server for real-node pods on `dns_ip` (the node's address)."""
-    config = {
+    legacy = is_legacy(kubernetes_version)
+    config: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "authentication": {
@@ -150,22 +160,39 @@ def kubelet_yaml(client_ca: Path, dns_ip: str) -> str:
         "resolvConf": "/etc/resolv.conf",
         "serializeImagePulls": False,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "5%", "imagefs.available": "5%"},
-        # A memory-backed emptyDir is a tmpfs of its sizeLimit, as on Kubernetes 1.22 and later where this
-        # gate is on by default: a snapshot that does not fit in /dev/shm fails to allocate (and says which
-        # setting to raise) instead of the pod being evicted later for using more than the limit.
-        "featureGates": {"SizeMemoryBackedVolumes": True},
     }
+    if legacy:
+        # A memory-backed emptyDir is a tmpfs of its sizeLimit, as on Kubernetes 1.22 and later where this
+        # gate is on by default (1.37 no longer has the gate): a snapshot that does not fit in /dev/shm fails to
+        # allocate (and says which setting to raise) instead of the pod being evicted later for using more
+        # than the limit.
+        config["featureGates"] = {"SizeMemoryBackedVolumes": True}
+    else:
+        # The runtime's socket moved from a flag into the config (the flag is deprecated). A newer kubelet
+        # refuses cgroup v1 hosts unless told otherwise (failCgroupV1 defaults to true); cgroup v1 is in
+        # maintenance, not removed, and is all some machines (this project's among them) have.
+        config["containerRuntimeEndpoint"] = f"unix://{CONTAINERD_SOCKET}"
+        config["failCgroupV1"] = False
     return yaml.safe_dump(config, sort_keys=False)
 
 
 def kubelet_argv(kubelet: str, settings: NodeSettings) -> list[str]:
+    # 1.20 still defaults to its built-in Docker shim and asks for the sandbox image itself; later kubelets
+    # speak CRI only (--container-runtime went in 1.27) and leave the sandbox image to the runtime.
+    runtime = (
+        [
+            "--container-runtime=remote",
+            f"--container-runtime-endpoint=unix://{CONTAINERD_SOCKET}",
+            f"--pod-infra-container-image={PAUSE_IMAGE}",
+        ]
+        if is_legacy(settings.kubernetes_version)
+        else []
+    )
     return [
         kubelet,
         f"--config={settings.kubelet_config}",
         f"--kubeconfig={settings.kubelet_kubeconfig}",
-        "--container-runtime=remote",
-        f"--container-runtime-endpoint=unix://{CONTAINERD_SOCKET}",
-        f"--pod-infra-container-image={PAUSE_IMAGE}",
+        *runtime,
         f"--hostname-override={settings.name}",
         f"--node-ip={settings.node_ip}",
         f"--root-dir={KUBELET_ROOT}",

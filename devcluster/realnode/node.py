@@ -45,8 +45,12 @@ def host_ip() -> str:
     return str(address)
 
 
-def settings_for(state_dir: Path, node_ip: str) -> config.NodeSettings:
-    return config.NodeSettings(name=NODE_NAME, node_ip=node_ip, state_dir=state_dir)
+def settings_for(
+    state_dir: Path, node_ip: str, kubernetes_version: str = binaries.KUBERNETES_VERSION
+) -> config.NodeSettings:
+    return config.NodeSettings(
+        name=NODE_NAME, node_ip=node_ip, state_dir=state_dir, kubernetes_version=kubernetes_version
+    )
 
 
 def prepare_credentials(pki: Pki) -> None:
@@ -70,9 +74,15 @@ def _put(path: Path, text: str) -> None:
 
 def write_configs(settings: config.NodeSettings, pki: Pki, api_port: int) -> None:
     server = f"https://127.0.0.1:{api_port}"
-    _put(settings.containerd_config, config.containerd_toml())
+    _put(
+        settings.containerd_config,
+        config.containerd_toml(images.pause_reference(settings.kubernetes_version)),
+    )
     _put(config.CNI_CONF_DIR / config.CNI_CONF_NAME, config.cni_conflist())
-    _put(settings.kubelet_config, config.kubelet_yaml(pki.apiserver_cert, settings.node_ip))
+    _put(
+        settings.kubelet_config,
+        config.kubelet_yaml(pki.apiserver_cert, settings.node_ip, settings.kubernetes_version),
+    )
     _put(settings.proxy_config, config.kube_proxy_yaml(settings))
     for path, user in ((settings.kubelet_kubeconfig, NODE_USER), (settings.proxy_kubeconfig, PROXY_USER)):
         token = pki.token_of(user)
@@ -156,7 +166,7 @@ def require_host() -> dict[str, Path]:
     node_binaries, missing = binaries.find_node_binaries()
     if missing:
         raise UserFacingError(
-            f"the real node needs {', '.join(missing)}: run `phalanx dev install --real-node` once (about 12 minutes)"
+            f"the real node needs {', '.join(missing)}: {binaries.node_install_hint(binaries.kube_version())}"
         )
     return node_binaries
 
@@ -182,7 +192,10 @@ def up(settings: config.NodeSettings, pki: Pki, api_port: int, kubectl: str, kub
         if daemon == "containerd":
             _wait("containerd", _containerd_answers, 30, _log_file(settings, daemon))
             for reference, archive in (
-                (config.PAUSE_IMAGE, images.pause_archive),
+                (
+                    images.pause_reference(settings.kubernetes_version),
+                    lambda: images.pause_archive(settings.kubernetes_version),
+                ),
                 (images.BUSYBOX_IMAGE, images.busybox_archive),
             ):
                 if not containerd.imported(reference):

@@ -8,7 +8,6 @@ the worker ServiceAccount.
 
 from __future__ import annotations
 
-import base64
 import re
 import sys
 from collections.abc import Iterator
@@ -115,14 +114,17 @@ def regroup(epoch: int) -> dict[str, Any]:
 
 
 def account_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as `account` with its token (1.20 creates token secrets)."""
-    secrets = wait_for(
-        lambda: cluster.core.read_namespaced_service_account(account, namespace).secrets,
+    """A kubeconfig that authenticates as `account` with a token from the TokenRequest API: 1.20 has it too,
+    and releases after 1.23 make no token Secret for an account."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    )
+    issued = wait_for(
+        lambda: cluster.core.create_namespaced_service_account_token(account, namespace, request),
         timeout=60,
         message=f"a token for {account}",
     )
-    secret = cluster.core.read_namespaced_secret(secrets[0].name, namespace)
-    token = base64.b64decode(secret.data["token"]).decode()
+    token = issued.status.token
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     server = dict(admin["clusters"][0]["cluster"])
     if "certificate-authority" in server:

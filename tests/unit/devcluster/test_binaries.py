@@ -20,6 +20,7 @@ def executable(path: Path) -> None:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    monkeypatch.delenv(binaries.VERSION_ENV, raising=False)  # the default release: Debian's build
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     return binaries.cached_bin_dir()
 
@@ -70,3 +71,9 @@ def test_a_kubelet_elsewhere_on_the_path_does_not_count(
     executable(tmp_path / "elsewhere" / "kubelet")
     monkeypatch.setenv("PATH", f"{tmp_path / 'elsewhere'}{os.pathsep}{os.environ['PATH']}")
     assert binaries.find_node_binaries()[1] == list(binaries.NODE_BINARIES)
+
+
+def test_a_missing_kubelet_names_the_install_that_builds_it_for_the_release() -> None:
+    assert "phalanx dev install --real-node" in binaries.node_install_hint("1.20.2")
+    hint = binaries.node_install_hint("1.37.2")
+    assert "PHALANX_KUBE_VERSION=1.37.2 phalanx dev install`" in hint and "--real-node" not in hint

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ def make_fake_binaries(directory: Path, names: tuple[str, ...] = binaries.ALL_BI
 
 @pytest.fixture
 def isolated_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.delenv(binaries.VERSION_ENV, raising=False)  # the default release: Debian's build
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path / "cache"))
@@ -99,7 +102,11 @@ def test_component_command_lines(tmp_path: Path) -> None:
     assert "--kubelet-preferred-address-types=InternalIP" in apiserver
     manager = controlplane.component_argv("kube-controller-manager", config, layout, pki)
     assert "--node-monitor-grace-period=8s" in manager and "--port=0" in manager
+    assert "--pod-eviction-timeout=30s" in manager
+    assert "--port=0" in controlplane.component_argv("kube-scheduler", config, layout, pki)
+    assert "--endpoint-reconciler-type=none" not in apiserver
     agent = controlplane.component_argv("node-agent", config, layout, pki)
+    assert "--kubelet-version=v1.20.2" in agent
     assert agent[:3] == [sys.executable, "-m", "phalanx.devcluster.agent"]
     assert {
         "--nodes=2",
@@ -132,3 +139,57 @@ def test_status_without_cluster_says_so(tmp_path: Path) -> None:
 def test_zero_nodes_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserFacingError, match="at least one node"):
         controlplane.up(tmp_path, nodes=0, simulated_nodes=0, quiet=True)
+
+
+def test_up_on_a_state_dir_of_another_release_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its etcd data belongs to that release; a cluster.json from before the field was made by 1.20.2."""
+    layout = controlplane.Layout(tmp_path)
+    config = json.loads(json.dumps(controlplane.ClusterConfig(
+        nodes=1, simulated_nodes=0, gpus_per_node=0, cluster_octet=123, etcd_port=1, etcd_peer_port=2, api_port=3,
+        scheduler_port=4, controller_manager_port=5,
+    ).__dict__))  # fmt: skip
+    del config["kubernetes_version"]
+    layout.config_file.write_text(json.dumps(config))
+    monkeypatch.setenv(binaries.VERSION_ENV, "1.37.2")
+    with pytest.raises(UserFacingError) as refused:
+        controlplane.up(tmp_path, nodes=1, quiet=True)
+    assert str(refused.value) == (
+        f"the cluster in {tmp_path} was made with Kubernetes 1.20.2, not 1.37.2 (the release PHALANX_KUBE_VERSION "
+        f"picks now): `phalanx dev down --purge --state-dir {tmp_path}` removes it with its data, or set "
+        "PHALANX_KUBE_VERSION=1.20.2 to use it"
+    )
+
+
+def test_command_lines_of_a_newer_release(tmp_path: Path) -> None:
+    """What 1.37 removed or refuses: the insecure ports, --pod-eviction-timeout, a loopback advertise address
+    with endpoints reconciled."""
+    layout = controlplane.Layout(tmp_path)
+    pki = ensure_pki(layout.pki)
+    config = controlplane.ClusterConfig(
+        nodes=1, simulated_nodes=0, gpus_per_node=0, cluster_octet=123, etcd_port=1, etcd_peer_port=2, api_port=3,
+        scheduler_port=4, controller_manager_port=5, binaries=fake_binaries_dict(), kubernetes_version="1.37.2",
+    )  # fmt: skip
+    argv = {
+        name: controlplane.component_argv(name, config, layout, pki) for name in controlplane.COMPONENT_ORDER
+    }
+    assert not [
+        flag for flag in argv["kube-controller-manager"] if flag.startswith(("--port", "--pod-eviction"))
+    ]
+    assert not [flag for flag in argv["kube-scheduler"] if flag.startswith("--port")]
+    assert "--endpoint-reconciler-type=none" in argv["kube-apiserver"]
+    assert "--kubelet-version=v1.37.2" in argv["node-agent"]
+    real = controlplane.component_argv(
+        "kube-apiserver", replace(config, real_nodes=1, node_ip="10.0.0.5"), layout, pki
+    )
+    # A real node's pods reach the apiserver through the `kubernetes` Service: its endpoint must be kept.
+    assert "--endpoint-reconciler-type=none" not in real and "--advertise-address=10.0.0.5" in real
+
+
+def test_a_service_account_is_ready_with_its_token_secret_on_1_20_only(tmp_path: Path) -> None:
+    """1.20's admission refuses a pod until the account's token Secret exists; later releases make none."""
+    assert not controlplane.service_account_ready(None, "1.20.2")
+    assert controlplane.service_account_ready([{"name": "default-token-abcde"}], "1.20.2")
+    assert controlplane.service_account_ready(None, "1.37.2")
+    assert controlplane.Layout(tmp_path).kubernetes_version == "1.20.2"  # no cluster.json: the default

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from phalanx.devcluster import controlplane
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.realnode import config, host, images, node
+from phalanx.errors import UserFacingError
 
 
 def settings(tmp_path: Path) -> config.NodeSettings:
@@ -45,6 +48,44 @@ def test_kubelet_trusts_only_the_clusters_client_certificates(tmp_path: Path) ->
     assert kubelet["featureGates"] == {"SizeMemoryBackedVolumes": True}
     argv = config.kubelet_argv("/bin/kubelet", settings(tmp_path))
     assert "--node-ip=10.1.2.3" in argv and "--hostname-override=real-node-0" in argv
+    assert "--container-runtime=remote" in argv and "--pod-infra-container-image=localhost/pause:3.2" in argv
+    assert "failCgroupV1" not in kubelet and "containerRuntimeEndpoint" not in kubelet
+
+
+def test_a_newer_kubelet_gets_its_runtime_in_the_config_and_runs_on_cgroup_v1(tmp_path: Path) -> None:
+    """1.37's kubelet has no --container-runtime or --pod-infra-container-image (it exits on an unknown
+    flag), no SizeMemoryBackedVolumes gate (it exits on an unknown gate), and refuses a cgroup v1 host unless
+    failCgroupV1 is false."""
+    kubelet = yaml.safe_load(config.kubelet_yaml(tmp_path / "ca.crt", "10.1.2.3", "1.37.2"))
+    assert "featureGates" not in kubelet
+    assert kubelet["failCgroupV1"] is False
+    assert kubelet["containerRuntimeEndpoint"] == f"unix://{config.CONTAINERD_SOCKET}"
+    assert kubelet["cgroupDriver"] == "cgroupfs"
+    newer = config.NodeSettings(
+        name="real-node-0", node_ip="10.1.2.3", state_dir=tmp_path, kubernetes_version="1.37.2"
+    )
+    argv = config.kubelet_argv("/bin/kubelet", newer)
+    assert not [arg for arg in argv if arg.startswith(("--container-runtime", "--pod-infra-container-image"))]
+    assert "--node-ip=10.1.2.3" in argv and f"--config={newer.kubelet_config}" in argv
+
+
+def test_containerd_names_the_sandbox_image_of_the_release() -> None:
+    assert 'sandbox_image = "localhost/pause:3.10.2"' in config.containerd_toml(config.pause_image("3.10.2"))
+
+
+def test_the_pause_release_is_read_from_the_release_sources(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert images.makefile_tag("# comment\nTAG ?= 3.10.2\nREV = $(shell git describe)\n") == "3.10.2"
+    with pytest.raises(UserFacingError, match="names no TAG"):
+        images.makefile_tag("REV = 1\n")
+    monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path))
+    assert images.pause_version("1.20.2") == "3.2"
+    with pytest.raises(UserFacingError, match=re.escape("PHALANX_KUBE_VERSION=1.37.2 phalanx dev install")):
+        images.pause_version("1.37.2")
+    pause = images.module_pause_dir("1.37.2")
+    assert pause == tmp_path / "go" / "mod" / "k8s.io" / "kubernetes@v1.37.2" / "build" / "pause"
+    pause.mkdir(parents=True)
+    (pause / "Makefile").write_text("TAG ?= 3.10.2\n")
+    assert images.pause_reference("1.37.2") == "localhost/pause:3.10.2"
 
 
 def test_kube_proxy_runs_iptables_mode_on_the_node_address(tmp_path: Path) -> None:
