@@ -190,8 +190,8 @@ class BenchCluster:
             "state dir": str(self.state_dir) + (" (started for this run)" if self.owned else " (reused)"),
             "nodes": f"{len(nodes) - len(simulated)} agent nodes (pods run as processes), "
             f"{len(simulated)} simulated nodes (pods only pretend to run)",
-            "control plane": "Kubernetes v1.20.2 (etcd, kube-apiserver, controller-manager, scheduler) "
-            "and the Phalanx node agent, all on this machine",
+            "control plane": f"Kubernetes {self.server_version()} (etcd, kube-apiserver, controller-manager, "
+            "scheduler) and the Phalanx node agent, all on this machine",
         }
         if self.operator is not None:
             settings = ", ".join(f"{key}={value}" for key, value in sorted(self.operator.settings.items()))
@@ -199,6 +199,10 @@ class BenchCluster:
         return facts
 
     # ------------------------------------------------------------------ clients
+    def server_version(self) -> str:
+        """The API server's own word on its release, e.g. `v1.37.2`."""
+        return str(client.VersionApi(self.api).get_code().git_version)
+
     @property
     def core(self) -> client.CoreV1Api:
         return client.CoreV1Api(self.api)

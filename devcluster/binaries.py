@@ -1,7 +1,8 @@
 """Finds the control-plane binaries (and a real node's kubelet and kube-proxy), or builds them once into the cache.
 
-The release is 1.20.2, built from Debian's source package, unless `$PHALANX_KUBE_VERSION` names another one,
-which is built from the Go module proxy (gobuild.py; `gobuild.NEWEST` is the newest pinned release).
+The release is the newest pinned one (`gobuild.NEWEST`), built from the Go module proxy (gobuild.py), unless
+`$PHALANX_KUBE_VERSION` names another: any release the proxy serves, built the same way, or 1.20.2, the one
+release built from Debian's source package (build_kubernetes.sh).
 
 Search order for each binary: `$KUBEBUILDER_ASSETS` (the envtest convention), then `PATH`, then Phalanx's
 cache (`~/.cache/phalanx/k8s-<version>/bin`). A release chosen with `$PHALANX_KUBE_VERSION` skips `PATH`,
@@ -21,10 +22,13 @@ from pathlib import Path
 from phalanx.devcluster import aptsources, gobuild
 from phalanx.errors import UserFacingError
 
-KUBERNETES_VERSION = "1.20.2"
-"""The default release, built from Debian's source package (build_kubernetes.sh)."""
+KUBERNETES_VERSION: str = gobuild.NEWEST.kubernetes
+"""The default release: the newest pinned one, built from Go modules (gobuild.py)."""
+DEBIAN_VERSION = "1.20.2"
+"""The release built from Debian's source package (build_kubernetes.sh) when `$PHALANX_KUBE_VERSION` names it;
+state dirs made before the cluster recorded its release were made by it."""
 VERSION_ENV = "PHALANX_KUBE_VERSION"
-"""Names another release, built from Go modules (gobuild.py), e.g. `PHALANX_KUBE_VERSION=1.37.2`."""
+"""Names another release, e.g. `PHALANX_KUBE_VERSION=1.35.8` (from Go modules) or `1.20.2` (from Debian)."""
 CONTROL_PLANE = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 ALL_BINARIES = ("etcd", *CONTROL_PLANE, "kubectl")
 NODE_BINARIES = ("kubelet", "kube-proxy")
@@ -51,12 +55,12 @@ def kube_version() -> str:
 
 
 def from_go_modules(version: str) -> bool:
-    return version != KUBERNETES_VERSION
+    return version != DEBIAN_VERSION
 
 
 def is_legacy(kubernetes_version: str) -> bool:
-    """Kubernetes 1.20, the default release: the flags and behaviours it alone has. Every other release
-    the local cluster runs is one the Go module proxy serves (1.34 and newer)."""
+    """Kubernetes 1.20, built from Debian: the flags and behaviours it alone has. Every other release the
+    local cluster runs is one the Go module proxy serves (1.34 and newer)."""
     return kubernetes_version.split(".")[:2] == ["1", "20"]
 
 
@@ -119,23 +123,29 @@ def find_node_binaries() -> tuple[dict[str, Path], list[str]]:
     return found, [name for name in NODE_BINARIES if name not in found]
 
 
+def install_command(version: str) -> str:
+    """The command that builds `version`: the default release needs no variable."""
+    chosen = "" if version == KUBERNETES_VERSION else f"{VERSION_ENV}={version} "
+    return f"{chosen}phalanx dev install"
+
+
 def node_install_hint(version: str) -> str:
     """How to get a real node's kubelet and kube-proxy for this release: 1.20's come from a second build on
     request, a release from Go modules builds them with everything else."""
     if from_go_modules(version):
-        return f"run `{VERSION_ENV}={version} phalanx dev install` once (about 10 minutes on 2 cores)"
-    return "run `phalanx dev install --real-node` once (about 12 minutes)"
+        return f"run `{install_command(version)}` once (about 10 minutes on 2 cores)"
+    return f"run `{install_command(version)} --real-node` once (about 12 minutes)"
 
 
 def require_binaries() -> Binaries:
     binaries, missing = find_binaries()
     if binaries is None:
         version = kube_version()
+        command = install_command(version)
         if from_go_modules(version):
-            where, command = "$KUBEBUILDER_ASSETS", f"{VERSION_ENV}={version} phalanx dev install"
-            duration = "about 10 minutes on 2 cores"
+            where, duration = "$KUBEBUILDER_ASSETS", "about 10 minutes on 2 cores"
         else:
-            where, command, duration = "$KUBEBUILDER_ASSETS, PATH", "phalanx dev install", "7-10 minutes"
+            where, duration = "$KUBEBUILDER_ASSETS, PATH", "7-10 minutes"
         raise UserFacingError(
             f"Kubernetes {version} binaries not found: {', '.join(missing)} "
             f"(looked in {where} and {cached_bin_dir()}). Run `{command}` to build them once ({duration})."
@@ -151,7 +161,7 @@ def install(force: bool = False, real_node: bool = False) -> Binaries:
         return _install_from_go_modules(version, force)
     print(
         f"[phalanx install] Kubernetes {version} from Debian's source package "
-        f"({VERSION_ENV}={gobuild.NEWEST.kubernetes} picks the newest release, built from Go modules)",
+        f"(without {VERSION_ENV}, the newest pinned release, {KUBERNETES_VERSION}, is built from Go modules)",
         flush=True,
     )
     wanted: list[str] = list(BUILT) if force else []

@@ -52,14 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     install = commands.add_parser(
         "install",
-        help="find or build the control-plane binaries (once, 7-10 minutes); PHALANX_KUBE_VERSION=1.37.2 "
-        "builds that release and its etcd from Go modules instead (about 10 minutes, all binaries)",
+        help="find or build Kubernetes and etcd from their Go modules (once, about 10 minutes on 2 cores, every "
+        "binary a real node needs included); PHALANX_KUBE_VERSION picks another release",
     )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
     install.add_argument(
         "--real-node",
         action="store_true",
-        help="also kubelet and kube-proxy, for a real node (about 12 more minutes the first time)",
+        help="also kubelet and kube-proxy, for a real node (always built from Go modules; for Debian's 1.20.2 "
+        "about 12 more minutes the first time)",
     )
     install.set_defaults(handler=_install)
 

@@ -25,6 +25,7 @@ import yaml
 from phalanx.devcluster import processes
 from phalanx.devcluster.agent.volumes import shm_root
 from phalanx.devcluster.binaries import (
+    DEBIAN_VERSION,
     KUBERNETES_VERSION,
     VERSION_ENV,
     Binaries,
@@ -69,9 +70,9 @@ class ClusterConfig:
     """Real nodes (containerd + kubelet + kube-proxy on this host): 0 or 1."""
     node_ip: str = ""
     """The host address the apiserver advertises when a real node runs (its pods reach it through it)."""
-    kubernetes_version: str = KUBERNETES_VERSION
+    kubernetes_version: str = DEBIAN_VERSION
     """The release whose binaries made the cluster (its etcd data is that release's); cluster.json files from
-    before this field were all made by the default release."""
+    before this field were all made by 1.20.2, built from Debian."""
 
 
 @dataclass(frozen=True)

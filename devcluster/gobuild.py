@@ -49,7 +49,7 @@ class Release:
         return f"v0.{minor}.{patch}"
 
 
-NEWEST = Release(kubernetes="1.37.2", etcd="3.7.3")
+NEWEST: Release = Release(kubernetes="1.37.2", etcd="3.7.3")
 """The pin: the newest stable release the module proxy serves, and the newest patch of the etcd minor it tests
 with (3.7.0 in its build/dependencies.yaml). Changing this line is all a new release takes: `phalanx dev
 install` resolves the wrapper modules for it; `python -m phalanx.devcluster.gobuild --write-modules` writes

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from phalanx.devcluster.binaries import KUBERNETES_VERSION
+
 
 class AgentConfig(BaseModel):
     """Everything the agent needs to know; built from the command line."""
@@ -49,7 +51,7 @@ class AgentConfig(BaseModel):
     real_node_dns: str | None = None
     """Address of the DNS server for a real kubelet node's pods (its kubelet's clusterDNS): it answers
     ClusterIPs, which kube-proxy routes there, and forwards outside names to the host's resolver. None: none."""
-    kubelet_version: str = "v1.20.2"
+    kubelet_version: str = f"v{KUBERNETES_VERSION}"
     """The version each node reports as its kubelet's and kube-proxy's: the control plane's, so that no node
     looks older than the version skew Kubernetes allows."""
     use_namespaces: bool | None = None
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease-interval", type=float, default=2.0)
     parser.add_argument("--status-interval", type=float, default=10.0)
     parser.add_argument("--real-node-dns", default=None)
-    parser.add_argument("--kubelet-version", default="v1.20.2")
+    parser.add_argument("--kubelet-version", default=f"v{KUBERNETES_VERSION}")
     ns = parser.add_mutually_exclusive_group()
     ns.add_argument("--namespaces", dest="use_namespaces", action="store_true", default=None)
     ns.add_argument("--no-namespaces", dest="use_namespaces", action="store_false")

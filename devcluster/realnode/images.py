@@ -103,7 +103,7 @@ def pause_version(kubernetes_version: str) -> str:
     if not makefile.exists():
         raise UserFacingError(
             f"the k8s.io/kubernetes module v{kubernetes_version} is not in Go's module cache ({makefile} is "
-            f"missing): run `{binaries.VERSION_ENV}={kubernetes_version} phalanx dev install` first"
+            f"missing): run `{binaries.install_command(kubernetes_version)}` first"
         )
     return makefile_tag(makefile.read_text())
 

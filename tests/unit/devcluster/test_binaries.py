@@ -20,7 +20,8 @@ def executable(path: Path) -> None:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
-    monkeypatch.delenv(binaries.VERSION_ENV, raising=False)  # the default release: Debian's build
+    # 1.20.2, Debian's build: the control plane, and a real node's binaries on request, each built when missing.
+    monkeypatch.setenv(binaries.VERSION_ENV, binaries.DEBIAN_VERSION)
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     return binaries.cached_bin_dir()
 
@@ -74,6 +75,9 @@ def test_a_kubelet_elsewhere_on_the_path_does_not_count(
 
 
 def test_a_missing_kubelet_names_the_install_that_builds_it_for_the_release() -> None:
-    assert "phalanx dev install --real-node" in binaries.node_install_hint("1.20.2")
-    hint = binaries.node_install_hint("1.37.2")
-    assert "PHALANX_KUBE_VERSION=1.37.2 phalanx dev install`" in hint and "--real-node" not in hint
+    assert "PHALANX_KUBE_VERSION=1.20.2 phalanx dev install --real-node" in binaries.node_install_hint(
+        "1.20.2"
+    )
+    hint = binaries.node_install_hint(binaries.KUBERNETES_VERSION)
+    assert "run `phalanx dev install`" in hint and "--real-node" not in hint
+    assert "`PHALANX_KUBE_VERSION=1.35.8 phalanx dev install`" in binaries.node_install_hint("1.35.8")

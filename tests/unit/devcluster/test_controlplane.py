@@ -26,7 +26,8 @@ def make_fake_binaries(directory: Path, names: tuple[str, ...] = binaries.ALL_BI
 
 @pytest.fixture
 def isolated_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    monkeypatch.delenv(binaries.VERSION_ENV, raising=False)  # the default release: Debian's build
+    # 1.20.2, Debian's build: the only release whose binaries may come from PATH.
+    monkeypatch.setenv(binaries.VERSION_ENV, binaries.DEBIAN_VERSION)
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path / "cache"))
@@ -192,4 +193,5 @@ def test_a_service_account_is_ready_with_its_token_secret_on_1_20_only(tmp_path:
     assert not controlplane.service_account_ready(None, "1.20.2")
     assert controlplane.service_account_ready([{"name": "default-token-abcde"}], "1.20.2")
     assert controlplane.service_account_ready(None, "1.37.2")
-    assert controlplane.Layout(tmp_path).kubernetes_version == "1.20.2"  # no cluster.json: the default
+    # No cluster.json: the default release; one written before the field existed: 1.20.2.
+    assert controlplane.Layout(tmp_path).kubernetes_version == binaries.KUBERNETES_VERSION

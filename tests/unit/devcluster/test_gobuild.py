@@ -301,20 +301,21 @@ def make_binaries(directory: Path, names: tuple[str, ...]) -> None:
         (directory / name).chmod(0o755)
 
 
-def test_the_default_stays_debian_s_1_20_2(isolated: Path) -> None:
-    assert binaries.kube_version() == "1.20.2"
-    assert binaries.cached_bin_dir() == isolated / "cache" / "k8s-1.20.2" / "bin"
+def test_the_default_is_the_newest_pinned_release_from_go_modules(isolated: Path) -> None:
+    assert binaries.kube_version() == gobuild.NEWEST.kubernetes
+    assert binaries.from_go_modules(binaries.kube_version())
+    assert binaries.cached_bin_dir() == isolated / "cache" / f"k8s-{gobuild.NEWEST.kubernetes}" / "bin"
 
 
 def test_a_chosen_release_has_its_own_cache_folder_and_skips_path(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Binaries on PATH are of no known version: Debian's etcd 3.4 must not serve Kubernetes 1.37."""
-    monkeypatch.setenv(binaries.VERSION_ENV, "v1.37.2")
+    """Binaries on PATH are of no known version: Debian's etcd 3.4 must not serve Kubernetes 1.36."""
+    monkeypatch.setenv(binaries.VERSION_ENV, "v1.36.3")
     make_binaries(isolated / "path", binaries.ALL_BINARIES)
     monkeypatch.setenv("PATH", str(isolated / "path"))
-    assert binaries.cached_bin_dir() == isolated / "cache" / "k8s-1.37.2" / "bin"
-    with pytest.raises(UserFacingError, match=r"PHALANX_KUBE_VERSION=1\.37\.2 phalanx dev install"):
+    assert binaries.cached_bin_dir() == isolated / "cache" / "k8s-1.36.3" / "bin"
+    with pytest.raises(UserFacingError, match=r"PHALANX_KUBE_VERSION=1\.36\.3 phalanx dev install"):
         binaries.require_binaries()
     make_binaries(binaries.cached_bin_dir(), (*binaries.ALL_BINARIES, *binaries.NODE_BINARIES))
     assert binaries.require_binaries().etcd == binaries.cached_bin_dir() / "etcd"

@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phalanx.devcluster import controlplane
+from phalanx.devcluster import binaries, controlplane
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.realnode import config, host, images, node
 from phalanx.errors import UserFacingError
 
 
 def settings(tmp_path: Path) -> config.NodeSettings:
-    return config.NodeSettings(name="real-node-0", node_ip="10.1.2.3", state_dir=tmp_path)
+    return config.NodeSettings(
+        name="real-node-0", node_ip="10.1.2.3", state_dir=tmp_path, kubernetes_version=binaries.DEBIAN_VERSION
+    )
 
 
 def test_containerd_uses_cgroupfs_the_local_pause_image_and_debians_cni_plugins() -> None:
@@ -38,7 +40,7 @@ def test_cni_bridge_has_hairpin_and_the_pod_range() -> None:
 
 
 def test_kubelet_trusts_only_the_clusters_client_certificates(tmp_path: Path) -> None:
-    kubelet = yaml.safe_load(config.kubelet_yaml(tmp_path / "ca.crt", "10.1.2.3"))
+    kubelet = yaml.safe_load(config.kubelet_yaml(tmp_path / "ca.crt", "10.1.2.3", binaries.DEBIAN_VERSION))
     assert kubelet["authentication"]["anonymous"]["enabled"] is False
     assert kubelet["authentication"]["x509"]["clientCAFile"] == str(tmp_path / "ca.crt")
     assert kubelet["authorization"]["mode"] == "Webhook"
@@ -79,8 +81,8 @@ def test_the_pause_release_is_read_from_the_release_sources(tmp_path: Path, monk
         images.makefile_tag("REV = 1\n")
     monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path))
     assert images.pause_version("1.20.2") == "3.2"
-    with pytest.raises(UserFacingError, match=re.escape("PHALANX_KUBE_VERSION=1.37.2 phalanx dev install")):
-        images.pause_version("1.37.2")
+    with pytest.raises(UserFacingError, match=re.escape("PHALANX_KUBE_VERSION=1.36.3 phalanx dev install")):
+        images.pause_version("1.36.3")
     pause = images.module_pause_dir("1.37.2")
     assert pause == tmp_path / "go" / "mod" / "k8s.io" / "kubernetes@v1.37.2" / "build" / "pause"
     pause.mkdir(parents=True)

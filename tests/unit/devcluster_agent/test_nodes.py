@@ -8,6 +8,7 @@ from pathlib import Path
 
 from phalanx.devcluster.agent.config import AgentConfig, parse_config
 from phalanx.devcluster.agent.nodes import all_nodes, lease_object, node_labels, node_status, ready_conditions
+from phalanx.devcluster.binaries import KUBERNETES_VERSION
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -61,11 +62,11 @@ def test_status_advertises_capacity_address_kubelet_port_and_version() -> None:
     assert status["allocatable"] == status["capacity"]
     assert status["addresses"][0] == {"type": "InternalIP", "address": "127.0.0.1"}
     assert status["daemonEndpoints"] == {"kubeletEndpoint": {"Port": 10250}}
-    assert status["nodeInfo"]["kubeletVersion"] == "v1.20.2"
+    assert status["nodeInfo"]["kubeletVersion"] == f"v{KUBERNETES_VERSION}"
     newer = node_status(
-        real, parse_config(["--kubeconfig=kc", "--state-dir=s", "--kubelet-version=v1.37.2"]), 1, T0
+        real, parse_config(["--kubeconfig=kc", "--state-dir=s", "--kubelet-version=v1.20.2"]), 1, T0
     )
-    assert newer["nodeInfo"]["kubeletVersion"] == newer["nodeInfo"]["kubeProxyVersion"] == "v1.37.2"
+    assert newer["nodeInfo"]["kubeletVersion"] == newer["nodeInfo"]["kubeProxyVersion"] == "v1.20.2"
     assert node_status(simulated, config(), 1, T0)["capacity"]["pods"] == "250"
     assert "nvidia.com/gpu" not in node_status(real, config(), 1, T0)["capacity"]
 
