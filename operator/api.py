@@ -2,15 +2,16 @@
 
 Field docstrings become the CRD's descriptions, `Field(ge=..., le=...)` its ranges, `Literal[...]` its enums
 and defaults its structural defaults (see `phalanx.operator.crd`). Python names are snake_case; the wire
-format is camelCase through aliases. Cross-field rules that Kubernetes 1.20 cannot express live in
-`phalanx.operator.validation` and come back as an `InvalidSpec` condition naming the field. A value that can
-never be valid on its own (a negative count, a port beyond 65535) carries its range here, so the API server
-refuses it at apply time and no reconcile ever sees it.
+format is camelCase through aliases. A value that can never be valid on its own (a negative count, a port
+beyond 65535) carries its range here, and a bad combination (min above max, a timeout under its interval) a
+CEL rule (`cel_rules`), so the API server refuses it at apply time naming the field. `phalanx.operator.
+validation` checks those rules again, and what CEL cannot express (the pod template, quantities, the
+operator's own limits), and answers with an `InvalidSpec` condition naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
@@ -57,8 +58,26 @@ AbsolutePath = Annotated[
 DEFAULT_TRAINER_CONTAINER = "trainer"
 
 
+class CelRule(NamedTuple):
+    """A cross-field rule the API server checks at apply time (the CRD's `x-kubernetes-validations`), so a
+    bad value is refused naming its field. The operator checks the same rule too (`validation.py`), for
+    objects stored before the rule existed."""
+
+    rule: str
+    """A CEL expression over the object the rule sits on (`self`); true when the object is valid."""
+    message: str
+    """What `kubectl apply` prints after the field's path when the rule is false."""
+    field_path: str
+    """The field the refusal names, relative to that object (e.g. `.minReplicas`)."""
+    example: dict[str, Any]
+    """A spec that breaks the rule (merged into a valid one): the rule's documentation, and its tests' input."""
+
+
 class ApiModel(BaseModel):
     """Base of every API object: camelCase aliases, docstrings as descriptions, unknown keys ignored."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+    """The object's cross-field rules, for the CRD."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -131,6 +150,21 @@ class CheckpointSpec(ApiModel):
     """Where and how often checkpoints are written: one tier (the volume at `path`), or a fast local tier
     and a durable one (`localTier`, `objectStore`)."""
 
+    cel_rules = (
+        CelRule(
+            "!(has(self.claimName) && has(self.volume))",
+            "set either claimName or volume, not both",
+            ".volume",
+            {"checkpoint": {"claimName": "data", "volume": {"emptyDir": {}}}},
+        ),
+        CelRule(
+            "!has(self.localTier) || !self.localTier.enabled || self.localTier.path != self.path",
+            "must differ from checkpoint.path",
+            ".localTier.path",
+            {"checkpoint": {"path": "/ckpt", "localTier": {"enabled": True, "path": "/ckpt"}}},
+        ),
+    )
+
     claim_name: str | None = None
     """Name of a PersistentVolumeClaim mounted at `path` in every worker (set this or `volume`, not both)."""
     volume: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE_UNKNOWN)
@@ -169,6 +203,15 @@ class CheckpointSpec(ApiModel):
 
 class HeartbeatSpec(ApiModel):
     """Worker heartbeats: each worker pod renews a Lease carrying its training step."""
+
+    cel_rules = (
+        CelRule(
+            "double(self.timeoutSeconds) > self.intervalSeconds",
+            "must be greater than heartbeat.intervalSeconds",
+            ".timeoutSeconds",
+            {"heartbeat": {"intervalSeconds": 5, "timeoutSeconds": 5}},
+        ),
+    )
 
     interval_seconds: float = Field(default=5, ge=0.2, le=3600)
     """Seconds between Lease renewals by each worker (`PHALANX_HEARTBEAT_INTERVAL`); fractions allowed, so a
@@ -212,8 +255,27 @@ class FailureMatch(ApiModel):
     """Matches a worker detected as a straggler."""
 
 
+def _any_criterion_set(model: type[ApiModel], path: str) -> str:
+    """CEL: some criterion of a match object at `path` is set (a non-empty list, or a flag that is true)."""
+    terms = []
+    for name, field in model.model_fields.items():
+        key = f"{path}.{field.alias or name}"
+        is_list = any(get_origin(kind) is list for kind in (field.annotation, *get_args(field.annotation)))
+        terms.append(f"(has({key}) && size({key}) > 0)" if is_list else f"(has({key}) && {key})")
+    return f"has({path}) && (" + " || ".join(terms) + ")"
+
+
 class FailureRule(ApiModel):
     """One rule of the failure policy: the first rule whose match fits a failure decides the action."""
+
+    cel_rules = (
+        CelRule(
+            _any_criterion_set(FailureMatch, "self.match"),
+            "the rule matches nothing: set at least one criterion",
+            ".match",
+            {"failurePolicy": {"rules": [{"name": "nothing", "match": {"exitCodes": []}}]}},
+        ),
+    )
 
     name: str | None = None
     """A name for the rule, shown in conditions and Events."""
@@ -235,12 +297,14 @@ class FailurePolicySpec(ApiModel):
 
     max_restarts: int = Field(default=10, ge=0)
     """Job-wide restarts caused by user failures before the job fails; counted over the job's whole life."""
-    rules: list[FailureRule] = Field(default_factory=list)
-    """Ordered rules; the first match wins."""
+    rules: list[FailureRule] = Field(default_factory=list, max_length=64)
+    """Ordered rules; the first match wins (at most 64)."""
 
 
 class TopologySpec(ApiModel):
     """Placement of the gang across a topology domain (a node label)."""
+
+    cel_rules = (CelRule("size(self.key) > 0", "must name a node label", ".key", {"topology": {"key": ""}}),)
 
     key: str = "topology.kubernetes.io/zone"
     """Node label whose values are the domains, e.g. `topology.kubernetes.io/zone` or a rack label."""
@@ -252,6 +316,21 @@ class TopologySpec(ApiModel):
 
 class GangSpec(ApiModel):
     """All-or-nothing scheduling of the worker pods."""
+
+    cel_rules = (
+        CelRule(
+            "self.maxBackoffSeconds >= self.backoffSeconds",
+            "must be at least gang.backoffSeconds",
+            ".maxBackoffSeconds",
+            {"gang": {"backoffSeconds": 60, "maxBackoffSeconds": 30}},
+        ),
+        CelRule(
+            "self.podGroup != 'Kueue' || (has(self.queueName) && size(self.queueName) > 0)",
+            "Kueue needs the name of a LocalQueue",
+            ".queueName",
+            {"gang": {"podGroup": "Kueue"}},
+        ),
+    )
 
     schedule_timeout_seconds: int = Field(default=300, ge=1)
     """Seconds for every pod of the gang to be scheduled; otherwise all are deleted and retried later."""
@@ -268,6 +347,15 @@ class GangSpec(ApiModel):
 
 class RendezvousSpec(ApiModel):
     """The job's rendezvous store: its own pod and headless Service, never inside a worker."""
+
+    cel_rules = (
+        CelRule(
+            "self.keepaliveTimeoutSeconds >= self.keepaliveIntervalSeconds",
+            "must be at least rendezvous.keepaliveIntervalSeconds",
+            ".keepaliveTimeoutSeconds",
+            {"rendezvous": {"keepaliveIntervalSeconds": 5, "keepaliveTimeoutSeconds": 2}},
+        ),
+    )
 
     port: int = Field(default=29400, ge=1, le=65535)
     """Port of the rendezvous store."""
@@ -441,6 +529,27 @@ class SharedMemorySpec(ApiModel):
 
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "minReplicas is greater than maxReplicas",
+            ".minReplicas",
+            {"replicas": 2, "minReplicas": 3, "maxReplicas": 2},
+        ),
+        CelRule(
+            "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+            "replicas is below minReplicas",
+            ".replicas",
+            {"replicas": 2, "minReplicas": 3, "maxReplicas": 4},
+        ),
+        CelRule(
+            "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+            "replicas is above maxReplicas",
+            ".replicas",
+            {"replicas": 4, "maxReplicas": 3},
+        ),
+    )
 
     replicas: int = Field(default=1, ge=1)
     """Active workers (pods, one per node). Scaled by `kubectl scale` within `minReplicas`..`maxReplicas`."""
@@ -905,3 +1014,11 @@ class TrainingJob(ApiModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: TrainingJobSpec
     status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)
+
+
+def all_cel_rules() -> list[CelRule]:
+    """Every model's CEL rules (the CRD's `x-kubernetes-validations`)."""
+    models = [
+        value for value in globals().values() if isinstance(value, type) and issubclass(value, ApiModel)
+    ]
+    return [rule for model in models for rule in model.__dict__.get("cel_rules", ())]

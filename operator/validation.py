@@ -1,4 +1,6 @@
-"""Cross-field rules of a TrainingJob that Kubernetes 1.20 cannot check (no CEL): pure functions.
+"""Cross-field rules of a TrainingJob, as pure functions: what the CRD's CEL rules cannot express (the pod
+template, quantities, the operator's own limits such as `maxGangPods`), and the CEL rules again, for objects
+stored before a rule existed or on a cluster that does not run CEL.
 
 Each problem is a `SpecIssue(field, message)` whose `field` is the wire path (e.g. `spec.minReplicas`), so the
 condition and the Event tell the user exactly what to fix.

@@ -1,6 +1,7 @@
 """A typo never floods the cluster: a job far over the gang limit is refused, one the cluster cannot hold is
 held, both without a single pod, while a job beside them keeps training. Bad input is refused naming the
-field: by the API server where the CRD can tell, else by the operator (`InvalidSpec`) before any pod exists."""
+field: by the API server where the CRD can tell (its schema, and its CEL rules for bad combinations), else by the
+operator (`InvalidSpec`) before any pod exists."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import time
 from typing import Any
 
 import pytest
+
+from phalanx.operator import api
 
 from .conftest import Cluster, Operator, wait_for
 from .test_operator import condition, events_for, get_job, has_condition, job_pods, trainingjob
@@ -189,6 +192,48 @@ def test_values_the_crd_can_judge_are_refused_at_apply_time_naming_the_field(
         "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(fixed), check=False
     )
     assert dry.returncode == 0, dry.stderr
+
+
+def _merged(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `change` merged in (objects key by key, anything else replaced), as a JSON merge patch."""
+    merged = copy.deepcopy(base)
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+@pytest.mark.parametrize("rule", api.all_cel_rules(), ids=lambda rule: rule.message.replace(" ", "-"))
+def test_bad_combinations_are_refused_at_apply_time_by_the_crds_rules_naming_the_field(
+    cluster: Cluster, operator: Operator, namespace: str, rule: api.CelRule
+) -> None:
+    job = trainingjob("bad", replicas=1)
+    job["spec"] = _merged(job["spec"], rule.example)
+    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False)
+    assert result.returncode != 0, result.stdout
+    assert rule.field_path in result.stderr and rule.message in result.stderr, result.stderr
+    assert cluster.kubectl("get", "trainingjob", "bad", "-n", namespace, check=False).returncode != 0
+    assert _pods_of(cluster, namespace, "bad") == []
+
+
+def test_names_pods_could_not_take_and_scaling_past_the_bounds_are_refused_at_apply_time(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    for name in ("run.1", "a" * 52):
+        result = cluster.kubectl(
+            "apply", "-n", namespace, "-f", "-", input=json.dumps(trainingjob(name)), check=False
+        )
+        assert result.returncode != 0 and "metadata.name" in result.stderr, result.stderr
+    longest = trainingjob("a" * 51, replicas=1)
+    longest["spec"] |= {"minReplicas": 1, "maxReplicas": 2, "suspend": True}
+    cluster.apply(longest, namespace)
+    # `kubectl scale` goes through the scale subresource: the same rules hold there.
+    scaled = cluster.kubectl("scale", f"tj/{'a' * 51}", "--replicas=3", "-n", namespace, check=False)
+    assert scaled.returncode != 0 and "replicas is above maxReplicas" in scaled.stderr, scaled.stderr
+    cluster.kubectl("scale", f"tj/{'a' * 51}", "--replicas=2", "-n", namespace)
+    assert get_job(cluster, namespace, "a" * 51)["spec"]["replicas"] == 2
 
 
 def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from phalanx.operator import api, crd, formats
+from phalanx.operator import api, crd, formats, names, validation
 from phalanx.operator.crd import _strip_optional
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,13 +71,18 @@ def _walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, A
     return nodes
 
 
-def test_schema_is_structural_for_kubernetes_1_20() -> None:
+def test_schema_is_structural() -> None:
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
         untyped = node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
         assert "type" in node or untyped, f"{path} has no type"
-        for forbidden in ("$ref", "anyOf", "oneOf", "allOf", "x-kubernetes-validations", "nullable", "title"):
+        for forbidden in ("$ref", "anyOf", "oneOf", "allOf", "nullable", "title"):
             assert forbidden not in node, f"{path} uses {forbidden}"
+        for rule in node.get("x-kubernetes-validations", []):
+            assert set(rule) == {"rule", "message", "fieldPath", "reason"}, (path, rule)
+            assert rule["fieldPath"].startswith("."), (path, rule)
+            # The field it names is declared where the rule sits (the API server refuses the CRD otherwise).
+            assert rule["fieldPath"].split(".")[1] in node["properties"], (path, rule)
 
 
 def test_spec_defaults_are_the_models_defaults() -> None:
@@ -94,7 +99,7 @@ def test_spec_defaults_are_the_models_defaults() -> None:
     ]
     assert properties["topology"]["properties"]["policy"]["enum"] == ["Pack", "Spread"]
     assert properties["nprocPerNode"]["minimum"] == 1
-    # A count that can never be valid is refused at apply time; cross-field rules stay the operator's.
+    # A count that can never be valid is refused at apply time by its range, a bad combination by CEL.
     assert properties["spares"]["minimum"] == 0
     assert properties["replicas"]["minimum"] == 1
     assert properties["minReplicas"]["minimum"] == 1 and properties["maxReplicas"]["minimum"] == 1
@@ -326,3 +331,31 @@ def test_a_bound_kubernetes_cannot_apply_exactly_is_refused_by_the_generator() -
         crd._kube_maximum(-0.5)
     assert crd._kube_minimum(0.5, exclusive=True) == (0.5, True)
     assert crd._kube_minimum(2, exclusive=False) == (2, False)
+
+
+TEMPLATE = {"spec": {"containers": [{"name": "trainer", "image": "i", "command": ["python"]}]}}
+
+
+def test_every_cel_rule_is_the_operators_own_check_too() -> None:
+    """What `kubectl apply` refuses by a CEL rule, the operator refuses as well, naming the same field (for
+    objects stored before the rule, or on a release without CEL): each rule's example breaks both."""
+    rules = api.all_cel_rules()
+    assert len(rules) == 11 and validation.check({"template": TEMPLATE})[1] == []
+    for rule in rules:
+        spec, issues = validation.check({"template": TEMPLATE, **rule.example})
+        assert spec is None, rule
+        assert any(issue.field.endswith(rule.field_path) for issue in issues), (rule, issues)
+
+
+def test_the_name_a_pod_could_not_take_is_refused_by_the_schema() -> None:
+    name = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]
+    rule = name["properties"]["name"]
+    assert rule["maxLength"] == names.MAX_HOSTNAME - names.WORKER_SUFFIX_ROOM
+    pattern = re.compile(rule["pattern"])
+    assert (
+        pattern.fullmatch("llama-70b") and not pattern.fullmatch("Llama") and not pattern.fullmatch("run.1")
+    )
+    for bad in ("run.1", "x" * (rule["maxLength"] + 1)):
+        assert [issue.field for issue in validation.check({"template": TEMPLATE}, job_name=bad)[1]] == [
+            "metadata.name"
+        ], bad

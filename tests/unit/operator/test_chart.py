@@ -9,6 +9,7 @@ import helm_python
 import pytest
 import yaml
 
+from phalanx.devcluster.binaries import KUBERNETES_VERSION
 from phalanx.operator import builders, crd
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,7 +43,9 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     ],
 )
 def test_lint_reports_no_warning_or_error(values: dict[str, Any]) -> None:
-    report = helm_python.lint(CHART, values, strict=True, namespace="phalanx-system", kube_version="v1.20.2")
+    report = helm_python.lint(
+        CHART, values, strict=True, namespace="phalanx-system", kube_version=f"v{KUBERNETES_VERSION}"
+    )
     assert report["errors"] == []
     serious = [m for m in report["messages"] if m["severity"] >= WARNING]
     assert serious == [], serious
