@@ -152,9 +152,19 @@ def wrapper_mismatches(wrapper_go_mod: str, release: Release, staging: Iterable[
     return problems
 
 
+def required_modules(go_mod: str) -> list[str]:
+    """Every module a go.mod requires (direct and indirect), without versions."""
+    return [parts[0] for entry in _directive_entries(go_mod, "require") if len(parts := entry.split()) >= 2]
+
+
 def kubernetes_edit_args(wrapper_go_mod: str, release: Release, staging: Iterable[str]) -> list[str]:
-    """`go mod edit` arguments that make the wrapper module build `release`."""
-    args = [f"-require={KUBERNETES_MODULE}@v{release.kubernetes}"]
+    """`go mod edit` arguments that make the wrapper module build `release`. Every requirement but
+    k8s.io/kubernetes goes: the pin's would hold another release's dependencies at their versions (and its
+    staging modules at none), so `go mod tidy` resolves them again from the release's own go.mod."""
+    args = [
+        f"-droprequire={module}" for module in required_modules(wrapper_go_mod) if module != KUBERNETES_MODULE
+    ]
+    args.append(f"-require={KUBERNETES_MODULE}@v{release.kubernetes}")
     args += [f"-dropreplace={module}" for module in sorted(replaces(wrapper_go_mod))]
     args += [f"-replace={module}={module}@{release.staging_version}" for module in sorted(staging)]
     return args

@@ -95,6 +95,7 @@ def test_a_wrapper_for_another_release_is_found_wanting_and_edited() -> None:
     staging = gobuild.staging_modules(KUBERNETES_GO_MOD)
     wrapper = (
         "module phalanx/devcluster/kubernetes\n\nrequire k8s.io/kubernetes v1.37.2\n\n"
+        "require (\n\tk8s.io/cri-streaming v0.0.0 // indirect\n\tgithub.com/x/y v1.2.3 // indirect\n)\n\n"
         "replace (\n\tk8s.io/api => k8s.io/api v0.37.2\n\tk8s.io/streaming => k8s.io/streaming v0.37.2\n)\n"
     )
     problems = gobuild.wrapper_mismatches(wrapper, OLD, staging)
@@ -105,7 +106,10 @@ def test_a_wrapper_for_another_release_is_found_wanting_and_edited() -> None:
         "replaces k8s.io/kubelet with None, not k8s.io/kubelet v0.36.3",
         "replaces k8s.io/streaming with k8s.io/streaming v0.37.2, not None",
     ]
+    # The pin's other requirements go, a staging module the older release lacks among them.
     assert gobuild.kubernetes_edit_args(wrapper, OLD, staging) == [
+        "-droprequire=k8s.io/cri-streaming",
+        "-droprequire=github.com/x/y",
         "-require=k8s.io/kubernetes@v1.36.3",
         "-dropreplace=k8s.io/api",
         "-dropreplace=k8s.io/streaming",
