@@ -1,8 +1,11 @@
 """All-or-nothing gang scheduling (pure functions).
 
-Without a gang scheduler (`gang.podGroup: None`) the operator enforces it itself: if every pod of the gang
-(workers and spares) is not bound to a node within `scheduleTimeoutSeconds`, all of them are deleted so no
-partial gang holds capacity, and a new attempt starts after an exponential backoff. With a gang scheduler,
+Without a gang scheduler (`gang.podGroup: None`) the operator enforces it itself. Every pod of a gang being
+formed (workers, spares and the rendezvous) is created behind a scheduling gate, and the gates are lifted
+together once all of them exist: the scheduler binds no pod of a gang that could not be created whole (a
+refused creation, the operator stopped half-way). If every pod of the gang is not bound to a node within
+`scheduleTimeoutSeconds`, all of them are deleted so no partial gang holds capacity, and a new attempt starts
+after an exponential backoff. With a gang scheduler,
 the operator only labels the pods (and creates the PodGroup) the way that scheduler expects.
 """
 
@@ -33,6 +36,31 @@ class GangDecision:
     reason: str
     message: str
     retry_after: datetime | None = None
+
+
+SCHEDULING_GATE = "phalanx.dev/gang"
+"""The scheduling gate a forming gang's pods are created behind (Kubernetes 1.30+: `spec.schedulingGates`)."""
+
+
+def gated(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` (a manifest about to be created) behind the gang's scheduling gate."""
+    spec = pod["spec"]
+    gates = [gate for gate in spec.get("schedulingGates") or [] if gate.get("name") != SCHEDULING_GATE]
+    return {**pod, "spec": {**spec, "schedulingGates": [*gates, {"name": SCHEDULING_GATE}]}}
+
+
+def is_gated(pod: dict[str, Any]) -> bool:
+    """Whether the pod still waits at the gang's scheduling gate."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(gate.get("name") == SCHEDULING_GATE for gate in gates)
+
+
+def to_ungate(members: list[dict[str, Any]], expected: int, rendezvous: list[dict[str, Any]]) -> list[str]:
+    """The gang's pods to release from the gate: all of them, once `expected` workers and spares (`members`,
+    none leaving) and the rendezvous pod exist; none before."""
+    if len(members) < expected or not rendezvous:
+        return []
+    return [pod["metadata"]["name"] for pod in [*rendezvous, *members] if is_gated(pod)]
 
 
 def is_scheduled(pod: dict[str, Any]) -> bool:

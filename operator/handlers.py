@@ -31,6 +31,7 @@ from phalanx.operator import (
     builders,
     capacity,
     checkpointing,
+    gang,
     health,
     names,
     reconcile,
@@ -258,6 +259,12 @@ class JobReconciler:
         self._each("delete", self.kube.delete_pod, [(namespace, pod, 0) for pod in plan.force_delete_pods])
         self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])
         self.metrics.pods_deleted.inc(len(plan.force_delete_pods) + len(plan.delete_pods))
+        # After this reconcile's creations: the gates open once the whole gang exists.
+        self._each(
+            "ungate",
+            self.kube.ungate_pod,
+            [(namespace, pod, gang.SCHEDULING_GATE) for pod in plan.ungate_pods],
+        )
         labelled = self._each(
             "label",
             self._label_role,

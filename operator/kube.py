@@ -136,6 +136,20 @@ class Kube:
             if error.status != 404:
                 raise
 
+    def ungate_pod(self, namespace: str, name: str, gate: str) -> None:
+        """Lift one scheduling gate of a pod, leaving any other (the template's own) in place."""
+        patch = {"spec": {"schedulingGates": [{"$patch": "delete", "name": gate}]}}
+        try:
+            self._call(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                patch,
+                "application/strategic-merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def renew_lease(self, lease: dict[str, Any]) -> None:
         """Write a Lease's spec and labels (the operator's view canary), creating it when missing."""
         meta = lease["metadata"]

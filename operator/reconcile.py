@@ -133,6 +133,8 @@ class Plan:
     """Pods deleted with grace 0 (node gone, frozen or hung: nothing left to save, peers must see it now)."""
     relabel_pods: dict[str, str] = field(default_factory=dict)
     """Pod name -> role label: labels follow the role torch gave the pod (a promoted spare is a worker)."""
+    ungate_pods: list[str] = field(default_factory=list)
+    """Pods released from the gang's scheduling gate (the whole gang exists now)."""
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     detected: list[api.Incident] = field(default_factory=list)
@@ -1017,9 +1019,15 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         return
     lost_nodes = _lost_nodes(b, spec)
     _release_unschedulable(b, lost_nodes)
+    gang_state = b.status.gang
+    forming = spec.gang.pod_group == "None" and gang_state.scheduled_time is None
+
+    def held(pod: dict[str, Any]) -> dict[str, Any]:
+        return gang.gated(pod) if forming else pod
+
     # A rendezvous pod released above is created again once it is gone (the name is the same).
     if not rendezvous:
-        b.plan.create_pods.append(builders.build_rendezvous_pod(job, spec, avoid=lost_nodes))
+        b.plan.create_pods.append(held(builders.build_rendezvous_pod(job, spec, avoid=lost_nodes)))
     b.delete([pod for pod in rendezvous if observe.phase(pod) in observe.FINISHED_PHASES])
 
     trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
@@ -1034,7 +1042,6 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     workers = [pod for pod in live if _effective_role(pod, b) == names.ROLE_WORKER]
     spares = [pod for pod in live if _effective_role(pod, b) == names.ROLE_SPARE]
     expected = spec.replicas + spec.spares
-    gang_state = b.status.gang
 
     retry_after = parse_time(gang_state.retry_after)
     if not live and retry_after is not None and b.now < retry_after:
@@ -1093,7 +1100,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     no_domain: list[tuple[str, str] | None] = [None] * missing_workers
     domains = no_domain + _vacated_domains(b, spec, missing_spares)
     new_pods = [
-        builders.build_worker_pod(job, spec, index, role, near=domain, avoid=lost_nodes)
+        held(builders.build_worker_pod(job, spec, index, role, near=domain, avoid=lost_nodes))
         for index, role, domain in zip(indices, roles, domains, strict=True)
     ]
     b.plan.create_pods.extend(new_pods)
@@ -1109,6 +1116,9 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     leaving = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     remaining = [pod for pod in live if observe.pod_name(pod) not in leaving]
     scheduled = sum(1 for pod in remaining if gang.is_scheduled(pod))
+    if forming and not new_pods:
+        standing = [pod for pod in rendezvous if observe.pod_name(pod) not in leaving]
+        b.plan.ungate_pods = gang.to_ungate(remaining, expected, standing)
     if gang_state.scheduled_time is None:
         if not new_pods and len(remaining) >= expected and scheduled == len(remaining):
             gang_state.scheduled_time = format_time(b.now)
@@ -1117,6 +1127,8 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             b.condition(conditions.GANG_SCHEDULED, True, conditions.REASON_ALL_SCHEDULED, message, "Normal")
         else:
             message = f"{scheduled} of {expected} pods of the gang scheduled"
+            if forming and len(remaining) < expected:
+                message += f"; {len(remaining)} created, held at the scheduling gate until all exist"
             b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SCHEDULING, message)
             b.status.state = "Scheduling"
             return

@@ -251,6 +251,46 @@ def test_gang_is_all_or_nothing_and_starts_when_capacity_appears(
     assert final["status"]["gang"]["attempts"] >= 1  # attempts counts gang attempts that timed out
 
 
+def test_a_gang_that_cannot_be_created_whole_binds_no_pod(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # A quota of 3 pods and a gang of 4 (two workers, a spare, the rendezvous): the last creation is refused.
+    # Every pod is created behind the gang's scheduling gate, so none of the three is bound meanwhile.
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "pods"},
+        "spec": {"hard": {"pods": "3"}},
+    }
+    cluster.apply(quota, namespace)
+    cluster.apply(trainingjob("gated", replicas=2, spares=1, steps=20), namespace)
+    selector = "phalanx.dev/job-name=gated"
+
+    def three_waiting() -> list | None:
+        pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        return pods if len(pods) == 3 else None
+
+    pods = wait_for(three_waiting, 60, message="three of the gang's four pods created")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        assert not [pod.metadata.name for pod in pods if pod.spec.node_name], (
+            "a pod of an incomplete gang was bound"
+        )
+        assert all(
+            [gate.name for gate in pod.spec.scheduling_gates or []] == ["phalanx.dev/gang"] for pod in pods
+        ), [pod.spec.scheduling_gates for pod in pods]
+        time.sleep(1)
+    message = condition(get_job(cluster, namespace, "gated"), "GangScheduled")["message"]
+    assert "held at the scheduling gate" in message, message
+    # Room for the whole gang: the last pod is created, the gates open together and the job trains to the end.
+    cluster.kubectl("delete", "resourcequota", "pods", "-n", namespace)
+    final = wait_succeeded(cluster, namespace, "gated", timeout=300)
+    assert has_condition(final, "GangScheduled")
+    for pod in job_pods(cluster, namespace, "gated"):
+        assert not pod.spec.scheduling_gates, pod.metadata.name
+
+
 def zones_of(cluster: Cluster, pods: list) -> list[str]:
     return [
         cluster.core.read_node(pod.spec.node_name).metadata.labels["topology.kubernetes.io/zone"]

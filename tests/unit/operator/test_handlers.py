@@ -6,16 +6,18 @@ import copy
 import json
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import handlers
+from phalanx.operator import gang, handlers
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event
 from phalanx.operator.settings import settings_from
+from phalanx.operator.timeutil import format_time
 
 
 class FakeKube:
@@ -39,6 +41,9 @@ class FakeKube:
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         self.calls.append(("delete" if grace_seconds is None else f"delete-grace-{grace_seconds}", name))
+
+    def ungate_pod(self, namespace: str, name: str, gate: str) -> None:
+        self.calls.append(("ungate", name))
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         self.calls.append(("label", f"{name}={labels['phalanx.dev/role']}"))
@@ -93,6 +98,33 @@ def test_lost_node_pods_go_with_grace_zero_and_promoted_spares_are_relabelled(
     )
     assert metrics.registry.get_sample_value("phalanx_failures_total", {"cause": "NodeLost"}) == 1
     assert metrics.registry.get_sample_value("phalanx_spare_swaps_total") == 1
+
+
+def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    kube = FakeKube(make_job())
+    _run(kube.job, kube)
+    created = [call[1] for call in kube.calls if call[0] == "create"]
+    assert sorted(created) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert not [call for call in kube.calls if call[0] == "ungate"]
+
+    def waiting(name: str, role: str = "worker") -> dict[str, Any]:
+        # Created just now: the reconcile runs on the clock, and the gang's timeout is far away.
+        just_now = format_time(datetime.now(UTC))
+        return gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now))
+
+    pods = [waiting("demo-worker-0"), waiting("demo-worker-1"), waiting("demo-rdzv", "rendezvous")]
+    # One pod of the gang is missing (its creation was refused, or the operator stopped): no gate opens.
+    partial = FakeKube(make_job())
+    _run(partial.job, partial, pods)
+    assert [call[1] for call in partial.calls if call[0] == "create"] == ["demo-worker-2"]
+    assert not [call for call in partial.calls if call[0] == "ungate"]
+    whole = FakeKube(make_job())
+    _run(whole.job, whole, [*pods, waiting("demo-worker-2")])
+    opened = [call[1] for call in whole.calls if call[0] == "ungate"]
+    assert sorted(opened) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert not [call for call in whole.calls if call[0] == "create"]
 
 
 def test_recovery_metrics_and_goodput() -> None:

@@ -419,6 +419,9 @@ class FakeKube:
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         pass
 
+    def ungate_pod(self, namespace: str, name: str, gate: str) -> None:
+        self.calls.append(("ungate", name))
+
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         pass
 
