@@ -127,6 +127,15 @@ def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
     assert not [call for call in whole.calls if call[0] == "create"]
 
 
+def test_a_job_another_controller_manages_is_left_alone(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    kube = FakeKube(make_job(managedBy="kueue.x-k8s.io/multikueue"))
+    _run(kube.job, kube, [make_pod("demo-worker-0")])
+    assert kube.calls == [("get", "demo")]
+    assert handlers.waiting_gang(kube.job) is None
+
+
 def test_recovery_metrics_and_goodput() -> None:
     from phalanx.operator import api
 
