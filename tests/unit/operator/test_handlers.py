@@ -17,6 +17,7 @@ from phalanx.operator import gang, handlers
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event
 from phalanx.operator.settings import settings_from
+from phalanx.operator.status import summarize_pod
 from phalanx.operator.timeutil import format_time
 
 
@@ -112,7 +113,10 @@ def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
     def waiting(name: str, role: str = "worker") -> dict[str, Any]:
         # Created just now: the reconcile runs on the clock, and the gang's timeout is far away.
         just_now = format_time(datetime.now(UTC))
-        return gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now))
+        # As the pod index keeps it: the summary must carry the gate.
+        return summarize_pod(
+            gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now))
+        )
 
     pods = [waiting("demo-worker-0"), waiting("demo-worker-1"), waiting("demo-rdzv", "rendezvous")]
     # One pod of the gang is missing (its creation was refused, or the operator stopped): no gate opens.
