@@ -149,6 +149,7 @@ def _with(job: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return job
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(
     ("path", "value"),
     [
@@ -222,6 +223,7 @@ def test_bad_combinations_are_refused_at_apply_time_by_the_crds_rules_naming_the
     assert _pods_of(cluster, namespace, "bad") == []
 
 
+@pytest.mark.compat
 def test_names_pods_could_not_take_and_scaling_past_the_bounds_are_refused_at_apply_time(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
@@ -348,6 +350,7 @@ def test_the_container_named_by_trainer_container_trains_and_the_others_are_left
     )
 
 
+@pytest.mark.compat
 def test_a_job_managed_by_another_controller_is_left_to_it(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
