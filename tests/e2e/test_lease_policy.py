@@ -7,7 +7,6 @@ the policy."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +52,6 @@ def refusal(call: Any) -> str:
     assert refused.value.status == 403, refused.value.body
     message: str = json.loads(refused.value.body)["message"]
     return message
-
-
-@pytest.fixture
-def api_clients() -> Iterator[list[client.ApiClient]]:
-    clients: list[client.ApiClient] = []
-    yield clients
-    for each in clients:
-        each.close()
 
 
 def leases_as(kubeconfig: Path, clients: list[client.ApiClient]) -> client.CoordinationV1Api:

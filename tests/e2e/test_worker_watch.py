@@ -164,14 +164,6 @@ def worker_kubeconfig(cluster: Cluster, namespace: str, job: dict[str, Any], pat
     return account_kubeconfig(cluster, namespace, account, path)
 
 
-@pytest.fixture
-def api_clients() -> Iterator[list[client.ApiClient]]:
-    clients: list[client.ApiClient] = []
-    yield clients
-    for each in clients:
-        each.close()
-
-
 def feed_for(path: Path, namespace: str, name: str, clients: list[client.ApiClient], poll: float) -> JobFeed:
     api_client = config.new_client_from_config(config_file=str(path))
     clients.append(api_client)
