@@ -55,10 +55,15 @@ def is_gated(pod: dict[str, Any]) -> bool:
     return any(gate.get("name") == SCHEDULING_GATE for gate in gates)
 
 
+def is_whole(members: list[dict[str, Any]], expected: int, rendezvous: list[dict[str, Any]]) -> bool:
+    """Whether every pod of the gang exists: `expected` workers and spares (`members`, none leaving) and the
+    rendezvous pod."""
+    return len(members) >= expected and bool(rendezvous)
+
+
 def to_ungate(members: list[dict[str, Any]], expected: int, rendezvous: list[dict[str, Any]]) -> list[str]:
-    """The gang's pods to release from the gate: all of them, once `expected` workers and spares (`members`,
-    none leaving) and the rendezvous pod exist; none before."""
-    if len(members) < expected or not rendezvous:
+    """The gang's pods to release from the gate: all of them once the gang is whole; none before."""
+    if not is_whole(members, expected, rendezvous):
         return []
     return [pod["metadata"]["name"] for pod in [*rendezvous, *members] if is_gated(pod)]
 

@@ -1120,7 +1120,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     if forming and not new_pods:
         b.plan.ungate_pods = gang.to_ungate(remaining, expected, standing)
     # Some pod of the forming gang (a trainer or the rendezvous) is still missing: the others wait at the gate.
-    incomplete = forming and (len(remaining) < expected or not standing)
+    incomplete = forming and not gang.is_whole(remaining, expected, standing)
     if gang_state.scheduled_time is None:
         if not new_pods and len(remaining) >= expected and scheduled == len(remaining):
             gang_state.scheduled_time = format_time(b.now)
