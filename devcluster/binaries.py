@@ -204,14 +204,7 @@ def _install_from_go_modules(version: str, force: bool) -> Binaries:
 
 def _build(names: list[str]) -> None:
     cache = cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(cache).free
-    if free < BUILD_DISK_BYTES:
-        raise UserFacingError(
-            f"not enough free disk in {cache} to build {', '.join(names)}: "
-            f"{free / 1024**3:.1f} GiB free, {BUILD_DISK_BYTES / 1024**3:.0f} GiB needed "
-            "(set PHALANX_CACHE_DIR to a larger disk)."
-        )
+    gobuild.require_free_disk(cache, BUILD_DISK_BYTES, ", ".join(names))
     for tool in ("apt-get", "dpkg", "tar", "make"):
         if shutil.which(tool) is None:
             raise UserFacingError(

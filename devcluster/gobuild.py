@@ -157,13 +157,16 @@ def required_modules(go_mod: str) -> list[str]:
     return [parts[0] for entry in _directive_entries(go_mod, "require") if len(parts := entry.split()) >= 2]
 
 
+def drop_requirements_but(wrapper_go_mod: str, kept: str) -> list[str]:
+    """`go mod edit` arguments that drop every requirement of a wrapper module but `kept`."""
+    return [f"-droprequire={module}" for module in required_modules(wrapper_go_mod) if module != kept]
+
+
 def kubernetes_edit_args(wrapper_go_mod: str, release: Release, staging: Iterable[str]) -> list[str]:
     """`go mod edit` arguments that make the wrapper module build `release`. Every requirement but
     k8s.io/kubernetes goes: the pin's would hold another release's dependencies at their versions (and its
     staging modules at none), so `go mod tidy` resolves them again from the release's own go.mod."""
-    args = [
-        f"-droprequire={module}" for module in required_modules(wrapper_go_mod) if module != KUBERNETES_MODULE
-    ]
+    args = drop_requirements_but(wrapper_go_mod, KUBERNETES_MODULE)
     args.append(f"-require={KUBERNETES_MODULE}@v{release.kubernetes}")
     args += [f"-dropreplace={module}" for module in sorted(replaces(wrapper_go_mod))]
     args += [f"-replace={module}={module}@{release.staging_version}" for module in sorted(staging)]
@@ -173,7 +176,7 @@ def kubernetes_edit_args(wrapper_go_mod: str, release: Release, staging: Iterabl
 def etcd_edit_args(wrapper_go_mod: str, etcd: str) -> list[str]:
     """`go mod edit` arguments that make the etcd wrapper module build etcd `etcd`: as for Kubernetes, the
     pin's other requirements go (the pin's raft would not build with an older etcd server)."""
-    args = [f"-droprequire={module}" for module in required_modules(wrapper_go_mod) if module != ETCD_MODULE]
+    args = drop_requirements_but(wrapper_go_mod, ETCD_MODULE)
     return [*args, f"-require={ETCD_MODULE}@v{etcd}"]
 
 
@@ -398,6 +401,17 @@ def recipe(release: Release) -> list[list[str]]:
 # ---- the build ----------------------------------------------------------------------------------
 
 
+def require_free_disk(cache: Path, needed: int, what: str) -> None:
+    """Refuse a build into `cache` (created if missing) that would not fit on its disk, before it starts."""
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if free < needed:
+        raise UserFacingError(
+            f"not enough free disk in {cache} to build {what}: {free / 1024**3:.1f} GiB free, "
+            f"{needed / 1024**3:.0f} GiB needed (set PHALANX_CACHE_DIR to a larger disk)"
+        )
+
+
 def say(message: str) -> None:
     print(f"{PREFIX} {message}", flush=True)
 
@@ -569,13 +583,7 @@ def build(version: str, cache: Path, force: bool = False) -> Path:
     if not force and done and stamp_file.is_file() and json.loads(stamp_file.read_text()) == expected:
         say(f"Kubernetes {release.kubernetes} already built in {folders.bin}: nothing to do")
         return folders.bin
-    cache.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(cache).free
-    if free < BUILD_DISK_BYTES:
-        raise UserFacingError(
-            f"not enough free disk in {cache} to build Kubernetes {release.kubernetes}: {free / 1024**3:.1f} GiB "
-            f"free, {BUILD_DISK_BYTES / 1024**3:.0f} GiB needed (set PHALANX_CACHE_DIR to a larger disk)"
-        )
+    require_free_disk(cache, BUILD_DISK_BYTES, f"Kubernetes {release.kubernetes}")
     folders.home.mkdir(parents=True, exist_ok=True)
     folders.log.write_text("")
     started = time.monotonic()
