@@ -55,6 +55,11 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
             for key, value in (
                 ("nodeName", spec.get("nodeName")),
                 ("avoidNodes", sorted(topology.avoided_nodes(spec))),
+                # The gang's gate (`gang.is_gated`): without it the reconcile never opens the gates.
+                (
+                    "schedulingGates",
+                    [{"name": gate.get("name")} for gate in spec.get("schedulingGates") or []],
+                ),
                 # What the pod holds on its node, for other jobs' capacity checks.
                 (
                     "requests",
