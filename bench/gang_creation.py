@@ -1,7 +1,8 @@
 """Gang creation at scale: one TrainingJob of 1,000 workers (+ spares) on the local cluster's simulated nodes.
 
 Run 1 (room for everyone): the job is applied and a pod watch records when each trainer pod was created,
-bound and Running, as seen by this process; the apiserver's request counters and the operator's metrics
+bound and Running, as seen by this process (the gang forms behind a scheduling gate: no pod is bound before
+every pod exists, and the report gives what that adds); the apiserver's request counters and the operator's metrics
 and log show errors and throttling. Run 2 (one pod short): blocker pods leave the chosen simulated nodes
 room for exactly one pod less than the gang; the gang must not start, and after its schedule timeout no
 pod of the partly placed gang may be left holding capacity.
@@ -526,6 +527,13 @@ def result(
                 unit="s",
                 samples=[placed[-1] - origin] if len(placed) >= sizes.gang else [],
                 description="until the scheduler bound the last gang pod",
+            ),
+            Metric(
+                name="scheduling gate: last pod created -> first pod bound",
+                unit="s",
+                samples=[placed[0] - made[-1]] if made and placed else [],
+                description="what the gang's scheduling gate adds: no pod is bound before every pod of the gang "
+                "exists and the operator lifted the gates (negative: binding began before the last creation)",
             ),
             Metric(
                 name="job created -> all pods Running",

@@ -170,6 +170,13 @@ def kubernetes_edit_args(wrapper_go_mod: str, release: Release, staging: Iterabl
     return args
 
 
+def etcd_edit_args(wrapper_go_mod: str, etcd: str) -> list[str]:
+    """`go mod edit` arguments that make the etcd wrapper module build etcd `etcd`: as for Kubernetes, the
+    pin's other requirements go (the pin's raft would not build with an older etcd server)."""
+    args = [f"-droprequire={module}" for module in required_modules(wrapper_go_mod) if module != ETCD_MODULE]
+    return [*args, f"-require={ETCD_MODULE}@v{etcd}"]
+
+
 def etcd_version_from_dependencies(dependencies_yaml: str) -> str:
     """The etcd version in Kubernetes' build/dependencies.yaml: the one its CI tests against."""
     for dependency in yaml.safe_load(dependencies_yaml).get("dependencies", []):
@@ -524,7 +531,7 @@ def _resolve_modules(release: Release, folders: Folders, env: dict[str, str]) ->
     )
     if requirement((etcd_dir / "go.mod").read_text(), ETCD_MODULE) != f"v{etcd}":
         say(f"etcd {etcd} is not the pinned {NEWEST.etcd}: resolving its modules (go mod tidy)")
-        edit = ["go", "mod", "edit", f"-require={ETCD_MODULE}@v{etcd}"]
+        edit = ["go", "mod", "edit", *etcd_edit_args((etcd_dir / "go.mod").read_text(), etcd)]
         _run_go(edit, etcd_dir, env, "editing the etcd wrapper module", folders)
         _run_go(["go", "mod", "tidy"], etcd_dir, tidy_env, "resolving etcd's modules", folders, on_download)
     build_date = json.loads(Path(info["Info"]).read_text()).get("Time", "1970-01-01T00:00:00Z")

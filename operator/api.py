@@ -11,6 +11,7 @@ operator's own limits), and answers with an `InvalidSpec` condition naming the f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
@@ -56,6 +57,10 @@ AbsolutePath = Annotated[
 """An absolute, normalised path inside the container: no `.` or `..` segment, no `//`, no trailing `/`, not
 `/` itself."""
 DEFAULT_TRAINER_CONTAINER = "trainer"
+CONTROLLER_NAME = "phalanx.dev/trainingjob-controller"
+"""The `spec.managedBy` value of a TrainingJob Phalanx runs (unset means the same)."""
+MANAGED_BY_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?(/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)*$"
+"""A domain-prefixed path, e.g. `kueue.x-k8s.io/multikueue` (as Kubernetes' Job and JobSet ask)."""
 
 
 class CelRule(NamedTuple):
@@ -70,7 +75,11 @@ class CelRule(NamedTuple):
     field_path: str
     """The field the refusal names, relative to that object (e.g. `.minReplicas`)."""
     example: dict[str, Any]
-    """A spec that breaks the rule (merged into a valid one): the rule's documentation, and its tests' input."""
+    """A spec that breaks the rule (merged into a valid one): the rule's documentation, and its tests' input;
+    for a transition rule, the change to a valid stored spec that breaks it."""
+    transition: bool = False
+    """The rule compares the object with its stored self (`oldSelf`): the API server judges updates only,
+    and the operator, which sees no earlier version, cannot check it again."""
 
 
 class ApiModel(BaseModel):
@@ -546,6 +555,13 @@ class TrainingJobSpec(ApiModel):
             {"replicas": 2, "minReplicas": 3, "maxReplicas": 4},
         ),
         CelRule(
+            "has(self.managedBy) == has(oldSelf.managedBy) && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+            "managedBy is immutable",
+            ".managedBy",
+            {"managedBy": "kueue.x-k8s.io/multikueue"},
+            transition=True,
+        ),
+        CelRule(
             "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
             "replicas is above maxReplicas",
             ".replicas",
@@ -604,6 +620,11 @@ class TrainingJobSpec(ApiModel):
     """Whether failure drills may be run against this job."""
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)
     """A restore drill before the real run (off by default)."""
+    managed_by: str | None = Field(default=None, max_length=63, pattern=MANAGED_BY_PATTERN)
+    """The controller that runs this job, as in Kubernetes' Job and JobSet: unset or
+    `phalanx.dev/trainingjob-controller`, Phalanx; any other domain-prefixed path (e.g.
+    `kueue.x-k8s.io/multikueue`, which runs the job on a worker cluster), that controller alone: Phalanx then
+    creates no pod, writes no status and adds no finalizer. Immutable."""
 
     @property
     def effective_min_replicas(self) -> int:
@@ -1030,3 +1051,8 @@ def all_cel_rules() -> list[CelRule]:
         value for value in globals().values() if isinstance(value, type) and issubclass(value, ApiModel)
     ]
     return [rule for model in models for rule in model.__dict__.get("cel_rules", ())]
+
+
+def managed_here(spec: Mapping[str, Any] | None) -> bool:
+    """Whether Phalanx runs the job with this (raw) spec: `spec.managedBy` unset or Phalanx's own."""
+    return (spec or {}).get("managedBy") in (None, "", CONTROLLER_NAME)

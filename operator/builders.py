@@ -371,6 +371,8 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
     name = names.worker_account_name(job_name)
     account = spec.template["spec"].get("serviceAccountName") or name
     rules = [
+        # Every Lease of the namespace (a Role cannot name Leases before they exist): the chart's admission
+        # policy (charts/phalanx/templates/leasepolicy.yaml) narrows this to the job's own pods' Leases.
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],

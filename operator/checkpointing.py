@@ -85,7 +85,7 @@ def job_history(job: Mapping[str, Any]) -> JobHistory | None:
     """A TrainingJob's failure history from its stored object (None: not one Phalanx ran)."""
     metadata, spec, status = (job.get(key) or {} for key in ("metadata", "spec", "status"))
     uid = metadata.get("uid")
-    if not uid:
+    if not uid or not api.managed_here(spec):
         return None
     restarts = status.get("restarts") or {}
     failures = int(restarts.get("total") or 0) - int(restarts.get("counted") or 0)

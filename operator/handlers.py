@@ -172,7 +172,12 @@ class JobReconciler:
             # write, and a job read before a reconcile running now would miss that reconcile's status (its
             # deletions would then look like someone else's).
             job = self.kube.get_job(namespace, name)
-            if job is None or job["metadata"].get("deletionTimestamp"):
+            if (
+                job is None
+                or job["metadata"].get("deletionTimestamp")
+                or not api.managed_here(job.get("spec"))
+            ):
+                # Gone, going, or another controller's (`spec.managedBy`): nothing of it is ours to touch.
                 return None
             job_pods = self._with_own_labels(
                 namespace, [dict(pod) for pod in list(pods.get((namespace, name), ()))]
@@ -438,7 +443,7 @@ def waiting_gang(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """A job whose gang waits to be placed, as the waiting-gangs index keeps it (None: placed, suspended,
     finished, or being deleted)."""
     metadata, spec, status = (dict(body.get(key) or {}) for key in ("metadata", "spec", "status"))
-    if metadata.get("deletionTimestamp") or spec.get("suspend"):
+    if metadata.get("deletionTimestamp") or spec.get("suspend") or not api.managed_here(spec):
         return None
     if (status.get("gang") or {}).get("scheduledTime") or status.get("state") in ("Succeeded", "Failed"):
         return None
@@ -588,9 +593,13 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
                 (namespace, name), plan.wake_after, lambda: run(name, namespace, logger, **kwargs)
             )
 
-    @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, id="created", registry=registry)
-    @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, id="updated", registry=registry)
-    @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, id="resumed", registry=registry)
+    def ours(spec: kopf.Spec, **_: Any) -> bool:
+        # A job another controller runs (`spec.managedBy`) gets no handler, so no finalizer or annotation either.
+        return api.managed_here(dict(spec))
+
+    @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, id="created", when=ours, registry=registry)
+    @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, id="updated", when=ours, registry=registry)
+    @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, id="resumed", when=ours, registry=registry)
     def trainingjob_changed(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
         run(name, namespaced(namespace), logger, **kwargs)
 
@@ -600,6 +609,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         api.PLURAL,
         interval=settings.reconcile_interval_seconds,
         id="tick",
+        when=ours,
         registry=registry,
     )
     def trainingjob_tick(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
@@ -659,7 +669,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         if reconciler.view is not None and renewed is not None and type != "DELETED":
             reconciler.view.saw(namespaced(namespace), renewed)
 
-    @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", registry=registry)
+    @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", when=ours, registry=registry)
     def trainingjob_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
         # Children go with the job through their ownerReferences; only our own bookkeeping is left.
         namespace = namespaced(namespace)

@@ -55,7 +55,7 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
             for key, value in (
                 ("nodeName", spec.get("nodeName")),
                 ("avoidNodes", sorted(topology.avoided_nodes(spec))),
-                # The gang's gate (`gang.is_gated`): without it the reconcile never opens the gates.
+                # A forming gang's pods wait at the scheduling gate until the operator lifts it.
                 (
                     "schedulingGates",
                     [{"name": gate.get("name")} for gate in spec.get("schedulingGates") or []],

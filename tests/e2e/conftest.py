@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,3 +235,12 @@ def require_cpu_torch_wheel() -> None:
         pytest.skip(
             "no CPU build of torch on this machine (PIP_FIND_LINKS, /opt/wheels): the worker image needs one"
         )
+
+
+@pytest.fixture
+def api_clients() -> Iterator[list[client.ApiClient]]:
+    """Kubernetes clients a test opens (e.g. with a worker's credentials), closed after it."""
+    clients: list[client.ApiClient] = []
+    yield clients
+    for each in clients:
+        each.close()

@@ -81,6 +81,7 @@ def story_mismatch(reasons: list[str], story: list[tuple[str, ...]]) -> str | No
     return None
 
 
+@pytest.mark.compat
 def test_demo_trains_through_an_injected_failure(cluster: Cluster, operator: Operator, tmp_path) -> None:
     result = subprocess.run(
         [

@@ -40,6 +40,7 @@ def pods_of(cluster: Cluster, namespace: str, selector: str) -> list:
     return cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
 
 
+@pytest.mark.compat
 def test_http_between_pods_by_ip_and_dns(cluster: Cluster, namespace: str) -> None:
     server = python_container(
         "web",

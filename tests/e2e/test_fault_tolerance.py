@@ -121,6 +121,7 @@ def trainer_pids(pod: str) -> set[int]:
     return found
 
 
+@pytest.mark.compat
 def test_sigkilled_worker_is_replaced_by_the_spare(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
@@ -240,6 +241,7 @@ def crash_until_succeeded(cluster: Cluster, namespace: str, name: str, node: str
         cluster.wait_node_healthy(node)
 
 
+@pytest.mark.compat
 def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
     # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
     slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}

@@ -94,6 +94,7 @@ def events_for(cluster: Cluster, namespace: str, name: str) -> list[dict[str, An
     return events["items"]
 
 
+@pytest.mark.compat
 def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
@@ -139,6 +140,7 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     )
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(
     ("mutation", "field"),
     [
@@ -252,6 +254,7 @@ def test_gang_is_all_or_nothing_and_starts_when_capacity_appears(
     assert final["status"]["gang"]["attempts"] >= 1  # attempts counts gang attempts that timed out
 
 
+@pytest.mark.compat
 def test_a_gang_that_cannot_be_created_whole_binds_no_pod(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
@@ -346,6 +349,7 @@ def training_at_world_size(
     )
 
 
+@pytest.mark.compat
 def test_scale_within_and_outside_bounds(cluster: Cluster, operator: Operator, namespace: str) -> None:
     job = trainingjob(
         "elastic",

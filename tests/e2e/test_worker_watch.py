@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from phalanx.operator import api, builders
+from phalanx.operator import api, builders, names
 from phalanx.worker.heartbeat import micro_time
 from phalanx.worker.jobwatch import ApiStatusError, JobFeed, JobView
 from phalanx.worker.lease import (
@@ -113,11 +113,21 @@ def regroup(epoch: int) -> dict[str, Any]:
     return {"before": micro_time(datetime.now(UTC)), "epoch": epoch, "reason": f"test request {epoch}"}
 
 
-def account_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
+def account_kubeconfig(
+    cluster: Cluster, namespace: str, account: str, path: Path, bound_pod: client.V1Pod | None = None
+) -> Path:
     """A kubeconfig that authenticates as `account` with a token from the TokenRequest API: 1.20 has it too,
-    and releases after 1.23 make no token Secret for an account."""
+    and releases after 1.23 make no token Secret for an account. `bound_pod`: a token bound to that pod, as
+    the kubelet mounts one (the API server then names the pod in the user's extra)."""
+    bound = (
+        None
+        if bound_pod is None
+        else client.V1BoundObjectReference(
+            api_version="v1", kind="Pod", name=bound_pod.metadata.name, uid=bound_pod.metadata.uid
+        )
+    )
     request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600, bound_object_ref=bound)
     )
     issued = wait_for(
         lambda: cluster.core.create_namespaced_service_account_token(account, namespace, request),
@@ -152,14 +162,6 @@ def worker_kubeconfig(cluster: Cluster, namespace: str, job: dict[str, Any], pat
     cluster.apply(objects, namespace)
     account = next(item for item in objects if item["kind"] == "ServiceAccount")["metadata"]["name"]
     return account_kubeconfig(cluster, namespace, account, path)
-
-
-@pytest.fixture
-def api_clients() -> Iterator[list[client.ApiClient]]:
-    clients: list[client.ApiClient] = []
-    yield clients
-    for each in clients:
-        each.close()
 
 
 def feed_for(path: Path, namespace: str, name: str, clients: list[client.ApiClient], poll: float) -> JobFeed:
@@ -230,22 +232,24 @@ def test_launchers_regroup_when_the_trainingjob_status_asks(
     kubeconfig = worker_kubeconfig(cluster, namespace, job, tmp_path / "worker.kubeconfig")
     env = {"KUBECONFIG": str(kubeconfig), "PHALANX_JOB_NAME": "regrouped", "POD_NAMESPACE": namespace}
     example = ["--steps", "50", "--step-delay", "0.1", "--global-batch", "16"]
+    # Named as the job's pods are: the chart's lease policy lets the job's account write only their Leases.
+    pods = [names.worker_pod_name("regrouped", index) for index in range(2)]
     local = LocalJob(tmp_path / "local", run_id=f"regrouped-{namespace}")
     local.root.mkdir()
     local.start_store()
     try:
-        for name in ("a", "b"):
+        for name in pods:
             local.start_node(name, example, launcher_args=["--heartbeat-interval", "1"], env=env)
         wait_for(lambda: local.last_step() >= 5, 120, message="the group to train")
         write_status(cluster, namespace, "regrouped", {"regroup": regroup(1)})
         wait_for(
-            lambda: all(restarts(local.node_output(name)) for name in ("a", "b")),
+            lambda: all(restarts(local.node_output(name)) for name in pods),
             60,
             message="both launchers to restart their group",
         )
-        for name in ("a", "b"):
+        for name in pods:
             assert local.wait_node(name, 120) == 0, local.node_output(name)
-        outputs = {name: local.node_output(name) for name in ("a", "b")}
+        outputs = {name: local.node_output(name) for name in pods}
     finally:
         local.close()
 
@@ -255,7 +259,7 @@ def test_launchers_regroup_when_the_trainingjob_status_asks(
     ]
     assert len(claimers) == 1, outputs
     assert [restarts(text) for text in outputs.values()] == [["restart-epoch 0->1"]] * 2
-    for name in ("a", "b"):
+    for name in pods:
         annotations = cluster.get_json("lease", name, "-n", namespace)["metadata"]["annotations"]
         assert annotations["phalanx.dev/phase"] == "finished"
         assert annotations["phalanx.dev/group-restarts"] == "1"

@@ -57,3 +57,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "phalanx.peering" -}}
 {{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
 {{- end }}
+
+{{/* The worker-Lease admission policy and its binding (cluster-scoped, one per release). */}}
+{{- define "phalanx.leasePolicyName" -}}
+{{- printf "%s-worker-leases" (include "phalanx.fullname" . | trunc 49 | trimSuffix "-") }}
+{{- end }}

@@ -119,6 +119,17 @@ def test_a_wrapper_for_another_release_is_found_wanting_and_edited() -> None:
     ]
 
 
+def test_another_etcd_drops_the_pins_requirements() -> None:
+    wrapper = (
+        "module phalanx/devcluster/etcd\n\nrequire go.etcd.io/etcd/server/v3 v3.7.3\n\n"
+        "require (\n\tgo.etcd.io/raft/v3 v3.7.0 // indirect\n)\n"
+    )
+    assert gobuild.etcd_edit_args(wrapper, "3.6.6") == [
+        "-droprequire=go.etcd.io/raft/v3",
+        "-require=go.etcd.io/etcd/server/v3@v3.6.6",
+    ]
+
+
 def test_etcd_comes_from_the_release_s_dependencies() -> None:
     assert gobuild.etcd_version_from_dependencies(DEPENDENCIES_YAML) == "3.7.0"
     with pytest.raises(UserFacingError, match="no etcd"):

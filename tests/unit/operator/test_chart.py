@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from phalanx.devcluster.binaries import KUBERNETES_VERSION
-from phalanx.operator import builders, crd
+from phalanx.operator import builders, crd, names
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "phalanx"
@@ -198,3 +198,93 @@ def test_values_schema_refuses_bad_values() -> None:
         chart.validate_schema({"replicaCount": 0})
     with pytest.raises(helm_python.HelmValuesError):
         chart.validate_schema({"maxGangPods": 0})
+
+
+POLICY = "phx-phalanx-worker-leases"
+
+
+def _lease_policy(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return (
+        _one(objects, "ValidatingAdmissionPolicy", POLICY),
+        _one(objects, "ValidatingAdmissionPolicyBinding", POLICY),
+    )
+
+
+def test_the_lease_policy_is_installed_by_default_and_denies_what_it_refuses() -> None:
+    policy, binding = _lease_policy(_render())
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+    assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+    assert binding["spec"]["policyName"] == POLICY
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    # Cluster scope: jobs run in every namespace, so the policy applies in every one.
+    assert "matchResources" not in binding["spec"]
+    for validation in policy["spec"]["validations"]:
+        assert validation["reason"] == "Forbidden"
+        assert validation["message"].startswith("phalanx: ")
+
+
+def test_the_lease_policy_applies_to_the_worker_accounts_only_not_the_operators() -> None:
+    (condition,) = _lease_policy(_render({"serviceAccount": {"name": "ops-worker"}}))[0]["spec"][
+        "matchConditions"
+    ]
+    expression = " ".join(condition["expression"].split())
+    # The suffix the policy recognises is the one the operator names its per-job accounts with, and the Lease
+    # names it allows (`<account>-<index>`) are the operator's pod names, hence the launcher's Lease names.
+    assert names.worker_account_name("job") == "job" + "-worker"
+    assert "endsWith('-worker')" in expression
+    assert names.worker_pod_name("job", 12) == names.worker_account_name("job") + "-12"
+    # An operator account that happens to end in `-worker` is still left alone.
+    assert "username != 'system:serviceaccount:phalanx-system:ops-worker'" in expression
+
+
+def test_the_lease_policy_can_be_left_out() -> None:
+    kinds = {o["kind"] for o in _render({"leasePolicy": {"enabled": False}})}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def test_the_lease_policy_follows_the_watched_namespaces_or_the_given_selector() -> None:
+    _, binding = _lease_policy(_render({"scope": "namespace", "watchNamespaces": ["team-a", "team-b"]}))
+    (expression,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expression == {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "In",
+        "values": ["team-a", "team-b"],
+    }
+    _, binding = _lease_policy(_render({"scope": "namespace"}))
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "phalanx-system"
+    ]
+    selector = {"matchLabels": {"phalanx.dev/training": "true"}}
+    _, binding = _lease_policy(_render({"leasePolicy": {"namespaceSelector": selector}}))
+    assert binding["spec"]["matchResources"] == {"namespaceSelector": selector}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"leasePolicy": {"enabled": False}},
+        {"leasePolicy": {"namespaceSelector": {"matchLabels": {"team": "a"}}}},
+        {"scope": "namespace", "watchNamespaces": ["a", "b"]},
+    ],
+)
+def test_lint_with_the_lease_policy_options(values: dict[str, Any]) -> None:
+    report = helm_python.lint(
+        CHART, values, strict=True, namespace="phalanx-system", kube_version=f"v{KUBERNETES_VERSION}"
+    )
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= WARNING] == []
+
+
+def test_values_schema_refuses_bad_lease_policy_values() -> None:
+    chart = helm_python.Chart.load(CHART)
+    chart.validate_schema(
+        {"leasePolicy": {"enabled": True, "namespaceSelector": {"matchLabels": {"a": "b"}}}}
+    )
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"leasePolicy": {"enabled": "yes"}})
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"leasePolicy": {"namespaceSelector": {"team": "a"}}})

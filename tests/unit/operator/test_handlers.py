@@ -17,6 +17,7 @@ from phalanx.operator import gang, handlers
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event
 from phalanx.operator.settings import settings_from
+from phalanx.operator.status import summarize_pod
 from phalanx.operator.timeutil import format_time
 
 
@@ -112,7 +113,10 @@ def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
     def waiting(name: str, role: str = "worker") -> dict[str, Any]:
         # Created just now: the reconcile runs on the clock, and the gang's timeout is far away.
         just_now = format_time(datetime.now(UTC))
-        return gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now))
+        # As the pod index keeps it: the summary must carry the gate.
+        return summarize_pod(
+            gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now))
+        )
 
     pods = [waiting("demo-worker-0"), waiting("demo-worker-1"), waiting("demo-rdzv", "rendezvous")]
     # One pod of the gang is missing (its creation was refused, or the operator stopped): no gate opens.
@@ -125,6 +129,15 @@ def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
     opened = [call[1] for call in whole.calls if call[0] == "ungate"]
     assert sorted(opened) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert not [call for call in whole.calls if call[0] == "create"]
+
+
+def test_a_job_another_controller_manages_is_left_alone(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    kube = FakeKube(make_job(managedBy="kueue.x-k8s.io/multikueue"))
+    _run(kube.job, kube, [make_pod("demo-worker-0")])
+    assert kube.calls == [("get", "demo")]
+    assert handlers.waiting_gang(kube.job) is None
 
 
 def test_recovery_metrics_and_goodput() -> None:
