@@ -1116,9 +1116,11 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     leaving = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     remaining = [pod for pod in live if observe.pod_name(pod) not in leaving]
     scheduled = sum(1 for pod in remaining if gang.is_scheduled(pod))
+    standing = [pod for pod in rendezvous if observe.pod_name(pod) not in leaving]
     if forming and not new_pods:
-        standing = [pod for pod in rendezvous if observe.pod_name(pod) not in leaving]
         b.plan.ungate_pods = gang.to_ungate(remaining, expected, standing)
+    # Some pod of the forming gang (a trainer or the rendezvous) is still missing: the others wait at the gate.
+    incomplete = forming and (len(remaining) < expected or not standing)
     if gang_state.scheduled_time is None:
         if not new_pods and len(remaining) >= expected and scheduled == len(remaining):
             gang_state.scheduled_time = format_time(b.now)
@@ -1127,8 +1129,12 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             b.condition(conditions.GANG_SCHEDULED, True, conditions.REASON_ALL_SCHEDULED, message, "Normal")
         else:
             message = f"{scheduled} of {expected} pods of the gang scheduled"
-            if forming and len(remaining) < expected:
-                message += f"; {len(remaining)} created, held at the scheduling gate until all exist"
+            if incomplete:
+                exist = len(remaining) + len(standing)
+                message += (
+                    f"; {exist} of its {expected + 1} pods (the rendezvous included) exist, held at the "
+                    "scheduling gate until all do"
+                )
             b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SCHEDULING, message)
             b.status.state = "Scheduling"
             return

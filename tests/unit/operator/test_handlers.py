@@ -55,6 +55,7 @@ class FakeKube:
             self.calls.append(("status-failed", str(code)))
             raise ApiException(status=code, reason="Conflict")
         self.calls.append(("status", status["state"]))
+        self.written_status = status
 
     def post_event(self, job: dict[str, Any], event: Event) -> None:
         self.calls.append(("event", event.reason))
@@ -124,6 +125,15 @@ def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
     _run(partial.job, partial, pods)
     assert [call[1] for call in partial.calls if call[0] == "create"] == ["demo-worker-2"]
     assert not [call for call in partial.calls if call[0] == "ungate"]
+    # Every trainer but no rendezvous (its creation refused): still held, and the condition says so.
+    trainers = [waiting("demo-worker-0"), waiting("demo-worker-1"), waiting("demo-worker-2")]
+    no_store = FakeKube(make_job())
+    _run(no_store.job, no_store, trainers)
+    assert [call[1] for call in no_store.calls if call[0] == "create"] == ["demo-rdzv"]
+    assert not [call for call in no_store.calls if call[0] == "ungate"]
+    (gang_condition,) = [c for c in no_store.written_status["conditions"] if c["type"] == "GangScheduled"]
+    assert "3 of its 4 pods (the rendezvous included) exist" in gang_condition["message"], gang_condition
+    assert "held at the scheduling gate" in gang_condition["message"]
     whole = FakeKube(make_job())
     _run(whole.job, whole, [*pods, waiting("demo-worker-2")])
     opened = [call[1] for call in whole.calls if call[0] == "ungate"]
