@@ -134,7 +134,9 @@ class LocalTierSpec(ApiModel):
     """Directory inside the trainer container where the local tier is mounted (absolute and normalised)."""
     host_path: AbsolutePath | None = None
     """A folder on the node to hold the tier, kept for the next pod on that node (a `hostPath` volume of
-    type `DirectoryOrCreate`; absolute and normalised); unset: an `emptyDir`, lost with the pod."""
+    type `DirectoryOrCreate`; absolute and normalised); unset: an `emptyDir`, lost with the pod. A `hostPath`
+    volume keeps the worker pods out of Pod Security's `restricted` and `baseline` levels: their namespace must
+    allow `privileged` pods."""
     size_limit: Quantity | None = None
     """The `emptyDir`'s size limit (a non-negative quantity such as `20Gi`)."""
     keep: int = Field(default=2, ge=1)
@@ -580,7 +582,13 @@ class TrainingJobSpec(ApiModel):
     template: dict[str, Any] = Field(json_schema_extra=PRESERVE_UNKNOWN)
     """Pod template of the workers. Its container named `trainerContainer` (`trainer` by default) runs the
     training command, which the operator wraps with the Phalanx launcher; a template without it is refused
-    (`InvalidSpec`), as is a resource request, limit or `emptyDir` size that is not a quantity."""
+    (`InvalidSpec`), as is a resource request, limit or `emptyDir` size that is not a quantity. The pods meet
+    Pod Security `restricted` by default: where the template leaves them unset, the pod gets `runAsNonRoot:
+    true` and the `RuntimeDefault` seccomp profile, and each container and init container
+    `allowPrivilegeEscalation: false` and `capabilities.drop: [ALL]`; what the template sets is kept. An image
+    that runs as root (or as a user name, not a number) needs `securityContext.runAsUser` set to a non-zero uid
+    it can run as, or `runAsNonRoot: false` (which leaves `restricted`); a template with `runAsUser: 0` gets
+    no `runAsNonRoot`."""
     trainer_container: str = Field(
         default=DEFAULT_TRAINER_CONTAINER, min_length=1, max_length=63, pattern=formats.DNS_LABEL_PATTERN
     )

@@ -176,6 +176,55 @@ def _wrap_trainer(
         ]
 
 
+RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
+DROP_ALL = ["ALL"]
+CONTAINER_KINDS = ("initContainers", "containers")
+TRAINER_IDENTITY = ("runAsUser", "runAsGroup", "runAsNonRoot")
+"""The trainer container's settings the rendezvous container takes over when it runs the trainer's image."""
+_SYS_ADMIN = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN"})
+
+
+def _runs_as_root(pod_spec: dict[str, Any]) -> bool:
+    """Whether the template asks for uid 0 somewhere (pod or any container): `runAsNonRoot: true` would stop it."""
+    contexts = [pod_spec.get("securityContext") or {}]
+    for kind in CONTAINER_KINDS:
+        contexts.extend(c.get("securityContext") or {} for c in pod_spec.get(kind) or [])
+    return any(context.get("runAsUser") == 0 for context in contexts)
+
+
+def _restrict_container(container: dict[str, Any]) -> None:
+    context = container["securityContext"] = container.get("securityContext") or {}
+    capabilities = context["capabilities"] = context.get("capabilities") or {}
+    if capabilities.get("drop") is None:
+        capabilities["drop"] = list(DROP_ALL)
+    # The API server refuses `allowPrivilegeEscalation: false` beside `privileged: true` or an added
+    # SYS_ADMIN: those containers asked for more, and keep it unset.
+    escalates = context.get("privileged") is True or _SYS_ADMIN & set(capabilities.get("add") or [])
+    if "allowPrivilegeEscalation" not in context and not escalates:
+        context["allowPrivilegeEscalation"] = False
+
+
+def restrict_pod_spec(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """Fill in what Pod Security's `restricted` level asks, where the template left it unset (in place; also
+    returned): the pod runs as non-root with the runtime's default seccomp profile, and every container and
+    init container (restricted checks each, sidecars too) drops all capabilities and cannot escalate its
+    privileges. A field the template sets is kept, whatever it says: the user asked otherwise. So is root:
+    a template with `runAsUser: 0` anywhere gets no `runAsNonRoot`. Windows pods get only `runAsNonRoot`
+    (the others are Linux-only fields the API server refuses on them). A `hostPath` volume, such as
+    `checkpoint.localTier.hostPath` makes, still keeps the pod from `restricted`; nothing here changes it."""
+    context = pod_spec["securityContext"] = pod_spec.get("securityContext") or {}
+    if "runAsNonRoot" not in context and not _runs_as_root(pod_spec):
+        context["runAsNonRoot"] = True
+    if (pod_spec.get("os") or {}).get("name") == "windows":
+        return pod_spec
+    if "seccompProfile" not in context:
+        context["seccompProfile"] = dict(RUNTIME_DEFAULT_SECCOMP)
+    for kind in CONTAINER_KINDS:
+        for container in pod_spec.get(kind) or []:
+            _restrict_container(container)
+    return pod_spec
+
+
 def _trainer_index(spec: api.TrainingJobSpec) -> int:
     index = trainer_container_index(spec.template, spec.trainer_container)
     # Pods are built only from a validated spec, and validation refuses a template without the container.
@@ -228,6 +277,7 @@ def build_worker_pod(
     pod_spec["subdomain"] = names.workers_service_name(job_name)
     # The operator replaces failed pods itself (with a spare first); the kubelet must not restart them.
     pod_spec["restartPolicy"] = "Never"
+    restrict_pod_spec(pod_spec)
     pod_spec.setdefault("serviceAccountName", names.worker_account_name(job_name))
     if gang.scheduler_name(spec) and not pod_spec.get("schedulerName"):
         pod_spec["schedulerName"] = gang.scheduler_name(spec)
@@ -258,6 +308,14 @@ def build_rendezvous_pod(
     }
     if trainer.get("imagePullPolicy"):
         container["imagePullPolicy"] = trainer["imagePullPolicy"]
+    identity = {
+        key: value
+        for key, value in (trainer.get("securityContext") or {}).items()
+        if key in TRAINER_IDENTITY and not spec.rendezvous.image
+    }
+    if identity:
+        # The trainer's image, run as the trainer is: a root image the template lets run as root still runs.
+        container["securityContext"] = copy.deepcopy(identity)
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # In place restarts keep the pod (and its DNS name); the operator recreates it when it is deleted.
@@ -268,6 +326,7 @@ def build_rendezvous_pod(
     for key in ("nodeSelector", "tolerations", "imagePullSecrets", "securityContext", "priorityClassName"):
         if template_spec.get(key):
             pod_spec[key] = copy.deepcopy(template_spec[key])
+    restrict_pod_spec(pod_spec)
     labels = {names.LABEL_COMPONENT: names.COMPONENT_RENDEZVOUS, names.LABEL_ROLE: names.ROLE_RENDEZVOUS}
     return {
         "apiVersion": "v1",

@@ -23,7 +23,10 @@ from .e2e.conftest import (
     SIMULATED_NODES,
     Cluster,
     Operator,
+    create_namespace,
     operator_ready,
+    pod_security_labels,
+    pod_security_level,
     wait_for,
 )
 
@@ -59,7 +62,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{slug}-{uuid.uuid4().hex[:5]}"
-    cluster.kubectl("create", "namespace", name)
+    # Enforced from the namespace's first pod: every pod a test makes there meets the level, or is refused.
+    create_namespace(cluster, name, pod_security_level(request.node))
     version = controlplane.Layout(cluster.state_dir).kubernetes_version
     wait_for(
         lambda: controlplane.service_account_ready(
@@ -115,6 +119,10 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
     release = "phalanx"
     with contextlib.suppress(helm_python.HelmError):
         helm.uninstall(release, ignore_not_found=True, wait="watcher")
+    # The chart's pod meets `restricted`: its namespace enforces it before the pod exists.
+    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
+    labels = [f"{key}={value}" for key, value in pod_security_labels("restricted").items()]
+    cluster.kubectl("label", "namespace", OPERATOR_NAMESPACE, "--overwrite", *labels)
     helm.install(
         str(REPO_ROOT / "charts" / "phalanx"),
         release,

@@ -29,6 +29,9 @@ from ..e2e.test_operator import job_pods, wait_succeeded
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 
+@pytest.mark.pod_security(
+    "privileged", reason="the trainers write their step log to the test's folder through a hostPath volume"
+)
 def test_a_worker_and_then_the_promoted_spare_killed_lose_at_most_one_step(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:

@@ -164,6 +164,41 @@ def run_bench_smoke(
     return run, results
 
 
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
+DEFAULT_POD_SECURITY = "restricted"
+"""The Pod Security level the test namespaces enforce unless a test's `pod_security` marker says why not."""
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""A container securityContext that meets `restricted` on its own (for the pods tests create themselves)."""
+
+
+def pod_security_labels(level: str) -> dict[str, str]:
+    """Namespace labels by which the API server enforces Pod Security `level` (and warns and audits at it)."""
+    assert level in POD_SECURITY_LEVELS, level
+    return {f"pod-security.kubernetes.io/{mode}": level for mode in ("enforce", "warn", "audit")}
+
+
+def pod_security_level(node: pytest.Item) -> str:
+    """The level a test's namespace enforces: `restricted`, unless its `pod_security(level, reason=...)` marker
+    (which must say why) asks for a lower one."""
+    marker = node.get_closest_marker("pod_security")
+    if marker is None:
+        return DEFAULT_POD_SECURITY
+    assert marker.kwargs.get("reason"), f"{node.nodeid}: a pod_security marker must give its reason"
+    return str(marker.args[0])
+
+
+def create_namespace(cluster: Cluster, name: str, level: str = DEFAULT_POD_SECURITY) -> None:
+    """Create namespace `name` enforcing Pod Security `level` from its first pod on."""
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    manifest["metadata"]["labels"] = pod_security_labels(level)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "phalanx-system"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from phalanx.devcluster import controlplane
 
-from .conftest import Cluster, wait_for
+from .conftest import RESTRICTED_CONTAINER, Cluster, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -25,6 +26,8 @@ def python_container(name: str, script: str, **extra: object) -> dict:
         "name": name,
         "image": "python:3.11",
         "command": ["python", "-c", textwrap.dedent(script)],
+        # The test namespaces enforce Pod Security `restricted` (tests/conftest.py).
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
         **extra,
     }
 
@@ -153,6 +156,9 @@ def test_job_pods_succeed_and_fail_with_exit_code(cluster: Cluster, namespace: s
     assert bad.status.container_statuses[0].state.terminated.reason == "Error"
 
 
+@pytest.mark.pod_security(
+    "privileged", reason="the pod tells the test it got SIGTERM through a file in a hostPath volume"
+)
 def test_delete_pod_sends_sigterm_within_grace_period(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -444,6 +450,7 @@ def test_thousand_pods_on_simulated_nodes(cluster: Cluster, namespace: str, reco
                                 "image": "busybox",
                                 "command": ["sleep", "infinity"],
                                 "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
+                                "securityContext": RESTRICTED_CONTAINER,
                             }
                         ],
                     },

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import REPO_ROOT, Cluster, Operator, operator_ready, wait_for
+from .conftest import REPO_ROOT, RESTRICTED_CONTAINER, Cluster, Operator, operator_ready, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -214,6 +214,7 @@ def test_gang_is_all_or_nothing_and_starts_when_capacity_appears(
                         "image": "pause",
                         "command": ["sleep", "3600"],
                         "resources": {"requests": {"cpu": "5"}},
+                        "securityContext": RESTRICTED_CONTAINER,
                     }
                 ],
             },

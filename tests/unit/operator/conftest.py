@@ -103,3 +103,50 @@ def make_pod() -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def now() -> datetime:
     return NOW
+
+
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret",
+}  # fmt: skip
+
+
+def _restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What breaks Pod Security's `restricted` level (its checks as of Kubernetes 1.37, Linux pods) in `pod`."""
+    spec = pod["spec"]
+    pod_context = spec.get("securityContext") or {}
+    containers = [*(spec.get("initContainers") or []), *spec["containers"]]
+    found = [f"host namespace {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    for volume in spec.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            found.append(f"volume {volume['name']}: {sorted(kinds)}")
+    if pod_context.get("runAsUser") == 0:
+        found.append("pod runAsUser 0")
+    for container in containers:
+        name = container["name"]
+        context = container.get("securityContext") or {}
+        capabilities = context.get("capabilities") or {}
+        if context.get("privileged"):
+            found.append(f"{name}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation not false")
+        if "ALL" not in (capabilities.get("drop") or []):
+            found.append(f"{name}: capabilities not dropping ALL")
+        if set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: capabilities added {capabilities['add']}")
+        if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            found.append(f"{name}: runAsNonRoot not true")
+        if context.get("runAsUser") == 0:
+            found.append(f"{name}: runAsUser 0")
+        profile = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+        if profile not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile {profile}")
+        if any(port.get("hostPort") for port in container.get("ports") or []):
+            found.append(f"{name}: hostPort")
+    return found
+
+
+@pytest.fixture
+def restricted_violations() -> Callable[[dict[str, Any]], list[str]]:
+    """What breaks Pod Security `restricted` in a pod (or a pod template: anything with a pod `spec`)."""
+    return _restricted_violations

@@ -10,6 +10,7 @@ from phalanx.operator import builders
 from phalanx.operator.validation import check
 
 MakeJob = Callable[..., dict[str, Any]]
+Violations = Callable[[dict[str, Any]], list[str]]
 
 CONTRACT = {
     "PHALANX_JOB_NAME",
@@ -117,8 +118,9 @@ def test_the_container_chosen_by_trainer_container_runs_training(make_job: MakeJ
     containers.insert(0, sidecar)
     spec = _spec(job)
     first, second = builders.build_worker_pod(job, spec, 0, "worker")["spec"]["containers"]
-    # The sidecar, though called `trainer`, is left as it is: `main` gets the launcher, contract and volumes.
-    assert first == sidecar
+    # The sidecar, though called `trainer`, is left as it is (but for Pod Security's defaults): `main` gets the
+    # launcher, contract and volumes.
+    assert {**first, "securityContext": None} == {**sidecar, "securityContext": None}
     assert second["name"] == "main" and second["command"][:4] == list(builders.LAUNCHER)
     assert {"PHALANX_JOB_NAME", "PHALANX_CHECKPOINT_DIR"} <= {entry["name"] for entry in second["env"]}
     assert {mount["mountPath"] for mount in second["volumeMounts"]} >= {"/checkpoints", "/dev/shm"}
@@ -323,3 +325,118 @@ def test_trainers_get_a_memory_backed_dev_shm_unless_they_mount_their_own(make_j
     assert [m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == ["mine"]
     rendezvous = builders.build_rendezvous_pod(job, _spec(job))
     assert "volumes" not in rendezvous["spec"]  # the store keeps no snapshots
+
+
+def _every_pod(job: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = _spec(job)
+    return [
+        builders.build_worker_pod(job, spec, 0, "worker"),
+        builders.build_worker_pod(job, spec, 1, "spare", near=("zone", "a"), avoid=frozenset({"node-1"})),
+        builders.build_rendezvous_pod(job, spec),
+    ]
+
+
+def test_every_pod_the_operator_builds_meets_pod_security_restricted(
+    make_job: MakeJob, restricted_violations: Violations
+) -> None:
+    init = {"name": "fetch", "image": "phalanx:dev", "command": ["true"]}
+    sidecar = {"name": "log", "image": "phalanx:dev", "command": ["sleep", "inf"], "restartPolicy": "Always"}
+    with_extras = make_job(
+        preflight={"enabled": True},
+        checkpoint={"claimName": "ckpt", "path": "/ckpt", "localTier": {"enabled": True}},
+    )
+    with_extras["spec"]["template"]["spec"]["initContainers"] = [init, sidecar]
+    jobs = {
+        "defaults": make_job(),
+        "init containers, claim, local tier in an emptyDir": with_extras,
+        "volume and no /dev/shm": make_job(
+            checkpoint={"volume": {"emptyDir": {}}}, sharedMemory={"enabled": False}
+        ),
+    }
+    for what, job in jobs.items():
+        for pod in _every_pod(job):
+            assert restricted_violations(pod) == [], (what, pod["metadata"]["name"])
+    # The checker itself finds what breaks the level: the template as the user wrote it does.
+    assert restricted_violations({"spec": with_extras["spec"]["template"]["spec"]}) != []
+
+
+def test_a_local_tier_on_the_host_keeps_the_pod_from_restricted(
+    make_job: MakeJob, restricted_violations: Violations
+) -> None:
+    # A hostPath volume is the user's choice (`checkpoint.localTier.hostPath`): no default can make it restricted.
+    job = make_job(checkpoint={"localTier": {"enabled": True, "hostPath": "/var/lib/phalanx"}})
+    worker, _, rendezvous = _every_pod(job)
+    assert restricted_violations(worker) == ["volume phalanx-local-checkpoint: ['hostPath']"]
+    assert restricted_violations(rendezvous) == []
+
+
+def test_pod_security_defaults_fill_only_what_the_template_left_unset(make_job: MakeJob) -> None:
+    job = make_job()
+    for pod in _every_pod(job):
+        assert pod["spec"]["securityContext"] == {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        for container in pod["spec"]["containers"]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            }
+    assert "securityContext" not in job["spec"]["template"]["spec"]  # the template itself is left untouched
+
+    # What the template sets, it keeps: at the pod and in each container, whatever it asks.
+    own = make_job()
+    template = own["spec"]["template"]["spec"]
+    template["securityContext"] = {
+        "runAsNonRoot": False,
+        "seccompProfile": {"type": "Unconfined"},
+        "fsGroup": 2000,
+    }
+    trainer = template["containers"][0]
+    trainer["securityContext"] = {
+        "allowPrivilegeEscalation": True,
+        "capabilities": {"add": ["NET_ADMIN"], "drop": ["MKNOD"]},
+    }
+    privileged = {"name": "debug", "image": "x", "securityContext": {"privileged": True}}
+    admin = {"name": "admin", "image": "x", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}
+    template["containers"] += [privileged, admin]
+    worker = builders.build_worker_pod(own, _spec(own), 0, "worker")
+    assert worker["spec"]["securityContext"] == template["securityContext"]
+    first, second, third = worker["spec"]["containers"]
+    assert first["securityContext"] == trainer["securityContext"]
+    # No `allowPrivilegeEscalation: false` beside privileged or SYS_ADMIN: the API server refuses that pair.
+    assert second["securityContext"] == {"privileged": True, "capabilities": {"drop": ["ALL"]}}
+    assert third["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}}
+    rendezvous = builders.build_rendezvous_pod(own, _spec(own))
+    assert rendezvous["spec"]["securityContext"] == template["securityContext"]
+    assert rendezvous["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_a_template_running_as_root_gets_no_run_as_non_root(make_job: MakeJob) -> None:
+    # A root image the template runs as uid 0 must still start: `runAsNonRoot: true` would stop its containers.
+    job = make_job()
+    job["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"runAsUser": 0}
+    worker, _, rendezvous = _every_pod(job)
+    assert "runAsNonRoot" not in worker["spec"]["securityContext"]
+    assert worker["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The rendezvous runs the trainer's image, so it runs as the trainer does.
+    assert "runAsNonRoot" not in rendezvous["spec"]["securityContext"]
+    assert rendezvous["spec"]["containers"][0]["securityContext"]["runAsUser"] == 0
+
+    pod_level = make_job()
+    pod_level["spec"]["template"]["spec"]["securityContext"] = {"runAsUser": 0}
+    for pod in _every_pod(pod_level):
+        assert pod["spec"]["securityContext"] == {
+            "runAsUser": 0,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
+    # A rendezvous image of its own is not the trainer's: it gets the defaults.
+    own_image = make_job(rendezvous={"image": "phalanx:rdzv"})
+    own_image["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"runAsUser": 0}
+    rendezvous = builders.build_rendezvous_pod(own_image, _spec(own_image))
+    assert rendezvous["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert "runAsUser" not in rendezvous["spec"]["containers"][0]["securityContext"]

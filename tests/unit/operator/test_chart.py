@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,15 @@ def test_deployment_runs_the_operator_non_root_with_a_liveness_probe() -> None:
     env = {entry["name"]: entry.get("value") for entry in container["env"]}
     assert env["PHALANX_OPERATOR_METRICS_PORT"] == "8080"
     assert "PHALANX_OPERATOR_NAMESPACES" not in env and "PHALANX_OPERATOR_PEERING" not in env
+
+
+def test_the_operator_pod_meets_pod_security_restricted(
+    restricted_violations: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    assert restricted_violations(_one(_render(), "Deployment")["spec"]["template"]) == []
+    # The check can fail: values a user may set take the pod out of the level.
+    loose = _render({"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}})
+    assert restricted_violations(_one(loose, "Deployment")["spec"]["template"]) != []
 
 
 def test_the_gang_limits_reach_the_operator_and_their_defaults_agree() -> None:

@@ -279,6 +279,19 @@ def test_pod_summaries_keep_the_nodes_a_pod_was_kept_off() -> None:
     assert summary["spec"] == {"avoidNodes": ["n1", "n2"]}
 
 
+def test_pod_summaries_keep_the_scheduling_gates_a_forming_gang_opens() -> None:
+    from phalanx.operator import gang
+    from phalanx.operator.status import summarize_pod
+
+    def summary(name: str) -> dict[str, Any]:
+        pod = gang.gated({"metadata": {"name": name}, "spec": {"containers": [{"name": "main"}]}})
+        return summarize_pod({**pod, "status": {"phase": "Pending"}})
+
+    worker, rendezvous = summary("w-0"), summary("rdzv")
+    assert gang.is_gated(worker)
+    assert gang.to_ungate([worker], 1, [rendezvous]) == ["rdzv", "w-0"]
+
+
 def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..., Any]) -> None:
     registry = kopf.OperatorRegistry()
     kube = FakeKube(make_job())
