@@ -9,42 +9,38 @@
 #     --build-arg TORCH_INDEX_URL=<PyTorch's cu126 wheel index> .          # worker, CUDA torch (wheels bundle CUDA)
 # PyTorch's wheel index for a variant is the `--index-url` its install selector prints for pip.
 #
-# Without a registry (no base image to pull): `phalanx image build` (or `make image`) builds the base from the
-# machine's Debian mirror, passes it as BASE_IMAGE and serves a local wheel folder as WHEELS (docs/images.md).
+# Without a registry (no base image to pull): `phalanx image build` (or `make image`) builds the bases from the
+# machine's Debian mirror and passes them as BASE_IMAGE (docs/images.md). Its worker is CPU-only with Debian's
+# own torch (TORCH_VARIANT=debian: the base holds `python3-torch`, the venv sees it), since PyPI serves torch
+# for Linux only as its CUDA build; a local wheel folder (WHEELS) can serve PyTorch's CPU wheel instead.
 #
-# torch is deterministic: pip is told `torch==<constraints.txt's version>+<TORCH_VARIANT>` exactly, so it can
-# never swap the CPU build for the CUDA one (or back); without a source of that wheel the build fails, and it
-# checks the torch it got. Every other dependency is pinned by constraints.txt, the versions the tests run with.
+# torch is deterministic: pip is told `torch==<version>` exactly (constraints.txt's version plus the variant's
+# label, or the base's own torch for `debian`), so it can never swap the CPU build for the CUDA one (or back);
+# without a source of that torch the build fails, and it checks the torch it got. Every other dependency is
+# pinned by constraints.txt, the versions the tests run with, except what the Debian base already provides.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # The user and the virtualenv both images run from. Each image is its dependencies' stage plus one small layer
 # of Phalanx itself, so a change in Phalanx's code rebuilds only that layer (no copy of the large venv).
 FROM ${BASE_IMAGE} AS runtime
+# cpu, debian (the base's own python3-torch) or a CUDA variant of PyTorch's wheels (cu126, cu128, ...).
+ARG TORCH_VARIANT=cpu
 RUN groupadd --system --gid 10001 phalanx \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin phalanx
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/phalanx \
+# With Debian's torch the venv sees the base's packages: torch and what it was built against.
+RUN python -m venv $([ "$TORCH_VARIANT" = debian ] && echo --system-site-packages) /opt/phalanx \
  && /opt/phalanx/bin/pip install --upgrade pip setuptools wheel
 ENV PATH=/opt/phalanx/bin:$PATH
 LABEL org.opencontainers.image.title="phalanx" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The requirements of the core and the named extras, from pyproject.toml alone, and the pins of constraints.txt
-# less the accelerator stack (torch, triton, nvidia-*, cuda-*), which comes with the torch variant.
+# The requirements of the core and each image's extras, from pyproject.toml alone, and the pins of
+# constraints.txt less the accelerator stack, which comes with the torch variant (src/phalanx/images/requirements.py).
 FROM runtime AS requirements
 WORKDIR /src
-COPY pyproject.toml constraints.txt ./
-RUN printf '%s\n' \
-      'import sys, tomllib' \
-      'project = tomllib.load(open("pyproject.toml", "rb"))["project"]' \
-      'extras = project["optional-dependencies"]' \
-      'print("\n".join(project["dependencies"] + [r for name in sys.argv[1:] for r in extras[name]]))' \
-      > requirements.py \
- && mkdir /requirements \
- && python requirements.py operator > /requirements/operator.txt \
- && python requirements.py worker s3 > /requirements/worker.txt \
- && grep -viE '^(torch|triton|nvidia-|cuda-)' constraints.txt > /requirements/constraints.txt \
- && sed -n 's/^torch==\([^+]*\).*/\1/p' constraints.txt > /requirements/torch-version
+COPY pyproject.toml constraints.txt src/phalanx/images/requirements.py ./
+RUN python requirements.py /requirements
 
 FROM runtime AS operator-deps
 COPY --from=requirements /requirements /tmp/requirements
@@ -52,22 +48,24 @@ RUN pip install -c /tmp/requirements/constraints.txt -r /tmp/requirements/operat
  && rm -rf /tmp/requirements
 
 FROM runtime AS worker-deps
-# cpu, or a CUDA variant of PyTorch's wheels (cu126, cu128, ...).
 ARG TORCH_VARIANT=cpu
 # An index that holds torch==<version>+<TORCH_VARIANT> (none by default: no index host is assumed).
 ARG TORCH_INDEX_URL=
 # A folder of wheels mounted into the build (`buildah bud -v DIR:/wheels:ro --build-arg WHEELS=/wheels`).
 ARG WHEELS=
 COPY --from=requirements /requirements /tmp/requirements
-RUN torch="$(cat /tmp/requirements/torch-version)+${TORCH_VARIANT}" \
+RUN if [ "$TORCH_VARIANT" = debian ]; then \
+      torch="$(python -c 'import torch; print(torch.__version__)')" \
+      || { echo "TORCH_VARIANT=debian needs a base image with Debian's python3-torch" >&2; exit 1; }; \
+    else torch="$(cat /tmp/requirements/torch-version)+${TORCH_VARIANT}"; fi \
  && echo "torch==${torch}" > /tmp/requirements/torch.txt \
  && pip install -c /tmp/requirements/constraints.txt -c /tmp/requirements/torch.txt \
       ${WHEELS:+--find-links "$WHEELS"} ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
       -r /tmp/requirements/worker.txt \
  && got="$(python -c 'import torch; print(torch.__version__)')" \
  && { [ "$got" = "$torch" ] || { echo "torch $got installed, $torch asked for" >&2; exit 1; }; } \
- && if [ "$TORCH_VARIANT" = cpu ] && pip list --format=freeze | grep -iE '^nvidia-'; then \
-      echo "CUDA packages (above) in a CPU image" >&2; exit 1; fi \
+ && case "$TORCH_VARIANT" in cu*) ;; *) if pip list --format=freeze | grep -iE '^nvidia-'; then \
+      echo "CUDA packages (above) in a CPU image" >&2; exit 1; fi ;; esac \
  && rm -rf /tmp/requirements
 
 # Phalanx itself as a wheel: the only stage a change in its code re-runs, with the small layers below.
@@ -87,7 +85,8 @@ RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheel .
 FROM worker-deps AS worker
 COPY --from=phalanx-wheel /wheel /tmp/wheel
 RUN pip install --no-deps /tmp/wheel/*.whl && rm -rf /tmp/wheel \
- && python -c "import phalanx.worker.launch, importlib.util as u; assert u.find_spec('kopf') is None"
+ && python -c "import phalanx.worker.launch, importlib.util as u; assert u.find_spec('kopf') is None" \
+ && python -c "import torch, phalanx.worker.torch_support as s; s.require_supported(torch.__version__)"
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 WORKDIR /tmp
 USER 10001:10001

@@ -7,7 +7,7 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch lies on these machines as a local wheel; pip also searches PyPI.
+# A local wheel folder, where a machine has one (a CPU build of torch, say), is offered to pip beside PyPI.
 PIP_FIND_LINKS ?= /opt/wheels
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
@@ -79,9 +79,9 @@ demo: control-plane
 	$(BIN)/phalanx demo
 
 # The demo on a real node (containerd, kubelet, kube-proxy on this host; root), the images built first and
-# cached (`make image`'s build, with the same local wheel folder).
+# cached (`make image`'s build).
 demo-real: real-node
-	$(BIN)/phalanx demo --real-nodes $(if $(wildcard $(PIP_FIND_LINKS)),--wheels $(PIP_FIND_LINKS))
+	$(BIN)/phalanx demo --real-nodes
 
 # Benchmarks: the cluster benchmarks share a local cluster started for the run and stopped after; report.md,
 # results.json and plots go to bench/results/ (p50/p95/max, the machine, every timeout, the baselines).
@@ -90,11 +90,12 @@ BENCH_ARGS ?=
 bench: control-plane
 	$(BIN)/phalanx bench --out bench/results $(BENCH_ARGS)
 
-# The images on a Debian base made from this machine's mirror, cached under ~/.cache/phalanx/images; the local
-# wheel folder gives the worker its CPU torch. IMAGE_ARGS="--target worker" or "--torch cu126 --torch-index-url URL".
+# The images on Debian bases made from this machine's mirror, cached under ~/.cache/phalanx/images; the worker
+# gets Debian's CPU build of torch. IMAGE_ARGS="--target worker", "--torch cpu --wheels DIR" (PyTorch's CPU
+# wheel) or "--torch cu126 --torch-index-url URL".
 IMAGE_ARGS ?=
 image: install
-	$(BIN)/phalanx image build $(if $(wildcard $(PIP_FIND_LINKS)),--wheels $(PIP_FIND_LINKS)) $(IMAGE_ARGS)
+	$(BIN)/phalanx image build $(IMAGE_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info *.egg-info

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import pickle
 import signal
 import socket
@@ -32,6 +33,14 @@ logger = logging.getLogger("phalanx.launch")
 READY_PREFIX = "phalanx-rendezvous ready"
 
 
+def libuv_transport() -> bool:
+    """Whether stores use libuv, by the rule torch's own launcher follows: yes unless USE_LIBUV is not "1".
+
+    torch builds without libuv (Debian's) need USE_LIBUV=0, for torch's stores and these alike.
+    """
+    return os.environ.get("USE_LIBUV", "1") == "1"
+
+
 def serve(host: str, port: int) -> dist.TCPStore:
     """Start the store server in this process (the server runs on a background thread).
 
@@ -42,11 +51,13 @@ def serve(host: str, port: int) -> dist.TCPStore:
     listener = socket.create_server((host, port), backlog=1024)
     return dist.TCPStore(
         host_name=host,
-        port=port,
+        # The port bound (port 0 picks one): the store's transport without libuv checks the two agree.
+        port=listener.getsockname()[1],
         is_master=True,
         wait_for_workers=False,
         timeout=timedelta(seconds=30),
         master_listen_fd=listener.detach(),  # the store owns the socket from now on
+        use_libuv=libuv_transport(),
     )
 
 
@@ -59,6 +70,7 @@ def connect(host: str, port: int, timeout: float) -> dist.TCPStore:
         multi_tenant=True,
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
+        use_libuv=libuv_transport(),
     )
 
 

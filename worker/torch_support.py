@@ -8,8 +8,8 @@ release may move (worker/torch_elastic.py lists them). The range is where they a
 - the upper bound is the first release not tested: internals change without notice, so a new torch is
   supported once the unit tests that pin them (tests/unit/worker_runtime/test_torch_elastic.py) pass on it.
 
-Only the release's major.minor counts: `2.13.0+cpu` is 2.13, and a pre-release or nightly such as
-`2.14.0a0+git1234abc` is already 2.14 (it carries that release's internals), so it falls outside `<2.14`.
+Only the release's major.minor counts: `2.14.1+debian` is 2.14, and a pre-release or nightly such as
+`2.15.0a0+git1234abc` is already 2.15 (it carries that release's internals), so it falls outside `<2.15`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 
 MIN_TORCH = (2, 7)
 """The oldest supported torch release (major, minor)."""
-FIRST_UNSUPPORTED_TORCH = (2, 14)
+FIRST_UNSUPPORTED_TORCH = (2, 15)
 """The first torch release (major, minor) not known to work: the range's exclusive upper bound."""
 SUPPORTED_TORCH = (
     f">={MIN_TORCH[0]}.{MIN_TORCH[1]},<{FIRST_UNSUPPORTED_TORCH[0]}.{FIRST_UNSUPPORTED_TORCH[1]}"

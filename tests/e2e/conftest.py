@@ -4,7 +4,6 @@ session's cluster and operator fixtures live in tests/conftest.py, shared with t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -224,17 +223,6 @@ def operator_ready(cluster: Cluster) -> bool:
         and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
         for pod in pods
     )
-
-
-def require_cpu_torch_wheel() -> None:
-    """Skip unless this machine has a CPU build of torch in a local wheel folder (`PIP_FIND_LINKS`, or
-    /opt/wheels): the worker image is a CPU image, and PyPI serves torch only as its CUDA build, so without
-    such a wheel the image cannot be built here (building it from the registries alone is issue 23's work)."""
-    folders = [*os.environ.get("PIP_FIND_LINKS", "").split(), "/opt/wheels"]
-    if not any(any(Path(folder).glob("torch-*cpu*.whl")) for folder in folders if Path(folder).is_dir()):
-        pytest.skip(
-            "no CPU build of torch on this machine (PIP_FIND_LINKS, /opt/wheels): the worker image needs one"
-        )
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""`phalanx image build` without a registry: both images build on the local Debian base, hold exactly what
-they should (the torch variant asked for and no CUDA packages, no kopf in the worker, no torch in the
+"""`phalanx image build` without a registry or a wheel folder: both images build on local Debian bases, hold
+exactly what they should (Debian's CPU torch and no CUDA packages, no kopf in the worker, no torch in the
 operator, the standard library's `operator`), run as uid 10001, and are saved as archives pods can use.
 
 On a fresh machine the first build (Debian base, every dependency) takes a few minutes; later runs reuse the
@@ -21,8 +21,6 @@ from phalanx import __version__
 from phalanx.images import build
 from phalanx.images.cli import image_cache
 from phalanx.operator import crd
-
-from .conftest import require_cpu_torch_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = f"phalanx:{__version__}"
@@ -46,7 +44,6 @@ def phalanx_image_build(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def built() -> str:
-    require_cpu_torch_wheel()
     result = phalanx_image_build()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout
@@ -105,8 +102,21 @@ def test_the_worker_has_exactly_the_cpu_torch_no_cuda_packages_and_no_kopf(worke
     assert nvidia == "[]"
     assert present == "['torch']"
     version = run_in(worker, "python", "-c", "import torch; print(torch.__version__)")
-    assert version.endswith("+cpu"), version
+    assert version.endswith("+debian"), version
     assert "usage:" in run_in(worker, "python", "-m", "phalanx.worker.launch", "--help")
+
+
+def test_the_workers_stores_work_with_the_transport_its_torch_has(worker: str) -> None:
+    # Debian's torch has no libuv: the image says so (USE_LIBUV=0) and the rendezvous store serves on it.
+    script = (
+        "import os, torch.distributed as d\n"
+        "from phalanx.worker import rendezvous\n"
+        "server = rendezvous.serve('127.0.0.1', 0)\n"
+        "client = rendezvous.connect('127.0.0.1', server.port, timeout=10)\n"
+        "client.set('k', 'v')\n"
+        "print(os.environ['USE_LIBUV'], server.get('k').decode(), d.is_gloo_available())\n"
+    )
+    assert run_in(worker, "python", "-c", script) == "0 v True"
 
 
 def test_the_operator_prints_the_crd_and_has_no_torch(operator: str) -> None:

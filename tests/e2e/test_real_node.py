@@ -29,7 +29,7 @@ from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.realnode import host, images
 from phalanx.devcluster.realnode import node as real_node
 
-from .conftest import assert_demo_succeeded, require_cpu_torch_wheel, wait_for
+from .conftest import assert_demo_succeeded, wait_for
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -234,10 +234,8 @@ def operator_pod(real: RealNodeCluster) -> str:
     """What a platform team does first: build the images and `helm install` the chart. The operator's pod."""
     import helm_python
 
-    require_cpu_torch_wheel()
-    wheels = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else "")
     build = subprocess.run(
-        [sys.executable, "-m", "phalanx.cli", "image", "build", *(["--wheels", wheels] if wheels else [])],
+        [sys.executable, "-m", "phalanx.cli", "image", "build"],
         capture_output=True, text=True, timeout=1500, check=False,
     )  # fmt: skip
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
@@ -284,10 +282,9 @@ def test_the_demo_trains_through_a_sigkilled_container(
 ) -> None:
     """`phalanx demo --real-nodes` on the module's cluster (its `up` finds it running; the images are cached):
     a worker's container SIGKILLed through containerd, as the OOM killer or a crash would, the spare takes over."""
-    wheels = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else "")
     result = subprocess.run(
         [sys.executable, "-m", "phalanx.cli", "demo", "--real-nodes", "--state-dir", str(real.state_dir),
-         "--report", str(tmp_path), *(["--wheels", wheels] if wheels else [])],
+         "--report", str(tmp_path)],
         capture_output=True, text=True, timeout=2400, check=False,
     )  # fmt: skip
     summary = assert_demo_succeeded(result, tmp_path)

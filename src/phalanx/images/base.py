@@ -1,8 +1,14 @@
-"""The base image: Debian bookworm with Python 3.11, made by mmdebstrap from the machine's own Debian mirror.
+"""The base images, made by mmdebstrap from the machine's own Debian mirror (no registry needed).
 
-It stands in for the Dockerfile's public `python:3.11-slim-bookworm` (passed as BASE_IMAGE) where no registry
-can be reached. Its rootfs tar is cached under the image cache and rebuilt only when an input changes: the
-mirror, the release, the packages, the CA bundle or this recipe.
+- The Python base: Debian bookworm with Python 3.11. It stands in for the Dockerfile's public
+  `python:3.11-slim-bookworm` (passed as BASE_IMAGE): the operator's base, and the worker's when torch comes
+  from a wheel.
+- The Debian-torch base: Debian's own CPU build of torch (`python3-torch`) with its Python. PyPI serves torch
+  for Linux only as its CUDA build of several GB, so this is how a CPU worker image is made from the
+  registries alone (the worker's torch variant `debian`).
+
+Each rootfs tar is cached under the image cache and rebuilt only when an input changes: the mirror, the
+release, the packages, the CA bundle or this recipe.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from phalanx.devcluster import aptsources
@@ -20,7 +26,17 @@ from phalanx.errors import UserFacingError
 
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 """What the Dockerfile needs of its base: `python -m venv` with pip, and TLS for the package index."""
-RECIPE_VERSION = 1
+TORCH_SUITE = "forky"
+"""The Debian release whose `python3-torch` lies in the worker's supported torch range (worker/torch_support.py):
+forky has 2.14, trixie only 2.6. Forky is Debian's testing release and moves: the image build checks the
+torch it got against that range."""
+TORCH_PACKAGES = (*PACKAGES, "python3-torch")
+TORCH_ENV = (("USE_LIBUV", "0"),)
+"""Debian builds torch without libuv, the default transport of torch's TCPStore: torch's own launcher and
+Phalanx's rendezvous (worker/rendezvous.py) both read USE_LIBUV to choose the other one."""
+EXCLUDED_PATHS = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
+"""Left out of the image (a few hundred MB with torch's dependencies); each package's copyright file stays."""
+RECIPE_VERSION = 2
 """Bump when the way the base is made changes, so cached bases are rebuilt."""
 IMAGE_NAME = "localhost/phalanx-base"
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -41,8 +57,15 @@ class BaseSpec:
     ca_bundle_sha256: str
     suite: str = aptsources.SUITE
     packages: tuple[str, ...] = PACKAGES
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables the image sets (as the public images set theirs)."""
     recipe: int = RECIPE_VERSION
     ca_bundle: Path = field(default=DEFAULT_CA_BUNDLE, compare=False)
+
+    @property
+    def flavour(self) -> str:
+        """Names the rootfs tar, so that the two bases never evict each other from the cache."""
+        return "torch" if "python3-torch" in self.packages else "python"
 
     def cache_key(self) -> str:
         """Stable over runs and hosts with the same inputs; the CA bundle counts by content, not path."""
@@ -56,7 +79,8 @@ class BaseSpec:
         return f"{IMAGE_NAME}:{self.cache_key()}"
 
 
-def spec_for_this_host() -> BaseSpec:
+def spec_for_this_host(debian_torch: bool = False) -> BaseSpec:
+    """The Python base, or with `debian_torch` the Debian-torch base, from this machine's mirror."""
     mirror = aptsources.debian_mirror()
     if not mirror:
         raise UserFacingError(
@@ -65,7 +89,10 @@ def spec_for_this_host() -> BaseSpec:
         )
     bundle = host_ca_bundle()
     digest = hashlib.sha256(bundle.read_bytes()).hexdigest() if bundle.is_file() else ""
-    return BaseSpec(mirror=mirror, ca_bundle_sha256=digest, ca_bundle=bundle)
+    spec = BaseSpec(mirror=mirror, ca_bundle_sha256=digest, ca_bundle=bundle)
+    if debian_torch:
+        return replace(spec, suite=TORCH_SUITE, packages=TORCH_PACKAGES, env=TORCH_ENV)
+    return spec
 
 
 def mmdebstrap_args(spec: BaseSpec, rootfs_tar: Path) -> list[str]:
@@ -76,16 +103,27 @@ def mmdebstrap_args(spec: BaseSpec, rootfs_tar: Path) -> list[str]:
     if spec.ca_bundle_sha256:
         hooks.append(f"upload {spec.ca_bundle} /etc/ssl/certs/ca-certificates.crt")
     mirror = spec.mirror.rstrip("/")
+    sources = [f"deb {mirror} {spec.suite} main"]
+    options = [
+        *(f"--dpkgopt=path-exclude={path}" for path in EXCLUDED_PATHS),
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+    ]
+    if spec.suite == TORCH_SUITE:
+        # A testing release's Release file is valid for a week only, and the mirrors these machines reach may
+        # serve a snapshot older than that; its signature is still checked. Testing has no -updates suite.
+        options.append('--aptopt=Acquire::Check-Valid-Until "false"')
+    else:
+        sources.append(f"deb {mirror} {spec.suite}-updates main")
     return [
         "mmdebstrap",
         "--variant=minbase",
         "--quiet",
         f"--include={','.join(spec.packages)}",
+        *options,
         *(f"--customize-hook={hook}" for hook in hooks),
         spec.suite,
         str(rootfs_tar),
-        f"deb {mirror} {spec.suite} main",
-        f"deb {mirror} {spec.suite}-updates main",
+        *sources,
     ]
 
 
@@ -107,18 +145,22 @@ def ensure_base(spec: BaseSpec, cache: Path) -> str:
     if image_exists(spec.image):
         return spec.image
     cache.mkdir(parents=True, exist_ok=True)
-    rootfs = cache / f"base-{spec.cache_key()}.tar"
+    rootfs = cache / f"base-{spec.flavour}-{spec.cache_key()}.tar"
     if not rootfs.is_file():
         started = time.monotonic()
-        print(f"base image: mmdebstrap {spec.suite} from {spec.mirror} (once, 1-2 minutes)", flush=True)
+        print(
+            f"base image ({spec.flavour}): mmdebstrap {spec.suite} with {', '.join(spec.packages)} from "
+            f"{spec.mirror} (once, 1-3 minutes)",
+            flush=True,
+        )
         partial = rootfs.with_suffix(".partial.tar")
         _run(mmdebstrap_args(spec, partial), "mmdebstrap")
         partial.rename(rootfs)
         # A base made from other inputs is stale now: keep only the current one.
-        for stale in cache.glob("base-*.tar"):
+        for stale in cache.glob(f"base-{spec.flavour}-*.tar"):
             if stale != rootfs:
                 stale.unlink(missing_ok=True)
-        print(f"base image: rootfs in {time.monotonic() - started:.0f} s", flush=True)
+        print(f"base image ({spec.flavour}): rootfs in {time.monotonic() - started:.0f} s", flush=True)
     container = _run(["buildah", "from", "scratch"], "buildah from scratch")
     try:
         _run(["buildah", "add", "--quiet", container, str(rootfs), "/"], "buildah add")
@@ -130,6 +172,7 @@ def ensure_base(spec: BaseSpec, cache: Path) -> str:
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "--env",
                 "LANG=C.UTF-8",
+                *(arg for name, value in spec.env for arg in ("--env", f"{name}={value}")),
                 "--cmd",
                 '["python3"]',
                 container,

@@ -11,8 +11,11 @@ from pathlib import Path
 from phalanx import __version__
 from phalanx.errors import UserFacingError
 
-TORCH_VARIANT = re.compile(r"^(cpu|cu\d{3})$")
-"""PyTorch's wheel variants: `cpu`, or a CUDA one such as `cu126`."""
+DEBIAN_TORCH = "debian"
+"""The worker's torch variant that needs no wheel: Debian's CPU build (`python3-torch`) on the Debian-torch base."""
+TORCH_VARIANT = re.compile(r"^(debian|cpu|cu\d{3})$")
+"""The worker's torch variants: `debian`, or PyTorch's wheels: `cpu`, or a CUDA one such as `cu126`."""
+CPU_VARIANTS = (DEBIAN_TORCH, "cpu")
 WHEELS_MOUNT = "/wheels"
 RUNTIME = "runc"
 """The OCI runtime buildah runs the Dockerfile's steps with, as the real node runs containers: buildah's other
@@ -27,7 +30,7 @@ class Target:
     """The image name the chart (operator) and the examples (worker) use."""
 
     def tag(self, torch_variant: str) -> str:
-        suffix = "" if self.stage != "worker" or torch_variant == "cpu" else f"-{torch_variant}"
+        suffix = "" if self.stage != "worker" or torch_variant in CPU_VARIANTS else f"-{torch_variant}"
         return f"{self.repository}:{__version__}{suffix}"
 
 
@@ -40,14 +43,14 @@ def targets_named(name: str) -> list[Target]:
 
 def check_torch_variant(variant: str) -> str:
     if not TORCH_VARIANT.match(variant):
-        raise UserFacingError(f"--torch {variant!r}: expected cpu or a CUDA variant such as cu126")
+        raise UserFacingError(f"--torch {variant!r}: expected debian, cpu or a CUDA variant such as cu126")
     return variant
 
 
 @dataclass(frozen=True)
 class BuildOptions:
     base_image: str
-    torch_variant: str = "cpu"
+    torch_variant: str = DEBIAN_TORCH
     torch_index_url: str | None = None
     wheels: Path | None = None
 

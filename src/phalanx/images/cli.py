@@ -33,8 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build_parser.add_argument("--target", choices=("operator", "worker", "all"), default="all")
     build_parser.add_argument(
         "--torch",
-        default="cpu",
-        help="the worker's torch variant: cpu (default) or a CUDA one such as cu126 (needs --torch-index-url)",
+        default=build.DEBIAN_TORCH,
+        help="the worker's torch: debian (default: Debian's CPU build, from the mirror alone), or PyTorch's "
+        "wheel variant cpu (needs --wheels or --torch-index-url holding it) or a CUDA one such as cu126 "
+        "(needs --torch-index-url)",
     )
     build_parser.add_argument(
         "--torch-index-url",
@@ -79,7 +81,7 @@ def check_wheels(wheels: Path | None) -> Path | None:
 def build_images(
     context: Path,
     target: str = "all",
-    torch_variant: str = "cpu",
+    torch_variant: str = build.DEBIAN_TORCH,
     torch_index_url: str | None = None,
     wheels: Path | None = None,
 ) -> list[Path]:
@@ -90,16 +92,17 @@ def build_images(
     """
     packages.ensure()
     cache = image_cache()
-    base_image = base.ensure_base(base.spec_for_this_host(), cache)
-    options = build.BuildOptions(
-        base_image=base_image,
-        torch_variant=torch_variant,
-        torch_index_url=torch_index_url,
-        wheels=wheels,
-    )
-    return [
-        build.save_archive(build.build(each, options, context), cache) for each in build.targets_named(target)
-    ]
+    archives = []
+    for each in build.targets_named(target):
+        debian_torch = each.stage == "worker" and torch_variant == build.DEBIAN_TORCH
+        options = build.BuildOptions(
+            base_image=base.ensure_base(base.spec_for_this_host(debian_torch), cache),
+            torch_variant=torch_variant,
+            torch_index_url=torch_index_url,
+            wheels=wheels,
+        )
+        archives.append(build.save_archive(build.build(each, options, context), cache))
+    return archives
 
 
 def import_images(archives: list[Path], socket: Path = containerd.SOCKET) -> None:

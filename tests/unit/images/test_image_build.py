@@ -39,11 +39,12 @@ def test_the_cache_key_is_stable_and_changes_with_every_input() -> None:
                     {"ca_bundle_sha256": "cd" * 32},
                     {"suite": "trixie"},
                     {"packages": (*base.PACKAGES, "curl")},
+                    {"env": (("USE_LIBUV", "0"),)},
                     {"recipe": base.RECIPE_VERSION + 1},
                 )
             }
         )
-        == 6
+        == 7
     )
     assert SPEC.image == f"localhost/phalanx-base:{SPEC.cache_key()}"
 
@@ -63,6 +64,52 @@ def test_mmdebstrap_makes_a_minbase_with_python_from_the_given_mirror_and_the_ho
     assert any("/usr/local/bin/python" in hook for hook in hooks)
     no_bundle = base.mmdebstrap_args(replace(SPEC, ca_bundle_sha256=""), Path("/b.tar"))
     assert not any("upload" in arg for arg in no_bundle)
+    # Documentation is left out, each package's copyright file kept; a stable release's Release files are
+    # checked for expiry as apt always does.
+    assert "--dpkgopt=path-exclude=/usr/share/doc/*" in args
+    assert "--dpkgopt=path-include=/usr/share/doc/*/copyright" in args
+    assert not any("Check-Valid-Until" in arg for arg in args)
+
+
+def test_the_debian_torch_base_adds_debians_torch_from_the_release_that_has_one_in_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(base.aptsources, "debian_mirror", lambda: MIRROR)
+    python, torch = base.spec_for_this_host(), base.spec_for_this_host(debian_torch=True)
+    assert (python.flavour, python.suite, python.env) == ("python", "bookworm", ())
+    assert (torch.flavour, torch.suite) == ("torch", "forky")
+    assert torch.packages == (*base.PACKAGES, "python3-torch")
+    # Debian's torch has no libuv: its TCPStores and the rendezvous's must use the other transport.
+    assert torch.env == (("USE_LIBUV", "0"),)
+    assert python.cache_key() != torch.cache_key()
+    args = base.mmdebstrap_args(torch, Path("/cache/base.tar"))
+    assert "--include=python3,python3-venv,ca-certificates,python3-torch" in args
+    # A testing release has no -updates suite, and a mirror's snapshot of it may be older than the week its
+    # Release file is valid for.
+    assert args[-3:] == ["forky", "/cache/base.tar", f"deb {MIRROR} forky main"]
+    assert '--aptopt=Acquire::Check-Valid-Until "false"' in args
+
+
+def test_the_two_bases_keep_apart_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+
+    def mmdebstrap(args: list[str], what: str) -> str:
+        if args[0] == "mmdebstrap":
+            made.append(next(arg for arg in args if arg.endswith(".partial.tar")))
+            Path(made[-1]).write_text("rootfs")
+        return "container"
+
+    monkeypatch.setattr(base, "image_exists", lambda name: False)
+    monkeypatch.setattr(base, "_run", mmdebstrap)
+    monkeypatch.setattr(base.subprocess, "run", lambda *a, **k: None)
+    python = replace(SPEC, ca_bundle_sha256="")
+    torch = replace(python, suite="forky", packages=base.TORCH_PACKAGES, env=base.TORCH_ENV)
+    for spec in (python, torch, python):
+        base.ensure_base(spec, tmp_path)
+    assert len(made) == 2
+    assert sorted(p.name for p in tmp_path.glob("base-*.tar")) == sorted(
+        [f"base-python-{python.cache_key()}.tar", f"base-torch-{torch.cache_key()}.tar"]
+    )
 
 
 def test_the_hosts_ca_bundle_is_the_one_pip_is_told_to_use(
@@ -118,7 +165,8 @@ def test_bud_builds_one_target_with_cached_layers_on_the_local_base_never_pullin
 
 def test_the_worker_gets_its_torch_variant_index_and_wheel_folder() -> None:
     args = build.bud_args(build.TARGETS["worker"], options(), Path("/repo"))
-    assert "TORCH_VARIANT=cpu" in flag_values(args, "--build-arg")
+    assert "TORCH_VARIANT=debian" in flag_values(args, "--build-arg")
+    assert flag_values(args, "--tag") == [f"phalanx-worker:{__version__}"]
     assert "--volume" not in args and not any("TORCH_INDEX_URL" in a for a in args)
     args = build.bud_args(
         build.TARGETS["worker"],
@@ -135,14 +183,17 @@ def test_the_worker_gets_its_torch_variant_index_and_wheel_folder() -> None:
     assert flag_values(args, "--tag") == [f"phalanx-worker:{__version__}-cu126"]
 
 
-@pytest.mark.parametrize("variant", ["cpu", "cu118", "cu126", "cu130"])
-def test_torch_variants_are_cpu_or_cuda(variant: str) -> None:
+@pytest.mark.parametrize("variant", ["debian", "cpu", "cu118", "cu126", "cu130"])
+def test_torch_variants_are_debian_cpu_or_cuda(variant: str) -> None:
     assert build.check_torch_variant(variant) == variant
+    # Both CPU variants make the image the examples name; a CUDA one has its own tag.
+    cuda = variant.startswith("cu")
+    assert build.TARGETS["worker"].tag(variant).endswith(f"-{variant}") == cuda
 
 
-@pytest.mark.parametrize("variant", ["cuda", "gpu", "cu12", "rocm6.2", "cpu ", ""])
+@pytest.mark.parametrize("variant", ["cuda", "gpu", "cu12", "rocm6.2", "cpu ", "", "ubuntu"])
 def test_other_torch_variants_are_refused(variant: str) -> None:
-    with pytest.raises(UserFacingError, match="expected cpu or a CUDA variant"):
+    with pytest.raises(UserFacingError, match="expected debian, cpu or a CUDA variant"):
         build.check_torch_variant(variant)
 
 
@@ -197,7 +248,7 @@ def test_bad_input_is_one_line_before_anything_is_installed(
 
     monkeypatch.setattr(packages, "ensure", never)
     assert main(["image", "build", "--torch", "cuda"]) == 2
-    assert "expected cpu or a CUDA variant" in capsys.readouterr().err
+    assert "expected debian, cpu or a CUDA variant" in capsys.readouterr().err
     assert main(["image", "build", "--wheels", str(tmp_path / "none")]) == 2
     assert "not a folder" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)

@@ -38,7 +38,17 @@ ELASTIC = "torch.distributed.elastic"
 
 @pytest.mark.parametrize(
     "version",
-    ["2.7.0", "2.7.1", "2.8.0+cu128", "2.13.0", "2.13.0+cpu", "2.13.1", "2.7.0rc1", "2.13.0.dev20260101"],
+    [
+        "2.7.0",
+        "2.7.1",
+        "2.8.0+cu128",
+        "2.13.0",
+        "2.13.0+cpu",
+        "2.13.1",
+        "2.14.1+debian",
+        "2.7.0rc1",
+        "2.14.0.dev20260101",
+    ],
 )
 def test_releases_in_the_range_are_supported(version: str) -> None:
     assert is_supported(version)
@@ -51,10 +61,10 @@ def test_releases_in_the_range_are_supported(version: str) -> None:
         "2.6.0",
         "2.6.0+cpu",
         "1.13.1",
-        "2.14.0",
-        "2.14.0+cpu",
-        "2.14.0a0+git1234abc",  # a nightly of 2.14 carries 2.14's internals
-        "2.14.0.dev20260301+cpu",
+        "2.15.0",
+        "2.15.0+cpu",
+        "2.15.0a0+git1234abc",  # a nightly of 2.15 carries 2.15's internals
+        "2.15.0.dev20260301+cpu",
         "3.0.0",
         "",
         "unknown",
@@ -71,10 +81,10 @@ def test_releases_outside_the_range_are_not(version: str) -> None:
 
 def test_only_major_and_minor_count() -> None:
     assert release_of("2.13.0+cpu") == (2, 13)
-    assert release_of("2.14.0a0+git1234abc") == (2, 14)
+    assert release_of("2.15.0a0+git1234abc") == (2, 15)
     assert release_of("10.2") == (10, 2)
     assert release_of("two") is None
-    assert SUPPORTED_TORCH == ">=2.7,<2.14"
+    assert SUPPORTED_TORCH == ">=2.7,<2.15"
 
 
 def test_the_installed_torch_is_supported() -> None:
@@ -286,8 +296,8 @@ def test_phalanx_worker_launch_reports_it_as_a_user_facing_error(
 ) -> None:
     from phalanx.cli import main
 
-    monkeypatch.setattr(torch, "__version__", "2.14.0a0+git1234abc")
+    monkeypatch.setattr(torch, "__version__", "2.15.0a0+git1234abc")
     for module in ("phalanx.worker.launch", "phalanx.worker.torch_elastic"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     assert main(["worker", "launch", "--", "true"]) == 2
-    assert "torch 2.14.0a0+git1234abc is not supported" in capsys.readouterr().err
+    assert "torch 2.15.0a0+git1234abc is not supported" in capsys.readouterr().err
