@@ -159,7 +159,13 @@ def kubelet_yaml(client_ca: Path, dns_ip: str, kubernetes_version: str = KUBERNE
         "healthzPort": KUBELET_HEALTHZ_PORT,
         "resolvConf": "/etc/resolv.conf",
         "serializeImagePulls": False,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "5%", "imagefs.available": "5%"},
+        # Floors in bytes, not shares: the node shares a development machine's disk, where a few percent
+        # of a large disk is still gigabytes, and the worker image alone is 1.5 GB.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2Gi", "imagefs.available": "2Gi"},
+        # No image garbage collection: every image here (the pause image included) was imported offline and
+        # cannot be pulled again, and on a disk fuller than 85% the kubelet deleted the pause image between
+        # two pods, so that no pod could start after it.
+        "imageGCHighThresholdPercent": 100,
     }
     if legacy:
         # A memory-backed emptyDir is a tmpfs of its sizeLimit, as on Kubernetes 1.22 and later where this

@@ -325,7 +325,14 @@ def test_the_example_trains_through_a_deleted_pod_whose_sigterm_save_lands(
     def step() -> int:
         return int(job_status(real, namespace).get("step") or 0)
 
-    wait_for(lambda: step() >= 80, 300, message=lambda: real.kubectl("get", "tj,pods", "-n", namespace))
+    wait_for(
+        lambda: step() >= 80,
+        300,
+        message=lambda: (
+            real.kubectl("get", "tj,pods", "-n", namespace)
+            + real.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp")
+        ),
+    )
     # `kubectl logs` and `exec` reach a worker's container, whose /dev/shm is the operator's memory-backed
     # volume, not the runtime's 64 MiB.
     worker = active_workers(real, namespace)[0]["metadata"]["name"]

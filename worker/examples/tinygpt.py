@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -46,6 +47,14 @@ from phalanx.worker.guards import (
 from phalanx.worker.heartbeat import StatusPublisher
 from phalanx.worker.preflight import Preflight
 from phalanx.worker.steptime import StepClock
+
+NO_BUFFER_SYNC: dict[str, bool] = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
+"""No sync of buffers at each forward: torch 2.14 renamed DDP's `broadcast_buffers` (deprecated, with a warning in
+every training process) to `forward_sync_buffers`; its sync at start-up is harmless for a constant mask."""
 
 
 class Terminated(Exception):
@@ -340,7 +349,7 @@ class Training:
         # The only buffer is the constant causal mask: no broadcast of it at every forward, which would also
         # make the ranks wait for each other before the StepClock's sync point could see it.
         model = self.model
-        ddp: nn.Module = DistributedDataParallel(model, broadcast_buffers=False) if world_size > 1 else model
+        ddp: nn.Module = DistributedDataParallel(model, **NO_BUFFER_SYNC) if world_size > 1 else model
         watchdog = CollectiveWatchdog().start()
         try:
             return train_in_group(self, rank, world_size, ddp, publisher, watchdog)

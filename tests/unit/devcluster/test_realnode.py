@@ -202,3 +202,15 @@ def test_node_credentials_are_made_once_and_chain_to_the_cluster_ca(tmp_path: Pa
         check=False,
     )
     assert verified.returncode == 0, verified.stderr
+
+
+def test_the_kubelet_keeps_the_images_imported_offline_on_a_full_shared_disk(tmp_path: Path) -> None:
+    """The node's images cannot be pulled again: at 91% disk usage the kubelet's image GC deleted the pause
+    image between two pods, and no pod started after it. Evictions start only gigabytes from a full disk."""
+    kubelet = yaml.safe_load(config.kubelet_yaml(tmp_path / "ca.crt", "10.1.2.3", "1.37.2"))
+    assert kubelet["imageGCHighThresholdPercent"] == 100
+    assert kubelet["evictionHard"] == {
+        "memory.available": "100Mi",
+        "nodefs.available": "2Gi",
+        "imagefs.available": "2Gi",
+    }
