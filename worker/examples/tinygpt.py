@@ -48,7 +48,7 @@ from phalanx.worker.heartbeat import StatusPublisher
 from phalanx.worker.preflight import Preflight
 from phalanx.worker.steptime import StepClock
 
-NO_BUFFER_SYNC: dict[str, bool] = (
+NO_BUFFER_SYNC: dict[str, Any] = (
     {"forward_sync_buffers": False}
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     else {"broadcast_buffers": False}
