@@ -29,7 +29,7 @@ from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.realnode import host, images
 from phalanx.devcluster.realnode import node as real_node
 
-from .conftest import assert_demo_succeeded, wait_for
+from .conftest import assert_demo_succeeded, pod_security_labels, wait_for
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 
@@ -314,6 +314,10 @@ def test_the_example_trains_through_a_deleted_pod_whose_sigterm_save_lands(
     """`kubectl apply` of the example, as users do, with the operator from its image."""
     namespace = "tinygpt"
     real.kubectl("create", "namespace", namespace)
+    # Pod Security `restricted` enforced on real containers: the operator's defaults and the image's
+    # non-root user meet it, with nothing in the example's template about security.
+    restricted = [f"{key}={value}" for key, value in pod_security_labels("restricted").items()]
+    real.kubectl("label", "namespace", namespace, *restricted)
     example = (EXAMPLES / "tinygpt.yaml").read_text()
     # Long enough to be deleted on the way: about 0.1 s per step.
     example = example.replace('args: ["--steps", "300", "--print-every", "25"]',
