@@ -79,8 +79,8 @@ class BaseSpec:
         return f"{IMAGE_NAME}:{self.cache_key()}"
 
 
-def spec_for_this_host(debian_torch: bool = False) -> BaseSpec:
-    """The Python base, or with `debian_torch` the Debian-torch base, from this machine's mirror."""
+def spec_for_this_host() -> BaseSpec:
+    """The Python base from this machine's mirror."""
     mirror = aptsources.debian_mirror()
     if not mirror:
         raise UserFacingError(
@@ -89,10 +89,12 @@ def spec_for_this_host(debian_torch: bool = False) -> BaseSpec:
         )
     bundle = host_ca_bundle()
     digest = hashlib.sha256(bundle.read_bytes()).hexdigest() if bundle.is_file() else ""
-    spec = BaseSpec(mirror=mirror, ca_bundle_sha256=digest, ca_bundle=bundle)
-    if debian_torch:
-        return replace(spec, suite=TORCH_SUITE, packages=TORCH_PACKAGES, env=TORCH_ENV)
-    return spec
+    return BaseSpec(mirror=mirror, ca_bundle_sha256=digest, ca_bundle=bundle)
+
+
+def with_debian_torch(spec: BaseSpec) -> BaseSpec:
+    """The Debian-torch base from the same mirror and CA bundle as the Python base `spec`."""
+    return replace(spec, suite=TORCH_SUITE, packages=TORCH_PACKAGES, env=TORCH_ENV)
 
 
 def mmdebstrap_args(spec: BaseSpec, rootfs_tar: Path) -> list[str]:

@@ -92,11 +92,13 @@ def build_images(
     """
     packages.ensure()
     cache = image_cache()
+    python_base = base.spec_for_this_host()
     archives = []
     for each in build.targets_named(target):
         debian_torch = each.stage == "worker" and torch_variant == build.DEBIAN_TORCH
+        spec = base.with_debian_torch(python_base) if debian_torch else python_base
         options = build.BuildOptions(
-            base_image=base.ensure_base(base.spec_for_this_host(debian_torch), cache),
+            base_image=base.ensure_base(spec, cache),
             torch_variant=torch_variant,
             torch_index_url=torch_index_url,
             wheels=wheels,

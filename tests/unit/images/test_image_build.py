@@ -75,7 +75,8 @@ def test_the_debian_torch_base_adds_debians_torch_from_the_release_that_has_one_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(base.aptsources, "debian_mirror", lambda: MIRROR)
-    python, torch = base.spec_for_this_host(), base.spec_for_this_host(debian_torch=True)
+    python = base.spec_for_this_host()
+    torch = base.with_debian_torch(python)
     assert (python.flavour, python.suite, python.env) == ("python", "bookworm", ())
     assert (torch.flavour, torch.suite) == ("torch", "forky")
     assert torch.packages == (*base.PACKAGES, "python3-torch")
@@ -103,7 +104,7 @@ def test_the_two_bases_keep_apart_in_the_cache(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(base, "_run", mmdebstrap)
     monkeypatch.setattr(base.subprocess, "run", lambda *a, **k: None)
     python = replace(SPEC, ca_bundle_sha256="")
-    torch = replace(python, suite="forky", packages=base.TORCH_PACKAGES, env=base.TORCH_ENV)
+    torch = base.with_debian_torch(python)
     for spec in (python, torch, python):
         base.ensure_base(spec, tmp_path)
     assert len(made) == 2
