@@ -976,6 +976,17 @@ class PreflightStatus(ApiModel):
     """When the operator learned the outcome."""
 
 
+class QueueStatus(ApiModel):
+    """The job's place in Kueue (a job labelled `kueue.x-k8s.io/queue-name`)."""
+
+    workload: str = Field(min_length=1)
+    """The job's Workload, in the job's namespace."""
+    cluster_queue: str | None = None
+    """The ClusterQueue that admitted it, while admitted."""
+    admitted_workers: int | None = None
+    """The most active workers the admission covers (its `workers` pod set less the spares), while admitted."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob, written once per reconcile by the operator."""
 
@@ -984,12 +995,12 @@ class TrainingJobStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Conditions keyed by type: `GangScheduled`, `Running`, `Succeeded`, `Failed`, `Suspended`, `SpecValid`,
-    `Recovering`, `Degraded`, `Healthy`, `PreflightPassed`."""
+    `Recovering`, `Degraded`, `Healthy`, `PreflightPassed`, and `Admitted` for a job Kueue queues."""
     observed_generation: int | None = None
     """The `metadata.generation` the status was computed from."""
     state: str | None = None
     """A readable word: Pending, Scheduling, Unschedulable (held: the cluster cannot hold the gang), Backoff,
-    Running, Finishing, Succeeded, Failed, Suspended or Invalid."""
+    Running, Finishing, Succeeded, Failed, Suspended, Queued (waiting for Kueue's admission) or Invalid."""
     replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
     """Worker counts (`active` feeds the scale subresource)."""
     ready_workers: str | None = None
@@ -1033,6 +1044,8 @@ class TrainingJobStatus(ApiModel):
     """The durable-checkpoint interval in force and its inputs, and the checkpoints restores passed over."""
     preflight: PreflightStatus | None = None
     """The preflight's progress and outcome (`spec.preflight`)."""
+    queue: QueueStatus | None = None
+    """Kueue's admission of the job (`kueue.x-k8s.io/queue-name`): its Workload and where it runs."""
 
 
 class TrainingJob(ApiModel):

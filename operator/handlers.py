@@ -34,6 +34,7 @@ from phalanx.operator import (
     gang,
     health,
     names,
+    queueing,
     reconcile,
     throttle,
     validation,
@@ -125,6 +126,8 @@ class JobReconciler:
         """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
         self._roles_written: dict[tuple[str, str], tuple[str | None, str]] = {}
+        self._kueue_missing: set[tuple[str, str]] = set()
+        """Queued jobs told that this cluster serves no Kueue Workload API."""
         """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -194,6 +197,7 @@ class JobReconciler:
                 for node in bound_nodes
                 if (summary := _first(nodes.get(node))) is not None
             }
+            workload, flavors, priority = self._queue_view(job, priorities or {})
             moment = now()
             observed = reconcile.Observed(
                 pods=job_pods,
@@ -217,12 +221,73 @@ class JobReconciler:
                 max_gang_pods=self.max_gang_pods,
                 create_batch=self.create_batch,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
+                workload=workload,
+                flavors=flavors,
+                priority=priority,
             )
             plan = reconcile.plan(job, observed)
             self._settle_health(key, plan)
             self._apply(job, plan, logger, job_pods)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         return plan
+
+    def _queue_view(
+        self, job: dict[str, Any], priorities: Mapping[Any, Iterable[int]]
+    ) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]], queueing.Priority]:
+        """A queued job's Workload, its admitted flavors and, while it has no Workload, the priority a new one
+        gets; nothing for a job Kueue does not manage (no request either)."""
+        if queueing.queue_name(job) is None:
+            return None, {}, queueing.Priority(0)
+        workload = self.kube.get_workload(job["metadata"]["namespace"], queueing.workload_name(job))
+        flavors = {
+            name: flavor
+            for name in queueing.admitted_flavors(workload)
+            if (flavor := self.kube.get_flavor(name)) is not None
+        }
+        priority = queueing.Priority(0) if workload is not None else self._workload_priority(job, priorities)
+        return workload, flavors, priority
+
+    def _workload_priority(
+        self, job: dict[str, Any], priorities: Mapping[Any, Iterable[int]]
+    ) -> queueing.Priority:
+        """As Kueue's `ExtractPriority`: the job's WorkloadPriorityClass label, else its pods' PriorityClass,
+        else the cluster's default class, else 0."""
+        named = ((job.get("metadata") or {}).get("labels") or {}).get(queueing.PRIORITY_LABEL)
+        if named:
+            value = self.kube.get_workload_priority(named)
+            if value is not None:
+                return queueing.Priority(value, "WorkloadPriorityClass", named)
+        pod_class = ((((job.get("spec") or {}).get("template") or {}).get("spec")) or {}).get(
+            "priorityClassName"
+        )
+        if pod_class and (value := _first(priorities.get(pod_class))) is not None:
+            return queueing.Priority(int(value), "PriorityClass", pod_class)
+        return queueing.Priority(job_priority(job, priorities))
+
+    def _write_workload(self, job: dict[str, Any], op: queueing.WorkloadOp) -> None:
+        if op.kind != "create":
+            self.kube.write_workload(op)
+            return
+        try:
+            self.kube.create(op.body)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            # Kueue's API is not served here: say so on the job (once per operator run).
+            key = (job["metadata"]["namespace"], job["metadata"]["name"])
+            if key not in self._kueue_missing:
+                self._kueue_missing.add(key)
+                message = (
+                    f"the job is labelled {queueing.QUEUE_LABEL}, but this cluster serves no Kueue Workload API "
+                    f"({queueing.WORKLOAD_API_VERSION}): install Kueue, or remove the label"
+                )
+                self._guarded("event", self.kube.post_event, job, Event("Warning", "KueueMissing", message))
+            raise
+
+    def release_workload(self, workload: dict[str, Any]) -> None:
+        """Drop Kueue's finalizer from the Workload of a job that is gone."""
+        op = queueing.WorkloadOp("drop_finalizer", target=workload["metadata"])
+        self._guarded("workload", self.kube.write_workload, op)
 
     def _settle_health(self, key: tuple[str, str], plan: Plan) -> None:
         """Tell the health monitor what this reconcile judged with, so heartbeats wake the job only when a
@@ -243,6 +308,8 @@ class JobReconciler:
         namespace = job["metadata"]["namespace"]
         for child in plan.ensure:
             self._guarded("ensure", self.kube.ensure, child)
+        for op in plan.workload_ops:
+            self._guarded("workload", self._write_workload, job, op)
         key = (namespace, job["metadata"]["name"])
         generation = job["metadata"].get("generation")
         outcomes = self._each(
@@ -668,6 +735,34 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         renewed = parse_time((body.get("spec") or {}).get("renewTime"))
         if reconciler.view is not None and renewed is not None and type != "DELETED":
             reconciler.view.saw(namespaced(namespace), renewed)
+
+    @kopf.on.event(
+        queueing.GROUP,
+        queueing.WORKLOAD_VERSION,
+        "workloads",
+        id="workload_changed",
+        labels={queueing.JOB_UID_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    def workload_changed(
+        namespace: str | None, body: kopf.Body, type: str | None, logger: Any, **kwargs: Any
+    ) -> None:
+        # Kueue admitted, evicted or finished a queued job's Workload: reconcile the job now. (Where Kueue is
+        # not installed this watch waits, unserved, for its CRD.)
+        workload = dict(body)
+        job_name = queueing.owner_job(workload)
+        if job_name is None or type is None:
+            return  # another controller's, or the start-up listing (the resume handlers cover that)
+        namespace = namespaced(namespace)
+        if (
+            workload["metadata"].get("deletionTimestamp")
+            and reconciler.kube.get_job(namespace, job_name) is None
+        ):
+            # The job is gone and its pods with it: nothing holds the quota any more.
+            reconciler.release_workload(workload)
+            return
+        kwargs.pop("name", None)  # the Workload's name; the job's is its owner's
+        run(job_name, namespace, logger, **kwargs)
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", when=ours, registry=registry)
     def trainingjob_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:

@@ -11,7 +11,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from phalanx import kubecredentials
-from phalanx.operator import api
+from phalanx.operator import api, queueing
 from phalanx.operator.reconcile import Event
 from phalanx.operator.timeutil import format_time, now
 
@@ -24,6 +24,9 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
 }
+
+_WORKLOADS = f"/apis/{queueing.WORKLOAD_API_VERSION}"
+"""Kueue's API: Workloads, ResourceFlavors, WorkloadPriorityClasses."""
 
 
 def _collection_path(obj: dict[str, Any]) -> str:
@@ -167,6 +170,60 @@ class Kube:
         path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}"
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"suspend": True}}
         return self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    def _get_or_none(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", path)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Kueue Workload (None: none, or Kueue's API is not served)."""
+        return self._get_or_none(f"{_WORKLOADS}/namespaces/{namespace}/workloads/{name}")
+
+    def get_flavor(self, name: str) -> dict[str, Any] | None:
+        """A Kueue ResourceFlavor's spec."""
+        flavor = self._get_or_none(f"{_WORKLOADS}/resourceflavors/{name}")
+        return None if flavor is None else flavor.get("spec") or {}
+
+    def get_workload_priority(self, name: str) -> int | None:
+        """A Kueue WorkloadPriorityClass's value."""
+        found = self._get_or_none(f"{_WORKLOADS}/workloadpriorityclasses/{name}")
+        return None if found is None else int(found.get("value") or 0)
+
+    def write_workload(self, op: queueing.WorkloadOp) -> None:
+        """Carry out one write to an existing Workload, guarded by the resourceVersion it was planned from
+        (409 when Kueue changed it meanwhile: the next reconcile plans again)."""
+        meta = op.target
+        path = f"{_WORKLOADS}/namespaces/{meta['namespace']}/workloads/{meta['name']}"
+        guard = {"resourceVersion": meta.get("resourceVersion")}
+        patch: dict[str, Any]
+        if op.kind == "pod_sets":
+            patch = {"metadata": guard, "spec": {"podSets": op.body["podSets"]}}
+        elif op.kind in ("activate", "deactivate"):
+            mark = None if op.kind == "activate" else "true"
+            patch = {
+                "metadata": {**guard, "annotations": {queueing.DEACTIVATED_ANNOTATION: mark}},
+                "spec": {"active": op.kind == "activate"},
+            }
+        elif op.kind == "release_quota":
+            path += "/status"
+            patch = {"metadata": guard, "status": {"admission": None, "conditions": op.body["conditions"]}}
+        elif op.kind == "finish":
+            path += "/status"
+            patch = {"metadata": guard, "status": {"conditions": op.body["conditions"]}}
+        elif op.kind == "drop_finalizer":
+            kept = [f for f in meta.get("finalizers") or [] if f != queueing.FINALIZER]
+            patch = {"metadata": {**guard, "finalizers": kept}}
+        else:
+            raise ValueError(f"not a write to an existing Workload: {op.kind}")
+        try:
+            self._call("PATCH", path, patch, "application/merge-patch+json")
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Write the whole status, guarded by the job's resourceVersion (409 if it changed meanwhile)."""

@@ -25,6 +25,7 @@ from phalanx.operator import (
     names,
     policy,
     preflight,
+    queueing,
     topology,
     validation,
     viewclock,
@@ -105,6 +106,12 @@ class Observed:
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
+    workload: dict[str, Any] | None = None
+    """The job's Kueue Workload (a job labelled `kueue.x-k8s.io/queue-name`); None: it has none."""
+    flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The specs of the ResourceFlavors its admission names, by name."""
+    priority: queueing.Priority = field(default_factory=lambda: queueing.Priority(0))
+    """The priority a new Workload of the job gets (its WorkloadPriorityClass or PriorityClass)."""
     view_gaps: tuple[viewclock.Gap, ...] = ()
     """Stretches of time during which the operator's own view was stale (paused, restarted, a watch that
     stalled; `viewclock.ViewClock`), the one going on last: no heartbeat or progress clock counts them."""
@@ -135,6 +142,8 @@ class Plan:
     """Pod name -> role label: labels follow the role torch gave the pod (a promoted spare is a worker)."""
     ungate_pods: list[str] = field(default_factory=list)
     """Pods released from the gang's scheduling gate (the whole gang exists now)."""
+    workload_ops: list[queueing.WorkloadOp] = field(default_factory=list)
+    """Writes to the job's Kueue Workload, before the pods' creations."""
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     detected: list[api.Incident] = field(default_factory=list)
@@ -252,6 +261,16 @@ class _Builder:
 
     def finish(self) -> Plan:
         self._write_regroup()
+        if queueing.queue_name(self.job) is not None and _terminal(self):
+            # Kueue frees the quota of a finished Workload; the finalizer goes with the last running pod.
+            succeeded = conditions.is_true(self.status.conditions, conditions.SUCCEEDED)
+            outcome = conditions.find(
+                self.status.conditions, conditions.SUCCEEDED if succeeded else conditions.FAILED
+            )
+            message = outcome.message if outcome is not None else "the job is over"
+            self.plan.workload_ops = queueing.finish(
+                self.job, self.observed.workload, succeeded, message, _pods_left(self), format_time(self.now)
+            )
         self.status.observed_generation = self.generation
         finished = parse_time(self.status.completion_time)
         # Percent while running (no status write per timer tick), full precision once finished.
@@ -1379,28 +1398,22 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         b.condition(conditions.FAILED, False, conditions.REASON_NOT_FAILED, "the job has not failed")
     b.plan.ensure = builders.build_fixed_children(job, spec)
 
+    queue = _follow_queue(b, spec)
     if spec.suspend:
-        b.plan.health_reset = True
-        b.delete([pod for pod in observed.pods if not observe.is_terminating(pod)])
-        for track in b.status.tracking:
-            track.done = True
-        b.status.rendezvous = None
         paused = b.status.health.paused if b.status.health is not None else None
         why = (
             f"the job is suspended (paused by the operator after {paused})"
             if paused
             else "the job is suspended"
         )
-        b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, why, "Normal")
-        b.condition(conditions.RUNNING, False, conditions.REASON_SUSPENDED, "the job is suspended")
-        b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SUSPENDED, "the job is suspended")
-        if conditions.find(b.status.conditions, conditions.DEGRADED) is not None:
-            # No pod runs on purpose; a resumed gang starts afresh.
-            b.condition(conditions.DEGRADED, False, conditions.REASON_SUSPENDED, "the job is suspended")
-        # A resumed job schedules a fresh gang, with a fresh timeout.
-        b.status.gang = api.GangStatus(attempts=b.status.gang.attempts)
-        b.status.state = "Suspended"
+        _stop_gang(b, conditions.REASON_SUSPENDED, "the job is suspended", "Suspended", why)
         return b.finish()
+    if queue is not None and not queue.run:
+        _stop_gang(b, queue.reason, queue.message, "Queued")
+        return b.finish()
+    if queue is not None and queue.workers is not None and queue.workers < spec.replicas:
+        # Kueue admitted fewer workers than asked for now (a scale-up after the admission): run those.
+        spec = spec.model_copy(update={"replicas": queue.workers})
     was_suspended = conditions.is_true(b.status.conditions, conditions.SUSPENDED)
     reason = conditions.REASON_RESUMED if was_suspended else conditions.REASON_NOT_SUSPENDED
     message = "the job was resumed" if was_suspended else "the job is not suspended"
@@ -1425,5 +1438,67 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         return b.finish()
 
     _plan_pods(b, spec, trainer)
+    if queue is not None:
+        b.plan.create_pods = [_on_admitted_flavor(pod, queue) for pod in b.plan.create_pods]
     _remember_rendezvous(b)
     return b.finish()
+
+
+def _stop_gang(b: _Builder, reason: str, message: str, state: str, detail: str | None = None) -> None:
+    """No pod runs: every live pod is deleted gracefully (a worker saves a checkpoint on SIGTERM), and a
+    resumed job schedules a fresh gang. `detail`: the `Suspended` condition's message, when not `message`."""
+    b.plan.health_reset = True
+    b.delete([pod for pod in b.observed.pods if not observe.is_terminating(pod)])
+    for track in b.status.tracking:
+        track.done = True
+    b.status.rendezvous = None
+    b.condition(conditions.SUSPENDED, True, reason, detail or message, "Normal")
+    b.condition(conditions.RUNNING, False, reason, message)
+    b.condition(conditions.GANG_SCHEDULED, False, reason, message)
+    if conditions.find(b.status.conditions, conditions.DEGRADED) is not None:
+        # No pod runs on purpose; a resumed gang starts afresh.
+        b.condition(conditions.DEGRADED, False, reason, message)
+    # A resumed job schedules a fresh gang, with a fresh timeout.
+    b.status.gang = api.GangStatus(attempts=b.status.gang.attempts)
+    b.status.state = state
+
+
+def _pods_left(b: _Builder) -> bool:
+    """Whether a pod of the job may still hold what Kueue admitted (one that has not finished)."""
+    return any(observe.phase(pod) not in observe.FINISHED_PHASES for pod in b.observed.pods)
+
+
+def _follow_queue(b: _Builder, spec: api.TrainingJobSpec) -> queueing.Decision | None:
+    """Kueue's side of a queued job (`queueing.decide`): the Workload writes it calls for, the `Admitted`
+    condition and `status.queue`. None: Kueue does not manage the job."""
+    if queueing.queue_name(b.job) is None:
+        b.status.queue = None
+        return None
+    decision = queueing.decide(
+        b.job,
+        spec,
+        b.observed.workload,
+        b.observed.flavors,
+        b.observed.priority,
+        _pods_left(b),
+        format_time(b.now),
+    )
+    b.plan.workload_ops = decision.ops
+    previous = conditions.find(b.status.conditions, queueing.ADMITTED)
+    b.condition(queueing.ADMITTED, decision.admitted, decision.reason, decision.message)
+    if previous is None or previous.reason != decision.reason:
+        if decision.reason in (queueing.REASON_EVICTED, queueing.REASON_SCALE_NOT_ADMITTED):
+            b.event("Warning", decision.reason, decision.message)
+        elif decision.admitted:
+            b.event("Normal", decision.reason, decision.message)
+    b.status.queue = api.QueueStatus(
+        workload=queueing.workload_name(b.job),
+        cluster_queue=decision.cluster_queue if decision.admitted else None,
+        admitted_workers=decision.workers,
+    )
+    return decision
+
+
+def _on_admitted_flavor(pod: dict[str, Any], queue: queueing.Decision) -> dict[str, Any]:
+    pod_set = queueing.RENDEZVOUS if observe.is_rendezvous(pod) else queueing.WORKERS
+    return queueing.place(pod, pod_set, queue.placement.get(pod_set))
