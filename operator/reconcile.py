@@ -1370,6 +1370,13 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
     spec, issues = validation.check(job.get("spec"), job_name, observed.max_gang_pods)
+    if spec is not None and queueing.queue_name(job) is not None and spec.gang.pod_group == "Kueue":
+        # Both would hand the job to Kueue: its pods would be queued again, each group on its own.
+        why = (
+            f"the label {queueing.QUEUE_LABEL} hands the whole job to Kueue (one Workload); gang.podGroup Kueue "
+            "would queue its pods again: leave gang.podGroup unset"
+        )
+        spec, issues = None, [validation.SpecIssue("spec.gang.podGroup", why)]
     trainer = _trainer_name(spec, job)
     accepted_replicas = spec.replicas if spec is not None else b.status.replicas.desired
     _observe_into_status(b, spec, trainer, accepted_replicas)

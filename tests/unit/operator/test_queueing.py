@@ -293,3 +293,11 @@ def test_owner_job_finds_only_a_trainingjob_controller() -> None:
         }
     }
     assert queueing.owner_job(owned) == "demo" and queueing.owner_job(other) is None
+
+
+def test_the_queue_label_and_kueue_pod_groups_together_are_refused(make_job: MakeJob, now: datetime) -> None:
+    job = _queued(make_job(gang={"podGroup": "Kueue", "queueName": "team-a"}))
+    result = plan(job, Observed(pods=[], now=now))
+    assert result.create_pods == [] and result.workload_ops == []
+    valid = _condition(result, "SpecValid")
+    assert valid["status"] == "False" and "gang.podGroup" in valid["message"]
