@@ -127,7 +127,7 @@ def test_a_second_gang_waits_for_the_quota_of_the_first(
         ("rendezvous", 1),
     ]
 
-    cluster.apply(queued_job("second", steps=20), namespace)
+    cluster.apply(queued_job("second", steps=20, minReplicas=1, maxReplicas=2), namespace)
     wait_for(
         lambda: (
             admitted(cluster, namespace, "second")["status"] == "False"
@@ -141,6 +141,13 @@ def test_a_second_gang_waits_for_the_quota_of_the_first(
     assert get_job(cluster, namespace, "second")["status"]["state"] == "Queued"
     cluster.kubectl(
         "wait", "--for=condition=Suspended", "trainingjob/second", "-n", namespace, "--timeout=30s"
+    )
+    # A scale while it waits is the Workload's too.
+    cluster.kubectl("scale", "trainingjob/second", "--replicas=1", "-n", namespace)
+    wait_for(
+        lambda: workload(cluster, namespace, "second")["spec"]["podSets"][0]["count"] == 2,
+        60,
+        message="second's Workload to ask for 1 worker and 1 spare",
     )
 
     def first_done() -> bool:
