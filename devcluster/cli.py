@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from phalanx.devcluster import binaries, controlplane
+from phalanx.devcluster.kueue import build as kueue_build
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     install = commands.add_parser(
         "install",
         help="find or build Kubernetes and etcd from their Go modules (once, about 10 minutes on 2 cores, every "
-        "binary a real node needs included); PHALANX_KUBE_VERSION picks another release",
+        "binary a real node needs included), and Kueue's controller (about 4 more); PHALANX_KUBE_VERSION "
+        "picks another Kubernetes release",
     )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
     install.add_argument(
@@ -83,6 +85,8 @@ def _down(args: argparse.Namespace) -> int:
 
 def _install(args: argparse.Namespace) -> int:
     binaries.install(force=args.force, real_node=args.real_node)
+    print(f"[phalanx install] Kueue {kueue_build.VERSION} (the pinned release) from Go modules", flush=True)
+    kueue_build.build(binaries.cache_dir(), force=args.force)
     return 0
 
 
