@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a real node beside them: containerd, kubelet and kube-proxy on this host, pods in containers "
         "(needs root and `phalanx dev install --real-node`)",
     )
+    up.add_argument(
+        "--kueue",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"run Kueue {kueue_build.VERSION}'s controller with the cluster (remembered: --no-kueue stops it; "
+        "built by `phalanx dev install`)",
+    )
     up.set_defaults(handler=_up)
 
     down = with_state_dir(commands.add_parser("down", help="stop everything the cluster started"))
@@ -73,7 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     controlplane.up(
-        args.state_dir, args.nodes, args.simulated_nodes, args.gpus_per_node, real_nodes=args.real_nodes
+        args.state_dir,
+        args.nodes,
+        args.simulated_nodes,
+        args.gpus_per_node,
+        real_nodes=args.real_nodes,
+        kueue=args.kueue,
     )
     return 0
 
