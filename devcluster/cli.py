@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from phalanx.devcluster import binaries, controlplane
+from phalanx.devcluster.kueue import build as kueue_build
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a real node beside them: containerd, kubelet and kube-proxy on this host, pods in containers "
         "(needs root and `phalanx dev install --real-node`)",
     )
+    up.add_argument(
+        "--kueue",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"run Kueue {kueue_build.VERSION}'s controller with the cluster (remembered: --no-kueue stops it; "
+        "built by `phalanx dev install`)",
+    )
     up.set_defaults(handler=_up)
 
     down = with_state_dir(commands.add_parser("down", help="stop everything the cluster started"))
@@ -53,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     install = commands.add_parser(
         "install",
         help="find or build Kubernetes and etcd from their Go modules (once, about 10 minutes on 2 cores, every "
-        "binary a real node needs included); PHALANX_KUBE_VERSION picks another release",
+        "binary a real node needs included), and Kueue's controller (about 4 more); PHALANX_KUBE_VERSION "
+        "picks another Kubernetes release",
     )
     install.add_argument("--force", action="store_true", help="build even if binaries are found")
     install.add_argument(
@@ -71,7 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     controlplane.up(
-        args.state_dir, args.nodes, args.simulated_nodes, args.gpus_per_node, real_nodes=args.real_nodes
+        args.state_dir,
+        args.nodes,
+        args.simulated_nodes,
+        args.gpus_per_node,
+        real_nodes=args.real_nodes,
+        kueue=args.kueue,
     )
     return 0
 
@@ -83,6 +97,8 @@ def _down(args: argparse.Namespace) -> int:
 
 def _install(args: argparse.Namespace) -> int:
     binaries.install(force=args.force, real_node=args.real_node)
+    print(f"[phalanx install] Kueue {kueue_build.VERSION} (the pinned release) from Go modules", flush=True)
+    kueue_build.build(binaries.cache_dir(), force=args.force)
     return 0
 
 

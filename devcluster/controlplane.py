@@ -29,6 +29,7 @@ from phalanx.devcluster.binaries import (
     KUBERNETES_VERSION,
     VERSION_ENV,
     Binaries,
+    cache_dir,
     is_legacy,
     kube_version,
     require_binaries,
@@ -73,6 +74,8 @@ class ClusterConfig:
     kubernetes_version: str = DEBIAN_VERSION
     """The release whose binaries made the cluster (its etcd data is that release's); cluster.json files from
     before this field were all made by 1.20.2, built from Debian."""
+    kueue: bool = False
+    """Whether Kueue's controller runs with the cluster (`phalanx dev up --kueue`; devcluster/kueue)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ def choose_config(
     real_nodes: int = 0,
     node_ip: str = "",
     kubernetes_version: str = KUBERNETES_VERSION,
+    kueue: bool = False,
 ) -> ClusterConfig:
     used: set[int] = set()
 
@@ -197,6 +201,7 @@ def choose_config(
         real_nodes=real_nodes,
         node_ip=node_ip,
         kubernetes_version=kubernetes_version,
+        kueue=kueue,
     )
 
 
@@ -359,7 +364,7 @@ def write_kubeconfig(layout: Layout, pki: Pki, api_port: int) -> None:
 # ---- readiness -----------------------------------------------------------------------------------
 
 
-def _http_ok(url: str, token: str | None = None, ca: Path | None = None) -> bool:
+def http_ok(url: str, token: str | None = None, ca: Path | None = None) -> bool:
     context = None
     if url.startswith("https"):
         context = ssl.create_default_context(cafile=str(ca)) if ca else ssl._create_unverified_context()
@@ -409,19 +414,19 @@ def _service_accounts_ready(config: ClusterConfig, layout: Layout) -> bool:
 
 def readiness_check(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> Callable[[], bool]:
     if name == "etcd":
-        return lambda: _http_ok(f"http://127.0.0.1:{config.etcd_port}/health")
+        return lambda: http_ok(f"http://127.0.0.1:{config.etcd_port}/health")
     if name == "kube-apiserver":
-        return lambda: _http_ok(
+        return lambda: http_ok(
             f"https://127.0.0.1:{config.api_port}/readyz", pki.admin_token(), pki.apiserver_cert
         )
     if name == "kube-controller-manager":
         # Pods need their ServiceAccount, whose token the controller-manager makes.
         return lambda: (
-            _http_ok(f"https://127.0.0.1:{config.controller_manager_port}/healthz")
+            http_ok(f"https://127.0.0.1:{config.controller_manager_port}/healthz")
             and _service_accounts_ready(config, layout)
         )
     if name == "kube-scheduler":
-        return lambda: _http_ok(f"https://127.0.0.1:{config.scheduler_port}/healthz")
+        return lambda: http_ok(f"https://127.0.0.1:{config.scheduler_port}/healthz")
     if name == "node-agent":
         return lambda: _nodes_ready(config, layout)
     raise ValueError(name)
@@ -514,10 +519,19 @@ def up(
     gpus_per_node: int = 0,
     quiet: bool = False,
     real_nodes: int = 0,
+    kueue: bool | None = None,
 ) -> Layout:
+    """Starts the cluster in `state_dir`. `kueue` True or False starts or stops Kueue with it from now on;
+    None keeps what the cluster did before."""
+    # Kueue's controller module builds on this one.
+    from phalanx.devcluster.kueue import controller as kueue_controller
+
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
     previous = layout.load_config()
+    with_kueue = bool(previous and previous.kueue) if kueue is None else kueue
+    if with_kueue:
+        kueue_controller.require_built(cache_dir())
     version = kube_version()
     if previous and previous.kubernetes_version != version:
         raise UserFacingError(other_version_message(layout, previous.kubernetes_version, version))
@@ -534,6 +548,13 @@ def up(
             say(f"cluster already running in {layout.root}")
         if previous.real_nodes:  # a daemon of the real node that died is started again
             _real_node_up(layout, previous, ensure_pki(layout.pki), say)
+        if with_kueue != previous.kueue:
+            previous.kueue = with_kueue
+            layout.config_file.write_text(json.dumps(asdict(previous), indent=2))
+        if with_kueue:
+            kueue_controller.up(layout, say)
+        elif kueue is False:  # not when unsaid: a test may have started Kueue on the cluster for itself
+            kueue_controller.down(layout, say)
         say(usage_text(layout))
         return layout
     if running:
@@ -568,6 +589,7 @@ def up(
         real_nodes,
         node_ip,
         kubernetes_version=version,
+        kueue=with_kueue,
     )
     layout.config_file.write_text(json.dumps(asdict(config), indent=2))
     write_kubeconfig(layout, pki, config.api_port)
@@ -589,6 +611,8 @@ def up(
             say(f"  {name:<24} ready (pid {record.pid})")
         if real_nodes:
             _real_node_up(layout, config, pki, say)
+        if with_kueue:
+            kueue_controller.up(layout, say)
     except BaseException:
         down(state_dir, quiet=True)
         raise
@@ -600,8 +624,12 @@ def up(
 
 
 def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
+    from phalanx.devcluster.kueue import controller as kueue_controller
+
     layout = Layout(state_dir.resolve())
     say = (lambda *_: None) if quiet else (lambda message: print(message, flush=True))
+    # First, while the apiserver answers: its webhooks go with it.
+    kueue_controller.down(layout, say)
     config = layout.load_config()
     if config is not None and config.real_nodes:
         # First, while the apiserver still answers: its pods' containers, mounts and the host's rules go.
@@ -629,6 +657,8 @@ def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
 
 
 def status(state_dir: Path) -> int:
+    from phalanx.devcluster.kueue import controller as kueue_controller
+
     layout = Layout(state_dir.resolve())
     config = layout.load_config()
     if config is None:
@@ -639,6 +669,9 @@ def status(state_dir: Path) -> int:
         record = running.get(name)
         state = f"running (pid {record.pid})" if record else "stopped"
         print(f"  {name:<24} {state}")
+    kueue = kueue_controller.running(layout)
+    if config.kueue or kueue:
+        print(f"  {kueue_controller.COMPONENT:<24} {f'running (pid {kueue.pid})' if kueue else 'stopped'}")
     print(
         f"nodes: {config.nodes} + {config.simulated_nodes} simulated + {config.real_nodes} real; "
         f"pod addresses 127.{config.cluster_octet}.0.0/16"

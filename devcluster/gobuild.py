@@ -11,6 +11,8 @@ The flags follow Kubernetes' own release build (hack/lib/golang.sh, hack/lib/ver
 `-s -w`, the tags `selinux,notest,grpcnotrace`, `CGO_ENABLED=0`, and the version variables set through
 `-X`, so that `kubectl version` and the apiserver's /version report the release. Their kubelet is the one
 binary they build with cgo; here it is static like the rest, as the Debian-built 1.20.2 always was.
+
+Kueue's controller is built with the same steps and caches from a third wrapper module (devcluster/kueue/build.py).
 """
 
 from __future__ import annotations
@@ -173,11 +175,15 @@ def kubernetes_edit_args(wrapper_go_mod: str, release: Release, staging: Iterabl
     return args
 
 
+def pin_edit_args(wrapper_go_mod: str, module: str, version: str) -> list[str]:
+    """`go mod edit` arguments that make a wrapper module build `module` at `version` (`v` included): as for
+    Kubernetes, the pin's other requirements go (the pin's raft would not build with an older etcd server)."""
+    return [*drop_requirements_but(wrapper_go_mod, module), f"-require={module}@{version}"]
+
+
 def etcd_edit_args(wrapper_go_mod: str, etcd: str) -> list[str]:
-    """`go mod edit` arguments that make the etcd wrapper module build etcd `etcd`: as for Kubernetes, the
-    pin's other requirements go (the pin's raft would not build with an older etcd server)."""
-    args = drop_requirements_but(wrapper_go_mod, ETCD_MODULE)
-    return [*args, f"-require={ETCD_MODULE}@v{etcd}"]
+    """`go mod edit` arguments that make the etcd wrapper module build etcd `etcd`."""
+    return pin_edit_args(wrapper_go_mod, ETCD_MODULE, f"v{etcd}")
 
 
 def etcd_version_from_dependencies(dependencies_yaml: str) -> str:
@@ -364,38 +370,53 @@ def failure_line(what: str, output: list[str], paths: GoPaths, log: Path) -> str
 # ---- the stamp ----------------------------------------------------------------------------------
 
 
-def wrapper_files() -> dict[str, bytes]:
+KUBERNETES_WRAPPERS = ("kubernetes", "etcd")
+"""The wrapper modules under gomodules/ that the Kubernetes build takes (others build other programs)."""
+
+
+def wrapper_files(modules: Iterable[str] = KUBERNETES_WRAPPERS) -> dict[str, bytes]:
     """The committed wrapper modules, by path under gomodules/."""
     root = resources.files("phalanx.devcluster").joinpath("gomodules")
     files: dict[str, bytes] = {}
-    for module in ("kubernetes", "etcd"):
+    for module in modules:
         for entry in sorted(root.joinpath(module).iterdir(), key=lambda e: e.name):
             if entry.is_file() and (entry.name.startswith("go.") or entry.name.endswith(".go")):
                 files[f"{module}/{entry.name}"] = entry.read_bytes()
     return files
 
 
-def stamp_for(release: Release, go_version: str, files: dict[str, bytes], recipe: list[list[str]]) -> dict:
-    """What a build's result depends on: the release, the Go that built it, the wrapper modules (go.sum pins
-    every module's content) and the command lines."""
+def build_stamp(
+    versions: dict[str, str], go_version: str, files: dict[str, bytes], recipe: list[list[str]]
+) -> dict:
+    """What a build's result depends on: the versions built, the Go that built them, the wrapper modules
+    (go.sum pins every module's content) and the command lines."""
     digest = hashlib.sha256()
     for name, content in sorted(files.items()):
         digest.update(name.encode() + b"\0" + content + b"\0")
-    return {
-        "kubernetes": release.kubernetes,
-        "etcd": release.etcd or "build/dependencies.yaml",
-        "go": go_version,
-        "wrapper_modules_sha256": digest.hexdigest(),
-        "commands": recipe,
-    }
+    return {**versions, "go": go_version, "wrapper_modules_sha256": digest.hexdigest(), "commands": recipe}
+
+
+def stamp_for(release: Release, go_version: str, files: dict[str, bytes], recipe: list[list[str]]) -> dict:
+    versions = {"kubernetes": release.kubernetes, "etcd": release.etcd or "build/dependencies.yaml"}
+    return build_stamp(versions, go_version, files, recipe)
+
+
+RECIPE_OUT = Path("OUT")
+"""The output folder a recipe names: the folders do not change what is built."""
+
+
+def recipe_settings() -> list[str]:
+    env = go_env(GoPaths(RECIPE_OUT), {})
+    return [f"{name}={env[name]}" for name in ("CGO_ENABLED", "GOFLAGS", "GOWORK")]
 
 
 def recipe(release: Release) -> list[list[str]]:
-    """The build's command lines with the folders left out (they do not change what is built)."""
-    out = Path("OUT")
-    env = go_env(GoPaths(out), {})
-    settings = [f"{name}={env[name]}" for name in ("CGO_ENABLED", "GOFLAGS", "GOWORK")]
-    return [kubernetes_build_argv(release, out, "DATE"), etcd_build_argv(out), settings]
+    """The build's command lines with the folders left out."""
+    return [
+        kubernetes_build_argv(release, RECIPE_OUT, "DATE"),
+        etcd_build_argv(RECIPE_OUT),
+        recipe_settings(),
+    ]
 
 
 # ---- the build ----------------------------------------------------------------------------------
@@ -420,6 +441,8 @@ def say(message: str) -> None:
 class Folders:
     cache: Path
     version: str
+    name: str = "k8s"
+    """What is built: `<name>-<version>/` is its folder in the cache."""
 
     @property
     def go(self) -> GoPaths:
@@ -427,7 +450,7 @@ class Folders:
 
     @property
     def home(self) -> Path:
-        return self.cache / f"k8s-{self.version}"
+        return self.cache / f"{self.name}-{self.version}"
 
     @property
     def bin(self) -> Path:
@@ -442,7 +465,7 @@ class Folders:
         return self.home / "build.log"
 
 
-def _run_go(
+def run_go(
     argv: list[str],
     cwd: Path,
     env: dict[str, str],
@@ -484,91 +507,150 @@ def _json_error(stdout: str) -> list[str]:
     return [" ".join(str(error).split())] if error else []
 
 
-def _go_version(env: dict[str, str]) -> str:
+def go_version(env: dict[str, str]) -> str:
     if shutil.which("go", path=env.get("PATH")) is None:
         raise UserFacingError(
-            "building Kubernetes from Go modules needs the go command (Debian: `apt-get install golang-go`; "
-            "the release needs Go 1.26 or newer)"
+            "building Kubernetes and Kueue from Go modules needs the go command (Debian: `apt-get install "
+            "golang-go`; the releases need Go 1.26 or newer)"
         )
     result = subprocess.run(["go", "env", "GOVERSION"], env=env, capture_output=True, text=True, check=False)
     return result.stdout.strip() or "unknown"
 
 
-def _copy_wrappers(folders: Folders) -> None:
-    for name, content in wrapper_files().items():
+def copy_wrappers(folders: Folders, modules: Iterable[str] = KUBERNETES_WRAPPERS) -> None:
+    """Copies the committed wrapper modules into the version's folder, where the build may resolve them."""
+    for name, content in wrapper_files(modules).items():
         target = folders.modules / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists() or target.read_bytes() != content:
             target.write_bytes(content)
 
 
-def _resolve_modules(release: Release, folders: Folders, env: dict[str, str]) -> tuple[str, str]:
-    """Makes the wrapper modules in the cache build `release` (the committed ones already do for the pin).
-    Returns the etcd version and the release's build date."""
-    kube_dir, etcd_dir = folders.modules / "kubernetes", folders.modules / "etcd"
+def download_counter() -> Callable[[str], str | None]:
+    """An `on_line` that counts the modules a go command downloads."""
     downloads = Progress("downloading modules")
 
     def on_download(line: str) -> str | None:
         module = downloaded_module(line)
         return downloads.count(module) if module else None
 
-    say(f"fetching {KUBERNETES_MODULE} v{release.kubernetes} from the Go module proxy")
+    return on_download
+
+
+def package_counter(progress: Progress) -> Callable[[str], str | None]:
+    """An `on_line` that counts the packages `go build -v` compiles."""
+
+    def on_package(line: str) -> str | None:
+        package = built_package(line)
+        return progress.count(package) if package else None
+
+    return on_package
+
+
+def fetch_module(module: str, version: str, cwd: Path, env: dict[str, str], folders: Folders) -> dict:
+    """Downloads one module (`version` with its `v`) into the module cache; returns `go mod download -json`'s
+    answer (Dir, GoMod, Info, Origin)."""
+    say(f"fetching {module} {version} from the Go module proxy")
+    what = f"fetching {module} {version}"
     info = json.loads(
-        _run_go(
-            ["go", "mod", "download", "-json", f"{KUBERNETES_MODULE}@v{release.kubernetes}"],
-            kube_dir,
-            env,
-            f"fetching {KUBERNETES_MODULE} v{release.kubernetes}",
-            folders,
-        )
+        run_go(["go", "mod", "download", "-json", f"{module}@{version}"], cwd, env, what, folders)
     )
     if info.get("Error"):
         raise UserFacingError(
-            f"fetching {KUBERNETES_MODULE} v{release.kubernetes} failed: {_clip(info['Error'])}; is it a "
-            f"release the module proxy serves? (full output: {folders.log})"
+            f"{what} failed: {_clip(info['Error'])}; is it a release the module proxy serves? "
+            f"(full output: {folders.log})"
         )
+    return info
+
+
+def tidy(cwd: Path, env: dict[str, str], what: str, folders: Folders) -> None:
+    """`go mod tidy` in a wrapper module, the one step allowed to rewrite its go.mod."""
+    tidy_env = {**env, "GOFLAGS": "-mod=mod -modcacherw"}
+    run_go(["go", "mod", "tidy"], cwd, tidy_env, what, folders, download_counter())
+
+
+def _resolve_modules(release: Release, folders: Folders, env: dict[str, str]) -> tuple[str, str]:
+    """Makes the wrapper modules in the cache build `release` (the committed ones already do for the pin).
+    Returns the etcd version and the release's build date."""
+    kube_dir, etcd_dir = folders.modules / "kubernetes", folders.modules / "etcd"
+    info = fetch_module(KUBERNETES_MODULE, f"v{release.kubernetes}", kube_dir, env, folders)
     staging = staging_modules(Path(info["GoMod"]).read_text())
     wrapper = (kube_dir / "go.mod").read_text()
-    tidy_env = {**env, "GOFLAGS": "-mod=mod -modcacherw"}
     if wrapper_mismatches(wrapper, release, staging):
         say(
             f"Kubernetes {release.kubernetes} is not the pinned {NEWEST.kubernetes}: resolving its "
             f"{len(staging)} staging modules at {release.staging_version} (go mod tidy)"
         )
         edit = ["go", "mod", "edit", *kubernetes_edit_args(wrapper, release, staging)]
-        _run_go(edit, kube_dir, env, "editing the Kubernetes wrapper module", folders)
-        _run_go(
-            ["go", "mod", "tidy"], kube_dir, tidy_env, "resolving Kubernetes' modules", folders, on_download
-        )
+        run_go(edit, kube_dir, env, "editing the Kubernetes wrapper module", folders)
+        tidy(kube_dir, env, "resolving Kubernetes' modules", folders)
     etcd = release.etcd or etcd_version_from_dependencies(
         (Path(info["Dir"]) / "build" / "dependencies.yaml").read_text()
     )
     if requirement((etcd_dir / "go.mod").read_text(), ETCD_MODULE) != f"v{etcd}":
         say(f"etcd {etcd} is not the pinned {NEWEST.etcd}: resolving its modules (go mod tidy)")
         edit = ["go", "mod", "edit", *etcd_edit_args((etcd_dir / "go.mod").read_text(), etcd)]
-        _run_go(edit, etcd_dir, env, "editing the etcd wrapper module", folders)
-        _run_go(["go", "mod", "tidy"], etcd_dir, tidy_env, "resolving etcd's modules", folders, on_download)
-    build_date = json.loads(Path(info["Info"]).read_text()).get("Time", "1970-01-01T00:00:00Z")
-    return etcd, build_date
+        run_go(edit, etcd_dir, env, "editing the etcd wrapper module", folders)
+        tidy(etcd_dir, env, "resolving etcd's modules", folders)
+    return etcd, release_time(info)
 
 
-def _list_packages(
+def release_time(info: dict) -> str:
+    """When the module's version was published (`go mod download -json`'s Info file): its build date."""
+    return str(json.loads(Path(info["Info"]).read_text()).get("Time", "1970-01-01T00:00:00Z"))
+
+
+def list_packages(
     packages: list[str], tags: str | None, cwd: Path, env: dict[str, str], folders: Folders
 ) -> set[str]:
-    downloads = Progress("downloading modules")
-
-    def on_download(line: str) -> str | None:
-        module = downloaded_module(line)
-        return downloads.count(module) if module else None
-
-    listed = _run_go(
-        list_deps_argv(packages, tags), cwd, env, "listing the packages to build", folders, on_download
+    """Every package a build of `packages` compiles (see list_deps_argv); downloads what is missing."""
+    listed = run_go(
+        list_deps_argv(packages, tags), cwd, env, "listing the packages to build", folders, download_counter()
     )
     return {line.strip() for line in listed.splitlines() if line.strip()}
 
 
-def _size(path: Path) -> int:
+def size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def already_built(bin_dir: Path, names: Iterable[str], expected: dict) -> bool:
+    """Whether every file is there and the stamp says they were built as `expected` would build them."""
+    stamp_file = bin_dir / STAMP
+    return (
+        all((bin_dir / name).exists() for name in names)
+        and stamp_file.is_file()
+        and json.loads(stamp_file.read_text()) == expected
+    )
+
+
+def start_build(folders: Folders) -> float:
+    """Makes the version's folder and starts a fresh log; returns the clock a build is timed from."""
+    folders.home.mkdir(parents=True, exist_ok=True)
+    folders.log.write_text("")
+    return time.monotonic()
+
+
+def staging_folder(folders: Folders) -> Path:
+    """An empty folder beside bin/ that a build writes into: bin/ only ever holds a complete build."""
+    staged = folders.home / "bin.partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    return staged
+
+
+def install_staged(staged: Path, bin_dir: Path, names: Iterable[str], stamp: dict) -> None:
+    """Moves a finished build into bin/, the stamp last (an interrupted move leaves no stamp: built again)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    stamp_file = bin_dir / STAMP
+    stamp_file.unlink(missing_ok=True)
+    for name in names:
+        target = bin_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        (staged / name).replace(target)
+    shutil.rmtree(staged)
+    stamp_file.write_text(json.dumps(stamp, indent=2) + "\n")
 
 
 def build(version: str, cache: Path, force: bool = False) -> Path:
@@ -577,38 +659,27 @@ def build(version: str, cache: Path, force: bool = False) -> Path:
     release = release_for(version)
     folders = Folders(cache, release.kubernetes)
     env = go_env(folders.go, dict(os.environ))
-    expected = stamp_for(release, _go_version(env), wrapper_files(), recipe(release))
-    stamp_file = folders.bin / STAMP
-    done = all((folders.bin / name).is_file() for name in BUILT)
-    if not force and done and stamp_file.is_file() and json.loads(stamp_file.read_text()) == expected:
+    expected = stamp_for(release, go_version(env), wrapper_files(), recipe(release))
+    if not force and already_built(folders.bin, BUILT, expected):
         say(f"Kubernetes {release.kubernetes} already built in {folders.bin}: nothing to do")
         return folders.bin
     require_free_disk(cache, BUILD_DISK_BYTES, f"Kubernetes {release.kubernetes}")
-    folders.home.mkdir(parents=True, exist_ok=True)
-    folders.log.write_text("")
-    started = time.monotonic()
-    _copy_wrappers(folders)
+    started = start_build(folders)
+    copy_wrappers(folders)
     etcd, build_date = _resolve_modules(release, folders, env)
     say(f"building Kubernetes {release.kubernetes} and etcd {etcd} from Go modules (log: {folders.log})")
     kube_dir, etcd_dir = folders.modules / "kubernetes", folders.modules / "etcd"
     # Both builds share the standard library and many modules: count each package once.
     total = len(
-        _list_packages(kubernetes_packages(), BUILD_TAGS, kube_dir, env, folders)
-        | _list_packages(["."], None, etcd_dir, env, folders)
+        list_packages(kubernetes_packages(), BUILD_TAGS, kube_dir, env, folders)
+        | list_packages(["."], None, etcd_dir, env, folders)
     )
     say(
         f"compiling up to {total} packages (about 9 minutes on 2 cores the first time; cached ones are skipped)"
     )
-    compiling = Progress("compiling packages", total=total)
-
-    def on_package(line: str) -> str | None:
-        package = built_package(line)
-        return compiling.count(package) if package else None
-
-    staged = folders.home / "bin.partial"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir()
-    _run_go(
+    on_package = package_counter(Progress("compiling packages", total=total))
+    staged = staging_folder(folders)
+    run_go(
         kubernetes_build_argv(release, staged, build_date),
         kube_dir,
         env,
@@ -616,18 +687,13 @@ def build(version: str, cache: Path, force: bool = False) -> Path:
         folders,
         on_package,
     )
-    _run_go(etcd_build_argv(staged), etcd_dir, env, f"building etcd {etcd}", folders, on_package)
-    folders.bin.mkdir(parents=True, exist_ok=True)
-    stamp_file.unlink(missing_ok=True)
-    for name in BUILT:
-        (staged / name).replace(folders.bin / name)
-    staged.rmdir()
-    stamp_file.write_text(json.dumps(expected, indent=2) + "\n")
+    run_go(etcd_build_argv(staged), etcd_dir, env, f"building etcd {etcd}", folders, on_package)
+    install_staged(staged, folders.bin, BUILT, expected)
     minutes = (time.monotonic() - started) / 60
     say(
         f"built Kubernetes {release.kubernetes} and etcd {etcd} in {minutes:.1f} min into {folders.bin} "
-        f"({_size(folders.bin) / 1024**2:.0f} MiB; Go's caches in {folders.go.root}: "
-        f"{_size(folders.go.root) / 1024**3:.1f} GiB)"
+        f"({size(folders.bin) / 1024**2:.0f} MiB; Go's caches in {folders.go.root}: "
+        f"{size(folders.go.root) / 1024**3:.1f} GiB)"
     )
     return folders.bin
 
@@ -636,15 +702,20 @@ def write_modules(cache: Path) -> None:
     """Resolves the wrapper modules for the pin and writes them back into the source tree, to be committed."""
     folders = Folders(cache, NEWEST.kubernetes)
     env = go_env(folders.go, dict(os.environ))
-    folders.home.mkdir(parents=True, exist_ok=True)
-    folders.log.write_text("")
-    _copy_wrappers(folders)
+    start_build(folders)
+    copy_wrappers(folders)
     _resolve_modules(NEWEST, folders, env)
+    source = write_back(folders, KUBERNETES_WRAPPERS)
+    say(f"wrote {source}/kubernetes and {source}/etcd for Kubernetes {NEWEST.kubernetes}, etcd {NEWEST.etcd}")
+
+
+def write_back(folders: Folders, modules: Iterable[str]) -> Path:
+    """Copies resolved wrapper modules from the cache back into the source tree; returns gomodules/."""
     source = Path(__file__).resolve().parent / "gomodules"
-    for module in ("kubernetes", "etcd"):
+    for module in modules:
         for name in ("go.mod", "go.sum"):
             shutil.copyfile(folders.modules / module / name, source / module / name)
-    say(f"wrote {source}/kubernetes and {source}/etcd for Kubernetes {NEWEST.kubernetes}, etcd {NEWEST.etcd}")
+    return source
 
 
 if __name__ == "__main__":

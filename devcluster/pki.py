@@ -67,18 +67,47 @@ class Pki:
 
     def ensure_kubelet_client_cert(self) -> None:
         """Signed by the cluster CA, in group system:masters so that every kubelet's webhook allows it."""
-        if self.kubelet_client_cert.exists():
+        self._ensure_signed(
+            self.kubelet_client_cert,
+            self.kubelet_client_key,
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        )
+
+    @property
+    def kueue_serving_dir(self) -> Path:
+        """Kueue's webhook serving certificate and key, named as its webhook server reads them."""
+        return self.directory / "kueue"
+
+    def ensure_kueue_serving_cert(self) -> Path:
+        """Signed by the cluster CA for 127.0.0.1, where the apiserver calls Kueue's webhooks (the caBundle it
+        is given is the CA's certificate). Returns the folder."""
+        folder = self.kueue_serving_dir
+        folder.mkdir(exist_ok=True)
+        self._ensure_signed(
+            folder / "tls.crt",
+            folder / "tls.key",
+            "/CN=kueue-webhook",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )
+        return folder
+
+    def _ensure_signed(self, cert: Path, key: Path, subject: str, extensions: str = "") -> None:
+        """A new key and a certificate for it signed by the cluster CA, unless the certificate exists."""
+        if cert.exists():
             return
-        request = self.directory / "kubelet-client.csr"
+        request = cert.with_suffix(".csr")
         _openssl(
-            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.kubelet_client_key),
-            "-out", str(request), "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request),
+            "-subj", subject,
         )  # fmt: skip
+        extfile = cert.with_suffix(".ext")
+        extfile.write_text(extensions)
         _openssl(
             "x509", "-req", "-in", str(request), "-CA", str(self.apiserver_cert), "-CAkey", str(self.apiserver_key),
-            "-CAcreateserial", "-out", str(self.kubelet_client_cert), "-days", "3650",
+            "-CAcreateserial", "-out", str(cert), "-days", "3650", *(["-extfile", str(extfile)] if extensions else []),
         )  # fmt: skip
         request.unlink(missing_ok=True)
+        extfile.unlink(missing_ok=True)
 
 
 def _openssl(*args: str) -> None:

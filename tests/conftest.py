@@ -14,7 +14,8 @@ import pytest
 from _pytest.terminal import TerminalReporter
 from kubernetes import config
 
-from phalanx.devcluster import controlplane
+from phalanx.devcluster import controlplane, processes
+from phalanx.devcluster.kueue import controller as kueue_controller
 
 from .e2e.conftest import (
     OPERATOR_NAMESPACE,
@@ -56,6 +57,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         api.close()
         if not reuse:
             controlplane.down(state_dir, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Iterator[processes.PidRecord]:
+    """Kueue's controller (devcluster/kueue) on the session's cluster, started once by the first test that asks
+    for it: ready when its webhooks answer the API server. Stopped with its webhooks removed after the session's
+    last test, so that the cluster's other tests never depend on it."""
+    layout = controlplane.Layout(cluster.state_dir)
+    record = kueue_controller.up(layout)
+    try:
+        yield record
+    finally:
+        kueue_controller.down(layout)
 
 
 @pytest.fixture

@@ -289,7 +289,7 @@ def test_a_second_build_with_an_equal_stamp_runs_no_go_build(
         (folders.bin / name).write_text("#!/bin/sh\n")
     env = gobuild.go_env(folders.go, dict(os.environ))
     stamp = gobuild.stamp_for(
-        gobuild.NEWEST, gobuild._go_version(env), gobuild.wrapper_files(), gobuild.recipe(gobuild.NEWEST)
+        gobuild.NEWEST, gobuild.go_version(env), gobuild.wrapper_files(), gobuild.recipe(gobuild.NEWEST)
     )
     (folders.bin / gobuild.STAMP).write_text(json.dumps(stamp))
     assert gobuild.build(gobuild.NEWEST.kubernetes, tmp_path) == folders.bin
