@@ -77,13 +77,7 @@ class Kube:
         return json.loads(data) if data else None
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        path = f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}"
-        try:
-            return self._call("GET", path)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        return self._get_or_none(f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}")
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create `obj`; False when it already exists (deterministic names make that the idempotent case)."""
@@ -172,6 +166,7 @@ class Kube:
         return self._call("PATCH", path, patch, "application/merge-patch+json")
 
     def _get_or_none(self, path: str) -> dict[str, Any] | None:
+        """The object at `path`, None when there is none (404)."""
         try:
             return self._call("GET", path)
         except ApiException as error:

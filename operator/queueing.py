@@ -143,16 +143,7 @@ def build_workload(job: dict[str, Any], spec: api.TrainingJobSpec, priority: Pri
         "namespace": meta["namespace"],
         "labels": {JOB_UID_LABEL: meta["uid"]},
         "finalizers": [FINALIZER],
-        "ownerReferences": [
-            {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
-                "name": meta["name"],
-                "uid": meta["uid"],
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ],
+        "ownerReferences": [names.owner_reference(job)],
     }
     if spec.suspend:
         metadata["annotations"] = {DEACTIVATED_ANNOTATION: "true"}

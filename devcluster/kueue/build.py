@@ -101,14 +101,7 @@ def build(cache: Path, version: str = VERSION, force: bool = False) -> Path:
     info = gobuild.fetch_module(MODULE, f"v{version}", wrapper, env, where)
     if gobuild.requirement((wrapper / "go.mod").read_text(), MODULE) != f"v{version}":
         gobuild.say(f"Kueue {version} is not the pinned {VERSION}: resolving its modules (go mod tidy)")
-        edit = [
-            "go",
-            "mod",
-            "edit",
-            *gobuild.pin_edit_args((wrapper / "go.mod").read_text(), MODULE, f"v{version}"),
-        ]
-        gobuild.run_go(edit, wrapper, env, "editing the Kueue wrapper module", where)
-        gobuild.tidy(wrapper, env, "resolving Kueue's modules", where)
+        _resolve(wrapper, version, env, where)
     total = len(gobuild.list_packages([PACKAGE], None, wrapper, env, where))
     gobuild.say(
         f"building Kueue {version} from Go modules: up to {total} packages (about 4 minutes on 2 cores the "
@@ -130,21 +123,25 @@ def build(cache: Path, version: str = VERSION, force: bool = False) -> Path:
     return where.bin
 
 
+def _resolve(wrapper: Path, version: str, env: dict[str, str], where: gobuild.Folders) -> None:
+    """Point the wrapper module at Kueue `version` and resolve the rest of its modules (go mod tidy)."""
+    edit = [
+        "go",
+        "mod",
+        "edit",
+        *gobuild.pin_edit_args((wrapper / "go.mod").read_text(), MODULE, f"v{version}"),
+    ]
+    gobuild.run_go(edit, wrapper, env, "editing the Kueue wrapper module", where)
+    gobuild.tidy(wrapper, env, "resolving Kueue's modules", where)
+
+
 def write_module(cache: Path) -> None:
     """Resolves the wrapper module for the pin and writes it back into the source tree, to be committed."""
     where = folders(cache)
     env = gobuild.go_env(where.go, dict(os.environ))
     gobuild.start_build(where)
     gobuild.copy_wrappers(where, (WRAPPER,))
-    wrapper = where.modules / WRAPPER
-    edit = [
-        "go",
-        "mod",
-        "edit",
-        *gobuild.pin_edit_args((wrapper / "go.mod").read_text(), MODULE, f"v{VERSION}"),
-    ]
-    gobuild.run_go(edit, wrapper, env, "editing the Kueue wrapper module", where)
-    gobuild.tidy(wrapper, env, "resolving Kueue's modules", where)
+    _resolve(where.modules / WRAPPER, VERSION, env, where)
     source = gobuild.write_back(where, (WRAPPER,))
     gobuild.say(f"wrote {source / WRAPPER} for Kueue {VERSION}")
 
