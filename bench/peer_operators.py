@@ -71,7 +71,7 @@ class Peer:
     label: str
     """How metrics name the peer."""
     controllers: tuple[str, ...]
-    """gobuild.MODULE_BUILDS names to run, in start order."""
+    """peerbuild.MODULE_BUILDS names to run, in start order."""
     title: str
 
 

@@ -322,18 +322,16 @@ def _clip(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def failure_line(
-    what: str, output: list[str], paths: GoPaths, log: Path, again: str = "phalanx dev install"
-) -> str:
-    """The one line a failed `go` command ends `phalanx dev install` (or `again`) with: which module or
-    package, and what to clear before trying again."""
+def failure_line(what: str, output: list[str], paths: GoPaths, log: Path) -> str:
+    """The one line a failed `go` command ends `phalanx dev install` with: which module or package, and what
+    to clear before trying again."""
     for line in output:
         match = _GO_VERSION_ERROR.search(line)
         if match:
             return (
                 f"{what} failed: it needs Go >= {match.group(1)}, newer than this machine's; set GOTOOLCHAIN "
                 f"to a Go release the module proxy serves (e.g. GOTOOLCHAIN=go{match.group(1)}.0 or newer) "
-                f"and run `{again}` again (full output: {log})"
+                f"and run `phalanx dev install` again (full output: {log})"
             )
     for line in output:
         match = _MODULE_ERROR.search(line)
@@ -342,7 +340,7 @@ def failure_line(
             return (
                 f"{what} failed: module {module}@{version} could not be fetched ({_clip(reason)}); check the "
                 f"network and GOPROXY, or if its download is broken clear {paths.modules}, then run "
-                f"`{again}` again (full output: {log})"
+                f"`phalanx dev install` again (full output: {log})"
             )
     for index, line in enumerate(output):
         match = _PACKAGE_HEADER.match(line)
@@ -350,24 +348,28 @@ def failure_line(
             first_error = next((e for e in output[index + 1 :] if e.strip()), "")
             return (
                 f"{what} failed: package {match.group(1)} did not compile ({_clip(first_error)}); clear "
-                f"{paths.build_cache} (Go's build cache) and run `{again}` again (full output: {log})"
+                f"{paths.build_cache} (Go's build cache) and run `phalanx dev install` again (full output: {log})"
             )
     for line in output:
         match = re.search(r"(?:package|module providing package) (\S+)", line)
         if match:
             return (
                 f"{what} failed: package {match.group(1).strip(':')} could not be found ({_clip(line)}); clear "
-                f"{paths.modules} and run `{again}` again (full output: {log})"
+                f"{paths.modules} and run `phalanx dev install` again (full output: {log})"
             )
     last = next((line for line in reversed(output) if line.strip()), "no output")
-    return f"{what} failed: {_clip(last)}; clear {paths.root} and run `{again}` again (full output: {log})"
+    return f"{what} failed: {_clip(last)}; clear {paths.root} and run `phalanx dev install` again (full output: {log})"
 
 
 # ---- the stamp ----------------------------------------------------------------------------------
 
 
-def wrapper_files(modules: Iterable[str] = ("kubernetes", "etcd")) -> dict[str, bytes]:
-    """The committed wrapper modules (Kubernetes' and etcd's unless named), by path under gomodules/."""
+KUBERNETES_WRAPPERS = ("kubernetes", "etcd")
+"""The wrapper modules under gomodules/ that the Kubernetes build takes (others build other programs)."""
+
+
+def wrapper_files(modules: Iterable[str] = KUBERNETES_WRAPPERS) -> dict[str, bytes]:
+    """The committed wrapper modules, by path under gomodules/."""
     root = resources.files("phalanx.devcluster").joinpath("gomodules")
     files: dict[str, bytes] = {}
     for module in modules:
@@ -423,7 +425,7 @@ class Folders:
     cache: Path
     version: str
     name: str = "k8s"
-    """What is built: `<cache>/<name>-<version>` holds its binaries, resolved wrapper modules and log."""
+    """What is built: `<name>-<version>/` is its folder in the cache."""
 
     @property
     def go(self) -> GoPaths:
@@ -453,10 +455,9 @@ def _run_go(
     what: str,
     folders: Folders,
     on_line: Callable[[str], str | None] = lambda _: None,
-    again: str = "phalanx dev install",
 ) -> str:
     """Runs one go command; its stderr goes to the log and, line by line, to `on_line`, whose answers are
-    printed. Returns stdout. A failure stops with one line (saying to run `again` after clearing)."""
+    printed. Returns stdout. A failure stops with one line."""
     with folders.log.open("a") as log, tempfile.TemporaryFile("w+") as stdout_file:
         log.write(f"$ (cd {cwd} && {' '.join(argv)})\n")
         log.flush()
@@ -476,7 +477,7 @@ def _run_go(
         stdout_file.seek(0)
         stdout = stdout_file.read()
     if code != 0:
-        raise UserFacingError(failure_line(what, lines + _json_error(stdout), folders.go, folders.log, again))
+        raise UserFacingError(failure_line(what, lines + _json_error(stdout), folders.go, folders.log))
     return stdout
 
 
@@ -558,12 +559,7 @@ def _resolve_modules(release: Release, folders: Folders, env: dict[str, str]) ->
 
 
 def _list_packages(
-    packages: list[str],
-    tags: str | None,
-    cwd: Path,
-    env: dict[str, str],
-    folders: Folders,
-    again: str = "phalanx dev install",
+    packages: list[str], tags: str | None, cwd: Path, env: dict[str, str], folders: Folders
 ) -> set[str]:
     downloads = Progress("downloading modules")
 
@@ -572,7 +568,7 @@ def _list_packages(
         return downloads.count(module) if module else None
 
     listed = _run_go(
-        list_deps_argv(packages, tags), cwd, env, "listing the packages to build", folders, on_download, again
+        list_deps_argv(packages, tags), cwd, env, "listing the packages to build", folders, on_download
     )
     return {line.strip() for line in listed.splitlines() if line.strip()}
 
@@ -657,183 +653,10 @@ def write_modules(cache: Path) -> None:
     say(f"wrote {source}/kubernetes and {source}/etcd for Kubernetes {NEWEST.kubernetes}, etcd {NEWEST.etcd}")
 
 
-# ---- controllers built from their modules --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModuleBuild:
-    """One command built from its published Go module through the wrapper module gomodules/<name>, whose
-    `tool` directive names the command's package (so `go mod tidy` keeps its requirements) and whose go.sum
-    pins every module it compiles."""
-
-    name: str
-    """The wrapper module's folder under gomodules/, and the cache folder's prefix (`<name>-<version>`)."""
-    module: str
-    """The published module."""
-    version: str
-    """Its version, with the `v`."""
-    package: str
-    """The command's main package."""
-    binary: str
-    """The built file's name in `<cache>/<name>-<version>/bin`."""
-    ldflags: str = "-s -w"
-    """Linker flags: stripped, plus the `-X` version variables the project's own release build sets."""
-    again: str = "phalanx bench"
-    """The command to run again after a failure."""
-
-    @property
-    def folder_version(self) -> str:
-        return self.version.removeprefix("v")
-
-    def argv(self, out: Path) -> list[str]:
-        return ["go", "build", "-v", "-trimpath", f"-ldflags={self.ldflags}", f"-o={out}", self.package]
-
-
-MODULE_BUILDS: dict[str, ModuleBuild] = {
-    build.name: build
-    for build in (
-        # JobSet's Makefile builds main.go at the module root and stamps pkg/version.GitVersion.
-        ModuleBuild(
-            name="jobset",
-            module="sigs.k8s.io/jobset",
-            version="v0.12.0",
-            package="sigs.k8s.io/jobset",
-            binary="jobset-controller-manager",
-            ldflags="-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=v0.12.0",
-        ),
-        # Kubeflow Trainer v2 (TrainJob, runs on JobSet; its go.mod requires sigs.k8s.io/jobset v0.12.0, the same
-        # as above). Its Dockerfile builds cmd/trainer-controller-manager with no version flags.
-        ModuleBuild(
-            name="kubeflow-trainer",
-            module="github.com/kubeflow/trainer/v2",
-            version="v2.3.0",
-            package="github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
-            binary="trainer-controller-manager",
-        ),
-    )
-}
-"""The pins of the controllers `phalanx bench` measures beside Phalanx (`peer-jobset`, `peer-kubeflow`): the
-newest releases the module proxy serves. Changing a version here and running `python -m
-phalanx.devcluster.gobuild --write-module NAME` rewrites that wrapper module (a unit test says when they
-disagree)."""
-
-MODULE_BUILD_DISK_BYTES = 3 * 1024**3
-"""Free disk a first controller build needs: about 0.3 GB of modules, 1.5 GB of build cache, 0.1 GB of binary."""
-
-
-def tool_packages(go_mod: str) -> list[str]:
-    """The packages a go.mod's `tool` directives name."""
-    return _directive_entries(go_mod, "tool")
-
-
-def module_build_mismatches(go_mod: str, build: ModuleBuild) -> list[str]:
-    """How a controller's wrapper module differs from its pin; empty when it builds the pin."""
-    problems = []
-    required = requirement(go_mod, build.module)
-    if required != build.version:
-        problems.append(f"requires {build.module} {required}, not {build.version}")
-    if build.package not in tool_packages(go_mod):
-        problems.append(f"has no `tool {build.package}` directive")
-    return problems
-
-
-def module_stamp(build: ModuleBuild, go_version: str, files: dict[str, bytes]) -> dict:
-    digest = hashlib.sha256()
-    for name, content in sorted(files.items()):
-        digest.update(name.encode() + b"\0" + content + b"\0")
-    env = go_env(GoPaths(Path("OUT")), {})
-    return {
-        "module": build.module,
-        "version": build.version,
-        "go": go_version,
-        "wrapper_modules_sha256": digest.hexdigest(),
-        "commands": [
-            build.argv(Path("OUT")),
-            [f"{name}={env[name]}" for name in ("CGO_ENABLED", "GOFLAGS", "GOWORK")],
-        ],
-    }
-
-
-def build_module(build: ModuleBuild, cache: Path, force: bool = False) -> Path:
-    """Builds `build` into `<cache>/<name>-<version>/bin` unless the stamp there says it is done; Go's caches
-    are the ones Kubernetes' build uses. Returns the binary."""
-    folders = Folders(cache, build.folder_version, build.name)
-    env = go_env(folders.go, dict(os.environ))
-    files = wrapper_files((build.name,))
-    expected = module_stamp(build, _go_version(env), files)
-    binary, stamp_file = folders.bin / build.binary, folders.bin / STAMP
-    if (
-        not force
-        and binary.is_file()
-        and stamp_file.is_file()
-        and json.loads(stamp_file.read_text()) == expected
-    ):
-        return binary
-    require_free_disk(cache, MODULE_BUILD_DISK_BYTES, f"{build.module} {build.version}")
-    folders.home.mkdir(parents=True, exist_ok=True)
-    folders.log.write_text("")
-    started = time.monotonic()
-    for name, content in files.items():
-        target = folders.modules / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    cwd = folders.modules / build.name
-    total = len(_list_packages([build.package], None, cwd, env, folders, build.again))
-    say(
-        f"building {build.module} {build.version} from Go modules: up to {total} packages (log: {folders.log})"
-    )
-    compiling = Progress("compiling packages", total=total)
-
-    def on_package(line: str) -> str | None:
-        package = built_package(line)
-        return compiling.count(package) if package else None
-
-    staged = folders.home / f"{build.binary}.partial"
-    what = f"building {build.module} {build.version}"
-    _run_go(build.argv(staged), cwd, env, what, folders, on_package, build.again)
-    folders.bin.mkdir(parents=True, exist_ok=True)
-    stamp_file.unlink(missing_ok=True)
-    staged.replace(binary)
-    stamp_file.write_text(json.dumps(expected, indent=2) + "\n")
-    say(f"built {build.module} {build.version} in {(time.monotonic() - started) / 60:.1f} min into {binary}")
-    return binary
-
-
-def write_module(build: ModuleBuild, cache: Path) -> None:
-    """Resolves a controller's wrapper module for its pin and writes it back into the source tree."""
-    folders = Folders(cache, build.folder_version, build.name)
-    env = {**go_env(folders.go, dict(os.environ)), "GOFLAGS": "-mod=mod -modcacherw"}
-    folders.home.mkdir(parents=True, exist_ok=True)
-    folders.log.write_text("")
-    cwd = folders.modules / build.name
-    cwd.mkdir(parents=True, exist_ok=True)
-    source = Path(__file__).resolve().parent / "gomodules" / build.name
-    shutil.copyfile(source / "go.mod", cwd / "go.mod")
-    (cwd / "go.sum").write_bytes((source / "go.sum").read_bytes() if (source / "go.sum").exists() else b"")
-    edit = ["go", "mod", "edit", f"-require={build.module}@{build.version}", f"-tool={build.package}"]
-    _run_go(edit, cwd, env, f"editing the {build.name} wrapper module", folders, again=build.again)
-    _run_go(
-        ["go", "mod", "tidy"], cwd, env, f"resolving {build.module}'s modules", folders, again=build.again
-    )
-    for name in ("go.mod", "go.sum"):
-        shutil.copyfile(cwd / name, source / name)
-    say(f"wrote {source} for {build.module} {build.version}")
-
-
 if __name__ == "__main__":
     from phalanx.devcluster.binaries import cache_dir
 
-    if "--write-module" in sys.argv:
-        write_module(MODULE_BUILDS[sys.argv[sys.argv.index("--write-module") + 1]], cache_dir())
-    elif "--build-module" in sys.argv:
-        print(
-            build_module(
-                MODULE_BUILDS[sys.argv[sys.argv.index("--build-module") + 1]],
-                cache_dir(),
-                "--force" in sys.argv,
-            )
-        )
-    elif "--write-modules" in sys.argv:
+    if "--write-modules" in sys.argv:
         write_modules(cache_dir())
     else:
         print(

@@ -17,7 +17,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.devcluster.gobuild import MODULE_BUILDS, ModuleBuild
+from phalanx.devcluster.peerbuild import MODULE_BUILDS, ModuleBuild
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Runs the peers' controllers (JobSet, Kubeflow Trainer v2) as host processes against a local cluster.
 
-`PeerControllers(...).start()` builds each controller from its pinned Go module (`gobuild.MODULE_BUILDS`, into
+`PeerControllers(...).start()` builds each controller from its pinned Go module (`peerbuild.MODULE_BUILDS`, into
 the Phalanx cache folder), installs its CRDs from the module's own manifests, starts the binary with the
 cluster's admin kubeconfig and a configuration file (`peerconfig`), waits for its readiness probe, then
 registers its webhooks as `url:` clientConfigs to the host process (certificate made here) and applies its
@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from phalanx.devcluster import gobuild, peerconfig
+from phalanx.devcluster import gobuild, peerbuild, peerconfig
 from phalanx.devcluster.controlplane import free_port
 from phalanx.devcluster.pki import ensure_serving_cert
 from phalanx.errors import UserFacingError
@@ -38,7 +38,7 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 """`kubectl(*args, input=..., check=...)`, as `phalanx.bench.cluster.BenchCluster.kubectl`."""
 
 
-def module_dir(build: gobuild.ModuleBuild, cache: Path) -> Path:
+def module_dir(build: peerbuild.ModuleBuild, cache: Path) -> Path:
     """The module's source in Go's module cache (the build downloaded it; fetched again if cleared since)."""
     go = gobuild.GoPaths(cache / "go")
     folder = go.modules / f"{peerconfig.module_cache_path(build.module)}@{build.version}"
@@ -54,7 +54,7 @@ def module_dir(build: gobuild.ModuleBuild, cache: Path) -> Path:
         if result.returncode != 0 or not folder.is_dir():
             raise UserFacingError(
                 f"fetching {build.module} {build.version} failed: {result.stdout.strip()[-300:]}; clear "
-                f"{go.modules} and run `{build.again}` again"
+                f"{go.modules} and run `{peerbuild.AGAIN}` again"
             )
     return folder
 
@@ -111,7 +111,7 @@ class PeerControllers:
     def _start_one(self, files: peerconfig.ControllerFiles, cert: Path, key: Path) -> None:
         build = files.build
         started = time.monotonic()
-        binary = gobuild.build_module(build, self.cache)
+        binary = peerbuild.build_module(build, self.cache)
         source = module_dir(build, self.cache)
         crds = [peerconfig.plain_crd(doc) for path in files.crds for doc in load_documents(source / path)]
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(crds))

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from phalanx.bench import peer_operators
-from phalanx.devcluster import gobuild
+from phalanx.devcluster import peerbuild
 
 from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
@@ -37,7 +37,7 @@ def kubectl(cluster: Cluster, *args: str) -> str:
 
 
 def controller_processes() -> list[str]:
-    binaries = {build.binary for build in gobuild.MODULE_BUILDS.values()}
+    binaries = {build.binary for build in peerbuild.MODULE_BUILDS.values()}
     found = []
     for process in psutil.process_iter(["pid", "name", "cmdline"]):
         cmdline = process.info["cmdline"] or []

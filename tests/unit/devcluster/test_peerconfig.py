@@ -4,63 +4,66 @@ from __future__ import annotations
 
 import base64
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from phalanx.devcluster import gobuild, peerconfig
+from phalanx.devcluster import gobuild, peerbuild, peerconfig
 from phalanx.devcluster.peerconfig import WebhookPatch
+from phalanx.errors import UserFacingError
 
 
 def committed(module: str, name: str) -> str:
     return resources.files("phalanx.devcluster").joinpath("gomodules", module, name).read_text()
 
 
-@pytest.mark.parametrize("name", sorted(gobuild.MODULE_BUILDS))
+@pytest.mark.parametrize("name", sorted(peerbuild.MODULE_BUILDS))
 def test_each_wrapper_module_builds_its_pin(name: str) -> None:
-    build = gobuild.MODULE_BUILDS[name]
-    assert gobuild.module_build_mismatches(committed(name, "go.mod"), build) == [], (
-        f"run `python -m phalanx.devcluster.gobuild --write-module {name}` and commit devcluster/gomodules/{name}"
+    build = peerbuild.MODULE_BUILDS[name]
+    assert peerbuild.mismatches(committed(name, "go.mod"), build) == [], (
+        f"run `python -m phalanx.devcluster.peerbuild --write-module {name}` and commit devcluster/gomodules/{name}"
     )
     assert f"{build.module} {build.version}/go.mod h1:" in committed(name, "go.sum")
 
 
 def test_the_trainer_runs_on_the_pinned_jobset() -> None:
     """Kubeflow Trainer's own go.mod requires the JobSet it creates; its wrapper resolves the pinned one."""
-    jobset = gobuild.MODULE_BUILDS["jobset"]
+    jobset = peerbuild.MODULE_BUILDS["jobset"]
     assert gobuild.requirement(committed("kubeflow-trainer", "go.mod"), jobset.module) == jobset.version
 
 
 def test_a_mismatched_wrapper_says_how() -> None:
-    build = gobuild.MODULE_BUILDS["jobset"]
+    build = peerbuild.MODULE_BUILDS["jobset"]
     go_mod = "module x\n\ngo 1.26.0\n\nrequire sigs.k8s.io/jobset v0.11.0\n"
-    assert gobuild.module_build_mismatches(go_mod, build) == [
+    assert peerbuild.mismatches(go_mod, build) == [
         "requires sigs.k8s.io/jobset v0.11.0, not v0.12.0",
         "has no `tool sigs.k8s.io/jobset` directive",
     ]
 
 
 def test_build_command_and_cache_folder() -> None:
-    build = gobuild.MODULE_BUILDS["kubeflow-trainer"]
-    assert build.argv(gobuild.Path("/o/x")) == [
+    build = peerbuild.MODULE_BUILDS["kubeflow-trainer"]
+    assert build.argv(Path("/o/x")) == [
         "go", "build", "-v", "-trimpath", "-ldflags=-s -w", "-o=/o/x",
         "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
     ]  # fmt: skip
-    folders = gobuild.Folders(gobuild.Path("/c"), build.folder_version, build.name)
-    assert folders.home == gobuild.Path("/c/kubeflow-trainer-2.3.0")
-    assert folders.go.root == gobuild.Path("/c/go")  # shared with Kubernetes' build
-    assert gobuild.Folders(gobuild.Path("/c"), "1.37.2").home == gobuild.Path("/c/k8s-1.37.2")
+    folders = peerbuild.folders(build, Path("/c"))
+    assert folders.home == Path("/c/kubeflow-trainer-2.3.0")
+    assert folders.go.root == Path("/c/go")  # shared with Kubernetes' build
+    assert gobuild.Folders(Path("/c"), "1.37.2").home == Path("/c/k8s-1.37.2")
 
 
 def test_a_failed_controller_build_names_the_command_to_run_again() -> None:
     line = gobuild.failure_line(
         "building sigs.k8s.io/jobset v0.12.0",
         ["go: sigs.k8s.io/jobset@v0.12.0: reading https://proxy/...: 404 Not Found"],
-        gobuild.GoPaths(gobuild.Path("/c/go")),
-        gobuild.Path("/c/jobset-0.12.0/build.log"),
-        again="phalanx bench",
+        gobuild.GoPaths(Path("/c/go")),
+        Path("/c/jobset-0.12.0/build.log"),
     )
-    assert "module sigs.k8s.io/jobset@v0.12.0 could not be fetched" in line
-    assert "clear /c/go/mod" in line and "run `phalanx bench` again" in line
+    said = str(peerbuild._again(UserFacingError(line)))
+    assert "module sigs.k8s.io/jobset@v0.12.0 could not be fetched" in said
+    assert "clear /c/go/mod" in said and "run `phalanx bench` again" in said
+    assert "phalanx dev install" not in said
 
 
 def test_module_cache_paths_escape_capitals() -> None:
