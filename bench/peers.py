@@ -151,11 +151,12 @@ def comparison_rows(results: list[BenchResult], started_at: str = "") -> list[Ro
             peer_value = metric.summary().get(stat)
             ours_metric, missing = _phalanx_metric(by_name.get(metric.versus.benchmark), metric, started_at)
             ours_value = ours_metric.summary().get(stat) if ours_metric else None
+            never = _never(result).get(metric.name)
             if peer_value is None:
                 ratio_cell = (
                     f"peer could not run here: {reason}"
                     if reason
-                    else "no peer samples (its failures are in the notes)"
+                    else never or "no peer samples (its failures are in the notes)"
                 )
             elif missing:
                 ratio_cell = missing
@@ -175,6 +176,13 @@ def comparison_rows(results: list[BenchResult], started_at: str = "") -> list[Ro
     return rows
 
 
+def _never(result: BenchResult) -> dict[str, str]:
+    """Metrics of a peer that never did what they time (a frozen worker never noticed), and the text that
+    says so: `details["never"]`."""
+    found = result.details.get("never")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
 def _phalanx_metric(
     result: BenchResult | None, peer_metric: Metric, started_at: str
 ) -> tuple[Metric | None, str]:
@@ -189,7 +197,7 @@ def _phalanx_metric(
     try:
         metric = result.metric(versus.metric)
     except KeyError:
-        return None, missing
+        return None, f"{versus.benchmark} did not measure {versus.metric!r} in this invocation"
     if not metric.samples:
         return None, f"{versus.benchmark} has no samples of {versus.metric!r}"
     return metric, ""

@@ -84,6 +84,18 @@ BENCHMARKS: tuple[Entry, ...] = (
         "torchft (lighthouse + 3 replica groups, CPU/gloo): replica SIGKILLed -> survivors' next committed step",
     ),
     Entry(
+        "peer-kubeflow",
+        "phalanx.bench.peer_kubeflow",
+        True,
+        "Kubeflow Trainer v2.3.0 TrainJob (torch-distributed, on JobSet): worker SIGKILLed / frozen, beside Phalanx",
+    ),
+    Entry(
+        "peer-jobset",
+        "phalanx.bench.peer_jobset",
+        True,
+        "JobSet v0.12.0 with a restart failure policy: worker SIGKILLed / frozen, beside Phalanx",
+    ),
+    Entry(
         "peer-dlrover",
         "phalanx.bench.peer_dlrover",
         False,

@@ -139,3 +139,19 @@ def ensure_pki(directory: Path) -> Pki:
         pki.token_file.write_text(f"{secrets.token_hex(24)},admin,admin,system:masters\n")
         pki.token_file.chmod(0o600)
     return pki
+
+
+def ensure_serving_cert(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for a server on 127.0.0.1 (a host process the apiserver calls, such as a
+    webhook): `tls.crt` and `tls.key` in `directory`, as controller-runtime's webhook server reads them; the
+    certificate is its own CA bundle. Made once; kept while the folder is."""
+    if shutil.which("openssl") is None:
+        raise UserFacingError("`openssl` is needed to make a serving certificate (apt-get install openssl).")
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    if not cert.exists() or not key.exists():
+        _openssl(
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+            "-days", "365", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        )  # fmt: skip
+    return cert, key
