@@ -135,7 +135,7 @@ def _build(build: ModuleBuild, cache: Path, force: bool) -> Path:
     where = folders(build, cache)
     env = gobuild.go_env(where.go, dict(os.environ))
     files = gobuild.wrapper_files((build.name,))
-    expected = stamp(build, gobuild._go_version(env), files)
+    expected = stamp(build, gobuild.go_version(env), files)
     binary, stamp_file = where.bin / build.binary, where.bin / gobuild.STAMP
     if (
         not force
@@ -153,7 +153,7 @@ def _build(build: ModuleBuild, cache: Path, force: bool) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     cwd = where.modules / build.name
-    total = len(gobuild._list_packages([build.package], None, cwd, env, where))
+    total = len(gobuild.list_packages([build.package], None, cwd, env, where))
     gobuild.say(
         f"building {build.module} {build.version} from Go modules: up to {total} packages (log: {where.log})"
     )
@@ -164,7 +164,7 @@ def _build(build: ModuleBuild, cache: Path, force: bool) -> Path:
         return compiling.count(package) if package else None
 
     staged = where.home / f"{build.binary}.partial"
-    gobuild._run_go(
+    gobuild.run_go(
         build.argv(staged), cwd, env, f"building {build.module} {build.version}", where, on_package
     )
     where.bin.mkdir(parents=True, exist_ok=True)
@@ -189,8 +189,8 @@ def write_module(build: ModuleBuild, cache: Path) -> None:
     for name in ("go.mod", "go.sum"):
         shutil.copyfile(source / name, cwd / name)
     edit = ["go", "mod", "edit", f"-require={build.module}@{build.version}", f"-tool={build.package}"]
-    gobuild._run_go(edit, cwd, env, f"editing the {build.name} wrapper module", where)
-    gobuild._run_go(["go", "mod", "tidy"], cwd, env, f"resolving {build.module}'s modules", where)
+    gobuild.run_go(edit, cwd, env, f"editing the {build.name} wrapper module", where)
+    gobuild.run_go(["go", "mod", "tidy"], cwd, env, f"resolving {build.module}'s modules", where)
     for name in ("go.mod", "go.sum"):
         shutil.copyfile(cwd / name, source / name)
     gobuild.say(f"wrote {source} for {build.module} {build.version}")
