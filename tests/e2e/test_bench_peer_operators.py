@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import psutil
+import pytest
 
 from phalanx.bench import peer_operators
 from phalanx.devcluster import peerbuild
 
-from .conftest import Cluster
+from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
-PEER_BENCHMARKS = ["peer-kubeflow", "peer-jobset"]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.peers,
+    pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100),
+]
+
+BENCHMARKS = ["recovery", "peer-kubeflow", "peer-jobset"]
 
 
 def kubectl(cluster: Cluster, *args: str) -> str:
@@ -44,10 +51,11 @@ def controller_processes() -> list[str]:
     return found
 
 
-def assert_peers_measured(cluster: Cluster, results: dict[str, dict[str, Any]], out: Path) -> None:
-    """What `test_bench_faults` checks of the peers it runs beside Phalanx's own fault benchmarks (one
-    invocation: the peers' kills are set beside its `recovery`, their frozen worker beside its
-    `hang-detection`)."""
+def test_peer_operators_run_beside_phalanx_in_smoke_mode(
+    cluster: Cluster, operator: Operator, tmp_path: Path
+) -> None:
+    out = tmp_path / "results"
+    _, results = run_bench_smoke(cluster, BENCHMARKS, out)
     for name, label, how in (
         ("peer-kubeflow", "kubeflow", "containers restarted in place"),
         ("peer-jobset", "jobset", "JobSet restarted"),
