@@ -317,8 +317,16 @@ def finished_conditions(
     return _set_condition(conditions, "Finished", True, "Succeeded" if succeeded else "Failed", message, now)
 
 
-def _counts(pod_sets_: list[dict[str, Any]]) -> dict[str, int]:
-    return {str(ps.get("name")): int(ps.get("count") or 0) for ps in pod_sets_}
+def _shape(pod_sets_: list[dict[str, Any]]) -> dict[str, tuple[int, list[Any]]]:
+    """What Kueue weighs of each pod set: its count and its containers' requests (a full comparison of the
+    templates would see the API server's defaults as changes)."""
+
+    def requests(pod_set: dict[str, Any]) -> list[Any]:
+        spec = (pod_set.get("template") or {}).get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        return [(c.get("resources") or {}).get("requests") or {} for c in containers]
+
+    return {str(ps.get("name")): (int(ps.get("count") or 0), requests(ps)) for ps in pod_sets_}
 
 
 def decide(
@@ -373,7 +381,7 @@ def decide(
 
     desired = pod_sets(job, spec)
     if not reserved:
-        if _counts(desired) != _counts((workload.get("spec") or {}).get("podSets") or []):
+        if _shape(desired) != _shape((workload.get("spec") or {}).get("podSets") or []):
             ops.append(WorkloadOp("pod_sets", {"podSets": desired}, meta))
         if not active:
             why = "the job is suspended" if spec.suspend else "the Workload was deactivated"

@@ -1479,7 +1479,9 @@ def _follow_queue(b: _Builder, spec: api.TrainingJobSpec) -> queueing.Decision |
     """Kueue's side of a queued job (`queueing.decide`): the Workload writes it calls for, the `Admitted`
     condition and `status.queue`. None: Kueue does not manage the job."""
     if queueing.queue_name(b.job) is None:
+        # Not (or no longer) Kueue's: nothing of its queueing stays in the status.
         b.status.queue = None
+        b.status.conditions = [c for c in b.status.conditions if c.type != queueing.ADMITTED]
         return None
     decision = queueing.decide(
         b.job,

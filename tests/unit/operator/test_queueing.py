@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from phalanx.operator import queueing
+from phalanx.operator import api, queueing
 from phalanx.operator.reconcile import Observed, Plan, plan
 
 MakeJob = Callable[..., dict[str, Any]]
@@ -84,10 +84,17 @@ def _workload(
         "spec": {
             "active": active,
             "queueName": "team-a",
-            "podSets": [{"name": "workers", "count": workers}, {"name": "rendezvous", "count": 1}],
+            "podSets": [
+                {**ps, "count": workers if ps["name"] == "workers" else 1}
+                for ps in queueing.pod_sets(job, make_job_spec(job))
+            ],
         },
         "status": status,
     }
+
+
+def make_job_spec(job: dict[str, Any]) -> api.TrainingJobSpec:
+    return api.TrainingJobSpec.model_validate(job["spec"])
 
 
 def _condition(result: Plan, kind: str) -> dict[str, Any]:
@@ -301,3 +308,24 @@ def test_the_queue_label_and_kueue_pod_groups_together_are_refused(make_job: Mak
     assert result.create_pods == [] and result.workload_ops == []
     valid = _condition(result, "SpecValid")
     assert valid["status"] == "False" and "gang.podGroup" in valid["message"]
+
+
+def test_new_requests_while_pending_update_the_pod_sets(make_job: MakeJob, now: datetime) -> None:
+    job = _queued(make_job())
+    workload = _workload(job, pending="no quota")
+    assert plan(job, Observed(pods=[], now=now, workload=workload)).workload_ops == []
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"}}
+    result = plan(job, Observed(pods=[], now=now, workload=workload))
+    assert _ops(result) == ["pod_sets"]
+    worker = result.workload_ops[0].body["podSets"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["requests"]["cpu"] == "2"
+
+
+def test_a_label_removed_takes_the_admitted_condition_with_it(make_job: MakeJob, now: datetime) -> None:
+    job = _queued(make_job())
+    queued = plan(job, Observed(pods=[], now=now, workload=_workload(job, pending="no quota")))
+    job["metadata"]["labels"] = {}
+    job["status"] = queued.status
+    result = plan(job, Observed(pods=[], now=now))
+    assert all(c["type"] != "Admitted" for c in result.status["conditions"])
+    assert "queue" not in result.status and len(result.create_pods) == 4
