@@ -158,15 +158,25 @@ def test_a_second_gang_waits_for_the_quota_of_the_first(
     )
 
     def first_done() -> bool:
+        if get_job(cluster, namespace, "first")["status"].get("state") == "Succeeded":
+            return True
         # All the while the first runs, the second has no pod.
         assert not job_pods(cluster, namespace, "second"), "the second gang started before the first ended"
-        return get_job(cluster, namespace, "first")["status"].get("state") == "Succeeded"
+        return False
 
     wait_for(first_done, 300, interval=1, message="first to succeed")
+    first_ended = get_job(cluster, namespace, "first")["status"]["completionTime"]
     finished = workload(cluster, namespace, "first")
     assert any(c["type"] == "Finished" and c["status"] == "True" for c in finished["status"]["conditions"])
     final = wait_succeeded(cluster, namespace, "second", timeout=300)
     assert has_condition(final, "Admitted", "True") and final["status"]["step"] == 20
+    # Not one of the second's pods was made before the first ended (the finished workers are kept).
+    second_pods = cluster.core.list_namespaced_pod(
+        namespace, label_selector="phalanx.dev/job-name=second"
+    ).items
+    assert second_pods
+    created = min(pod.metadata.creation_timestamp for pod in second_pods)
+    assert created.strftime("%Y-%m-%dT%H:%M:%SZ") >= first_ended, (created, first_ended)
     wait_for(
         lambda: (
             queueing.FINALIZER
