@@ -126,9 +126,9 @@ class JobReconciler:
         """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
         self._roles_written: dict[tuple[str, str], tuple[str | None, str]] = {}
+        """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
         self._kueue_missing: set[tuple[str, str]] = set()
         """Queued jobs told that this cluster serves no Kueue Workload API."""
-        """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
