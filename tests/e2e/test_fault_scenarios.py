@@ -129,11 +129,16 @@ def test_killed_rendezvous_is_an_incident_and_training_resumes_from_memory(
     final = wait_succeeded(cluster, namespace, "rdzvkill", timeout=400)
     status = final["status"]
     assert status["step"] == STEPS, status
-    (incident,) = incidents_of(final)
-    print(f"rendezvous: {incident} heartbeat={HEARTBEAT}")
-    assert incident["cause"] == "RendezvousLost", incident
-    assert incident["resumedAt"] and incident["stepsLost"] is not None and incident["stepsLost"] <= 1
-    assert incident.get("restoredFrom") in (None, "memory", "peer"), incident
+    incidents = incidents_of(final)
+    print(f"incidents: {incidents} heartbeat={HEARTBEAT}")
+    lost = [i for i in incidents if i["cause"] == "RendezvousLost"]
+    assert len(lost) == 1 and lost[0]["worker"] == rendezvous, incidents
+    # On a loaded machine a launcher may give up on the restarting store first (exit 3, "rendezvous
+    # unreachable") and its worker is replaced: an infrastructure incident of its own, charged to no budget.
+    # Whatever happened, every incident resumed from memory and lost at most the step in flight.
+    for each in incidents:
+        assert each["resumedAt"] and each["stepsLost"] is not None and each["stepsLost"] <= 1, each
+        assert each.get("restoredFrom") in (None, "memory", "peer"), each
     assert status["restarts"].get("counted", 0) == 0
     assert has_condition(final, "Recovering", "False", reason="Recovered")
 
