@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import pickle
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.worker import Checkpointer, TrainState, cleanup_snapshots, safepickle
-from phalanx.worker.checkpoint import layout, payload
+from phalanx.worker.checkpoint import durable, layout, payload
 from phalanx.worker.rendezvous import NODE_KEY_PREFIX, forget_departed
 from phalanx.worker.torch_elastic import C10dRendezvousBackend, CheckedBackend
 
@@ -213,3 +214,31 @@ def test_plain_values_numpy_and_rng_states_round_trip() -> None:
     )
     assert back["seen"] == {1, 2} and back["elapsed"] == timedelta(seconds=3)
     assert torch.equal(back["tensor"], torch.arange(4.0))
+
+
+# ------------------------------------------------------------------------------- checkpoint files on disk
+
+
+def test_checkpoints_are_private_to_the_job_s_user_and_group(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    saving = Checkpointer(build_state(), folder, interval_steps=1, keep=3)
+    saving.save(1)
+    saving.wait()
+    saving.close()
+    step = folder / "step-1"
+    assert stat.S_IMODE(step.stat().st_mode) == 0o750
+    modes = {entry.name: stat.S_IMODE(entry.stat().st_mode) for entry in step.iterdir()}
+    assert modes and set(modes.values()) == {0o640}, modes
+
+
+def test_a_write_never_follows_a_planted_name(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("kept")
+    folder = durable.new_tmp_dir(tmp_path / "ckpt", 3)
+    (folder / "state.bin").symlink_to(elsewhere)
+    with pytest.raises(FileExistsError):
+        durable.write_file_from_chunks(folder / "state.bin", [b"state"])
+    assert elsewhere.read_text() == "kept"
+    with pytest.raises(ValueError, match=r"non-file entry state\.bin"):
+        durable.commit(folder, 3, "replicated")
+    assert elsewhere.read_text() == "kept"
