@@ -171,9 +171,11 @@ DRILL_CRASH_ANNOTATION = "phalanx.dev/drill-crash"
 """On a node, `<namespace>/<job>`: `phalanx drill --crash-node` takes the node away from that job only."""
 
 
-def node_for_job(summary: dict[str, Any], namespace: str, job: str) -> dict[str, Any]:
-    """A node's summary as one job sees it: `drill` is set when a drill took the node away from this job."""
-    return {**summary, "drill": summary.get("drillCrash") == f"{namespace}/{job}"}
+def node_for_job(summary: dict[str, Any], namespace: str, job: str, drills_allowed: bool) -> dict[str, Any]:
+    """A node's summary as one job sees it: `drill` is set when a drill took the node away from this job,
+    and only when the job allows drills (`spec.drills.allowed`): whoever may annotate nodes must not be able
+    to take one away from a job that never agreed to drills."""
+    return {**summary, "drill": drills_allowed and summary.get("drillCrash") == f"{namespace}/{job}"}
 
 
 # Heartbeat fields whose change the operator acts on at once (roles, group changes, resumption, the
