@@ -88,14 +88,26 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+MAX_LEASE_VALUE = 4096
+"""Characters kept of one heartbeat annotation (the longest a worker writes, `checkpoint-skipped`, is ~2 KB)."""
+MAX_LEASE_SUMMARY = 16384
+"""Characters kept of one Lease's heartbeat annotations in all (a worker's come to ~5 KB at most): anyone who
+can write Leases could otherwise fill the operator's memory with 256 KiB of annotations per Lease."""
+
+
 def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
-    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time)."""
+    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time), each
+    value cut to `MAX_LEASE_VALUE` and the whole to `MAX_LEASE_SUMMARY` characters."""
     annotations = (body.get("metadata") or {}).get("annotations") or {}
-    summary: dict[str, Any] = {
-        key.removeprefix(LEASE_ANNOTATION_PREFIX): value
-        for key, value in annotations.items()
-        if key.startswith(LEASE_ANNOTATION_PREFIX)
-    }
+    summary: dict[str, Any] = {}
+    budget = MAX_LEASE_SUMMARY
+    for key, value in annotations.items():
+        if not key.startswith(LEASE_ANNOTATION_PREFIX) or budget <= 0:
+            continue
+        field, text = key.removeprefix(LEASE_ANNOTATION_PREFIX)[:64], str(value)[:MAX_LEASE_VALUE]
+        budget -= len(field) + len(text)
+        if budget >= 0:
+            summary[field] = text
     summary["renewTime"] = (body.get("spec") or {}).get("renewTime")
     owners = (body.get("metadata") or {}).get("ownerReferences") or []
     summary["ownerUid"] = next((owner.get("uid") for owner in owners if owner.get("kind") == "Pod"), None)
