@@ -154,7 +154,9 @@ class ObjectStoreSpec(ApiModel):
     """A Secret in the job's namespace whose keys become the trainer's environment (for S3:
     `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`)."""
     storage_options: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE_UNKNOWN)
-    """Further fsspec storage options for the URL's filesystem (e.g. `{"client_kwargs": {"region_name": ...}}`)."""
+    """Further fsspec storage options for the URL's filesystem (e.g. `{"client_kwargs": {"region_name": ...}}`).
+    Never credentials: a key that looks like one (`key`, `secret`, `token`, `password`, ...) is refused, since
+    everyone who can read the job reads its spec. Credentials go in the Secret that `secretName` names."""
 
 
 class CheckpointSpec(ApiModel):

@@ -192,8 +192,9 @@ class JobReconciler:
             # Every node is indexed: a bound node missing from the index was deleted.
             bound = ((pod.get("spec") or {}).get("nodeName") for pod in job_pods)
             bound_nodes: set[str] = {node for node in bound if node}
+            drills_allowed = bool(((job.get("spec") or {}).get("drills") or {}).get("allowed"))
             node_health = {
-                node: observe.node_for_job(summary, namespace, name)
+                node: observe.node_for_job(summary, namespace, name, drills_allowed)
                 for node in bound_nodes
                 if (summary := _first(nodes.get(node))) is not None
             }

@@ -88,14 +88,26 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+MAX_LEASE_VALUE = 4096
+"""Characters kept of one heartbeat annotation (the longest a worker writes, `checkpoint-skipped`, is ~2 KB)."""
+MAX_LEASE_SUMMARY = 16384
+"""Characters kept of one Lease's heartbeat annotations in all (a worker's come to ~5 KB at most): anyone who
+can write Leases could otherwise fill the operator's memory with 256 KiB of annotations per Lease."""
+
+
 def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
-    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time)."""
+    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time), each
+    value cut to `MAX_LEASE_VALUE` and the whole to `MAX_LEASE_SUMMARY` characters."""
     annotations = (body.get("metadata") or {}).get("annotations") or {}
-    summary: dict[str, Any] = {
-        key.removeprefix(LEASE_ANNOTATION_PREFIX): value
-        for key, value in annotations.items()
-        if key.startswith(LEASE_ANNOTATION_PREFIX)
-    }
+    summary: dict[str, Any] = {}
+    budget = MAX_LEASE_SUMMARY
+    for key, value in annotations.items():
+        if not key.startswith(LEASE_ANNOTATION_PREFIX) or budget <= 0:
+            continue
+        field, text = key.removeprefix(LEASE_ANNOTATION_PREFIX)[:64], str(value)[:MAX_LEASE_VALUE]
+        budget -= len(field) + len(text)
+        if budget >= 0:
+            summary[field] = text
     summary["renewTime"] = (body.get("spec") or {}).get("renewTime")
     owners = (body.get("metadata") or {}).get("ownerReferences") or []
     summary["ownerUid"] = next((owner.get("uid") for owner in owners if owner.get("kind") == "Pod"), None)
@@ -171,9 +183,11 @@ DRILL_CRASH_ANNOTATION = "phalanx.dev/drill-crash"
 """On a node, `<namespace>/<job>`: `phalanx drill --crash-node` takes the node away from that job only."""
 
 
-def node_for_job(summary: dict[str, Any], namespace: str, job: str) -> dict[str, Any]:
-    """A node's summary as one job sees it: `drill` is set when a drill took the node away from this job."""
-    return {**summary, "drill": summary.get("drillCrash") == f"{namespace}/{job}"}
+def node_for_job(summary: dict[str, Any], namespace: str, job: str, drills_allowed: bool) -> dict[str, Any]:
+    """A node's summary as one job sees it: `drill` is set when a drill took the node away from this job,
+    and only when the job allows drills (`spec.drills.allowed`): whoever may annotate nodes must not be able
+    to take one away from a job that never agreed to drills."""
+    return {**summary, "drill": drills_allowed and summary.get("drillCrash") == f"{namespace}/{job}"}
 
 
 # Heartbeat fields whose change the operator acts on at once (roles, group changes, resumption, the

@@ -222,6 +222,34 @@ def _checkpoint_tier_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     return issues
 
 
+CREDENTIAL_KEY = re.compile(
+    r"secret|password|passwd|token|credential|private|access_?key|(^|_)key(_id)?$", re.I
+)
+"""Storage option names that hold a credential (s3fs's `key`/`secret`/`token`, AWS's `aws_access_key_id`, ...)."""
+
+
+def _storage_option_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
+    """Credentials in `storageOptions` would be readable by everyone who can read the job (and they land in
+    the trainer's plain environment): they belong in the Secret that `secretName` names."""
+    store = spec.checkpoint.object_store
+    issues: list[SpecIssue] = []
+
+    def walk(node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            where = f"{path}.{key}"
+            if CREDENTIAL_KEY.search(str(key)):
+                message = "looks like a credential: put it in the Secret that objectStore.secretName names"
+                issues.append(SpecIssue(where, message))
+            else:
+                walk(value, where)
+
+    if store is not None:
+        walk(store.storage_options, "spec.checkpoint.objectStore.storageOptions")
+    return issues
+
+
 def validate_spec(
     spec: api.TrainingJobSpec, job_name: str = "", max_gang_pods: int | None = None
 ) -> list[SpecIssue]:
@@ -233,7 +261,7 @@ def validate_spec(
         issues.append(
             SpecIssue("spec.checkpoint.volume", "set either checkpoint.claimName or checkpoint.volume")
         )
-    issues += _checkpoint_tier_issues(spec)
+    issues += _checkpoint_tier_issues(spec) + _storage_option_issues(spec)
     if spec.heartbeat.timeout_seconds <= spec.heartbeat.interval_seconds:
         issues.append(
             SpecIssue("spec.heartbeat.timeoutSeconds", "must be greater than heartbeat.intervalSeconds")

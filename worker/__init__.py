@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     )
     from phalanx.worker.heartbeat import StatusPublisher
     from phalanx.worker.preflight import Preflight
+    from phalanx.worker.safepickle import allow_checkpoint_types
     from phalanx.worker.state import TrainState
     from phalanx.worker.steptime import StepClock, StepTiming
     from phalanx.worker.training_session import Run, session
@@ -40,6 +41,7 @@ __all__ = [
     "StepTiming",
     "TrainState",
     "TrainerExit",
+    "allow_checkpoint_types",
     "cleanup_snapshots",
     "exit_on_non_finite",
     "global_mean_loss",
@@ -67,6 +69,7 @@ _LAZY_EXPORTS = {
     "process_group_timeout": "phalanx.worker.guards",
     "StatusPublisher": "phalanx.worker.heartbeat",
     "Preflight": "phalanx.worker.preflight",
+    "allow_checkpoint_types": "phalanx.worker.safepickle",
     "StepClock": "phalanx.worker.steptime",
     "StepTiming": "phalanx.worker.steptime",
     "LauncherExit": "phalanx.worker.exitcodes",

@@ -33,8 +33,11 @@ def hang_target(pod_name: str, pod_uid: str) -> str:
 
 
 def is_hang_requested(job: jobwatch.JobObject | None, pod_name: str, pod_uid: str) -> bool:
-    """Whether `job` asks the pod `pod_name` (of UID `pod_uid`) to hang."""
+    """Whether `job` asks the pod `pod_name` (of UID `pod_uid`) to hang: only a job that allows drills
+    (`spec.drills.allowed`) can, whoever annotated it."""
     if job is None or not pod_name:
+        return False
+    if not ((job.get("spec") or {}).get("drills") or {}).get("allowed"):
         return False
     wanted = ((job.get("metadata") or {}).get("annotations") or {}).get(DRILL_HANG_ANNOTATION)
     return bool(wanted) and wanted == hang_target(pod_name, pod_uid)

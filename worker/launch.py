@@ -48,6 +48,7 @@ from phalanx.worker import (
     regroup,
     rendezvous,
     rollback,
+    safepickle,
     scaling,
     termination,
     trainerwatch,
@@ -64,7 +65,7 @@ from phalanx.worker.torch_support import UnsupportedTorchError
 try:
     from phalanx.worker import torch_elastic
     from phalanx.worker.torch_elastic import (
-        C10dRendezvousBackend,
+        CheckedBackend,
         DefaultLogsSpecs,
         DynamicRendezvousHandler,
         LocalElasticAgent,
@@ -128,7 +129,7 @@ class RendezvousClient:
         self.handler = DynamicRendezvousHandler.from_backend(
             run_id=settings.run_id,
             store=self.round_store,
-            backend=C10dRendezvousBackend(self.store, settings.run_id),
+            backend=CheckedBackend(self.store, settings.run_id),
             min_nodes=settings.min_nodes,
             max_nodes=settings.max_nodes,
             local_addr=settings.local_addr,
@@ -211,7 +212,7 @@ class RendezvousClient:
         try:
             store = rendezvous.connect(host, port, timeout=2.0)
             round_store = rendezvous.connect(host, port, timeout=self.round_wait)
-            backend = C10dRendezvousBackend(store, self.settings.run_id)
+            backend = CheckedBackend(store, self.settings.run_id)
         except (RuntimeError, dist.DistError, RendezvousConnectionError):
             return False
         self._swap(store, round_store, backend)
@@ -226,7 +227,7 @@ class RendezvousClient:
                 )
             time.sleep(1.0)
 
-    def _swap(self, store: dist.TCPStore, round_store: dist.TCPStore, backend: C10dRendezvousBackend) -> None:
+    def _swap(self, store: dist.TCPStore, round_store: dist.TCPStore, backend: CheckedBackend) -> None:
         # A restarted store has lost the rendezvous state; the handler's next sync reads the fresh one
         # (or the surviving one after a network blip) and its next join works against it.
         for hook in self.new_store_hooks:
@@ -1234,6 +1235,9 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
         return 128 + int(error.sigval)
     except StoreUnreachableError as error:
         logger.error("rendezvous failed: %s", error)
+        return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
+    except safepickle.RefusedPickle as error:
+        logger.error("rendezvous refused: the store holds a state this launcher will not load: %s", error)
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
     except RendezvousTimeoutError:
         logger.error(

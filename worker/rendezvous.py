@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from phalanx.worker import safepickle
 from phalanx.worker.env import FRESHEST_KEY, MAX_NODES_KEY, RESTART_EPOCH_KEY
 
 logger = logging.getLogger("phalanx.launch")
@@ -260,7 +261,7 @@ def forget_departed(store: dist.Store, backend: Any, pod_keys: Sequence[str], at
         if current is None:
             return []
         bits, token = current
-        state = pickle.loads(bits)
+        state = safepickle.loads(bits, safepickle.RENDEZVOUS_STATE)
         stale = [
             node
             for node, beat in state.last_heartbeats.items()

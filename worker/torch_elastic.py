@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from phalanx.worker import safepickle
 from phalanx.worker.torch_support import require_supported
 
 # Before any internal is imported: on an unsupported torch, the imports below may fail in ways that say
@@ -54,6 +55,7 @@ __all__ = [
     "AGENT_HOOKS",
     "LOGGER_NAME",
     "C10dRendezvousBackend",
+    "CheckedBackend",
     "DefaultLogsSpecs",
     "DynamicRendezvousHandler",
     "LocalElasticAgent",
@@ -102,6 +104,27 @@ but not public API either."""
 
 
 # ------------------------------------------------------------------------- the rendezvous handler
+
+
+class CheckedBackend(C10dRendezvousBackend):
+    """torch's c10d rendezvous backend, with every state it reads checked before torch unpickles it.
+
+    torch keeps the rendezvous state in the store as a pickle and unpickles whatever it reads there. Here
+    that state must name nothing but what torch's state is made of (`safepickle.RENDEZVOUS_STATE`), so
+    whoever can write to the store cannot run code in the launchers: a state naming anything else raises
+    `safepickle.RefusedPickle`, which the launcher reports and exits on."""
+
+    def get_state(self) -> tuple[bytes, Any] | None:
+        current = super().get_state()
+        if current is not None:
+            safepickle.loads(current[0], safepickle.RENDEZVOUS_STATE)
+        return current
+
+    def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
+        result = super().set_state(state, token)
+        if result is not None and not result[2]:  # another's state came back instead of ours
+            safepickle.loads(result[0], safepickle.RENDEZVOUS_STATE)
+        return result
 
 
 def node_of(handler: DynamicRendezvousHandler) -> Any:

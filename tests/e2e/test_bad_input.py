@@ -277,6 +277,13 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
         (_no_trainer_container, "spec.trainerContainer", "'trainer'"),
         (lambda job: _with(job, "spares", 50000), "spec.spares", "maxGangPods"),
         (lambda job: _with(job, "maxReplicas", 5000), "spec.maxReplicas", "maxGangPods"),
+        (
+            lambda job: _with(
+                job, "checkpoint.objectStore", {"url": "s3://b/p", "storageOptions": {"secret": "x"}}
+            ),
+            "spec.checkpoint.objectStore.storageOptions.secret",
+            "credential",
+        ),
     ],
     ids=[
         "limit-lots",
@@ -285,6 +292,7 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
         "no-trainer-container",
         "spares",
         "max-replicas",
+        "credential-in-storage-options",
     ],
 )
 def test_bad_input_the_crd_cannot_judge_is_invalid_spec_naming_the_field_with_no_pod(

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -62,6 +63,20 @@ def test_a_job_without_opt_in_is_refused_and_left_alone(
     alive = {pod.metadata.name for pod in job_pods(cluster, namespace, "closed")}
     assert worker.metadata.name in alive
     assert incidents_of(get_job(cluster, namespace, "closed")) == []
+    # Nor does it obey the drills' marks set by hand, bypassing the command: the operator and the launcher
+    # check the opt-in themselves.
+    node = worker.spec.node_name
+    target = f"phalanx.dev/drill-hang={worker.metadata.name}/{worker.metadata.uid}"
+    cluster.kubectl("annotate", "trainingjob", "closed", "-n", namespace, target)
+    cluster.kubectl("annotate", "node", node, f"phalanx.dev/drill-crash={namespace}/closed")
+    try:
+        before = get_job(cluster, namespace, "closed")["status"]["step"]
+        time.sleep(15)  # three heartbeat timeouts: a frozen trainer or a node taken away would be seen
+        job = get_job(cluster, namespace, "closed")
+    finally:
+        cluster.kubectl("annotate", "node", node, "phalanx.dev/drill-crash-", check=False)
+    assert incidents_of(job) == [] and job["status"]["step"] > before, job["status"]
+    assert worker.metadata.name in {pod.metadata.name for pod in job_pods(cluster, namespace, "closed")}
 
 
 def test_kill_worker_drill_reports_the_recovery(cluster: Cluster, operator: Operator, namespace: str) -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from phalanx.worker.checkpoint import payload
+
 
 @dataclass(frozen=True)
 class Group:
@@ -51,11 +53,23 @@ class Group:
         return tensor.tolist()
 
     def gather_objects(self, obj: object, dst: int = 0) -> list[object] | None:
+        """Each rank's `obj` on `dst` (None elsewhere). Sent as payloads, not torch's pickled objects, so
+        what arrives is read through the checkpoint allow-list (`payload.from_bytes`)."""
         if not self.distributed:
             return [obj]
-        gathered: list[object] | None = [None] * self.world_size if self.rank == dst else None
-        dist.gather_object(obj, gathered, group=self.group, group_dst=dst)
-        return gathered
+        data = payload.to_bytes(obj)
+        sizes = [size for (size,) in self.all_gather_ints([len(data)])]
+        padded = torch.zeros(max(sizes), dtype=torch.uint8)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        padded = padded.to(self._device())
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)] if self.rank == dst else None
+        dist.gather(padded, gathered, group=self.group, group_dst=dst)
+        if gathered is None:
+            return None
+        return [
+            payload.from_bytes(tensor[:size].cpu().numpy().tobytes())
+            for tensor, size in zip(gathered, sizes, strict=True)
+        ]
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         dist.send(tensor, group=self.group, group_dst=dst)

@@ -21,12 +21,20 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from phalanx.worker.checkpoint import layout, skipped
 from phalanx.worker.checkpoint.skipped import Problem
 
 log = logging.getLogger(__name__)
+
+FILE_MODE = 0o640
+"""Checkpoint files: the job's user reads and writes them, its group (the pod's fsGroup) reads, nobody else."""
+DIR_MODE = 0o750
+"""Checkpoint folders, likewise."""
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+"""A file is always created, never opened: a name planted ahead of the writer (a symlink to elsewhere, say)
+fails the write instead of redirecting it."""
 
 HASH_CHUNK_BYTES = 8 << 20
 STALE_TMP_SECONDS = 3600.0
@@ -42,10 +50,15 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def create_file(path: Path) -> BinaryIO:
+    """A new file at `path` (which must not exist, not even as a symlink), open for writing, mode `FILE_MODE`."""
+    return os.fdopen(os.open(path, _NEW_FILE_FLAGS, FILE_MODE), "wb")
+
+
 def write_file_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary name, fsynced, so readers see all or nothing."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as handle:
+    with create_file(tmp) as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
@@ -57,7 +70,7 @@ def write_file_from_chunks(path: Path, chunks: Iterable[bytes | memoryview]) -> 
     """Write ``chunks`` to a new file, fsync it, and return its size and sha256."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "wb") as handle:
+    with create_file(path) as handle:
         for chunk in chunks:
             digest.update(chunk)
             handle.write(chunk)
@@ -81,10 +94,10 @@ def hash_file(path: Path) -> tuple[int, str]:
 
 def new_tmp_dir(directory: Path, step: int) -> Path:
     """Create the temporary folder a writer fills before :func:`commit`."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     unique = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = directory / layout.tmp_dir_name(step, unique)
-    tmp.mkdir()
+    tmp.mkdir(mode=DIR_MODE)
     return tmp
 
 
@@ -104,13 +117,16 @@ def commit(
     known = dict(hashes or {})
     files: dict[str, tuple[int, str]] = {}
     for entry in sorted(tmp.iterdir()):
-        if not entry.is_file():
+        if entry.is_symlink() or not entry.is_file():
             raise ValueError(f"checkpoint folder {tmp} holds a non-file entry {entry.name}")
+        # Files other writers made (torch's shards, copies) get the checkpoint's mode as well.
+        os.chmod(entry, FILE_MODE)
         if entry.name in known:
             files[entry.name] = known[entry.name]
         else:
             fsync_path(entry)
             files[entry.name] = hash_file(entry)
+    os.chmod(tmp, DIR_MODE)
     fsync_path(tmp)
     final = tmp.parent / layout.step_dir_name(step)
     if final.exists():

@@ -3,7 +3,12 @@
 Layout: ``magic | skeleton length | pickled skeleton | padding | tensor bytes``. The skeleton is the
 state with every tensor replaced by a :class:`TensorRef` (dtype, shape, offset), so the bulk of the
 state is copied with plain memory copies into a preallocated buffer (a slot in /dev/shm, pinned when a
-GPU is present) and read back as views of one buffer, without pickling tensor data.
+GPU is present) and read back as views of one buffer, without pickling tensor data. NumPy arrays of the
+dtypes torch shares travel the same way.
+
+The skeleton is read back through an allow-list (`phalanx.worker.safepickle.CHECKPOINT`): a payload comes
+from a slot, a peer or a file that someone else may have written. A state holding anything beyond plain values
+is checked against that list when it is packed, so a state that could not be restored is refused at its save.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from phalanx.worker import safepickle
 
 PAYLOAD_MAGIC = b"PHXSTAT1"
 _PREFIX = struct.Struct("<8sQ")
@@ -34,6 +42,8 @@ class TensorRef:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    numpy: bool = False
+    """Read back as a NumPy array (it was one)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,25 @@ class PackPlan:
     total_bytes: int
 
 
-_CONTAINERS = (torch.Tensor, dict, list, tuple)
+_CONTAINERS = (torch.Tensor, np.ndarray, dict, list, tuple)
+_PLAIN = (int, float, bool, str, bytes, type(None))
+"""Leaf types a pickle writes without naming any global (exact types: a subclass names its class)."""
+
+
+_NUMPY_INTEGERS = (np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64)
+_NUMPY_DTYPES = {
+    np.dtype(kind) for kind in (*_NUMPY_INTEGERS, np.float16, np.float32, np.float64, np.complex64)
+}
+"""NumPy dtypes that torch shares, so an array of one travels as tensor bytes."""
+
+
+def _plain_tree(node: Any) -> bool:
+    """Whether `node` is plain values in dicts, lists and tuples (a module's `_metadata`, for one)."""
+    if isinstance(node, dict) and type(node) in (dict, OrderedDict):
+        return all(type(key) in _PLAIN and _plain_tree(value) for key, value in node.items())
+    if type(node) in (list, tuple):
+        return all(_plain_tree(item) for item in node)
+    return type(node) in _PLAIN
 
 
 def _align(value: int) -> int:
@@ -76,32 +104,44 @@ def plan(state: Any) -> PackPlan:
     refs: list[TensorRef] = []
     cursor = 0
 
-    def walk(node: Any) -> Any:
+    foreign = False  # a leaf that pickle writes by naming a global: checked against the allow-list
+
+    def reference(tensor: torch.Tensor, numpy: bool) -> TensorRef:
         nonlocal cursor
+        nbytes = tensor.numel() * tensor.element_size()
+        ref = TensorRef(len(tensors), str(tensor.dtype), tuple(tensor.shape), cursor, nbytes, numpy)
+        tensors.append(tensor)
+        refs.append(ref)
+        cursor = _align(cursor + nbytes)
+        return ref
+
+    def walk(node: Any) -> Any:
+        nonlocal foreign
         if isinstance(node, torch.Tensor) and node.layout == torch.strided and not node.is_quantized:
-            tensor = node.detach()
-            nbytes = tensor.numel() * tensor.element_size()
-            ref = TensorRef(len(tensors), str(tensor.dtype), tuple(tensor.shape), cursor, nbytes)
-            tensors.append(tensor)
-            refs.append(ref)
-            cursor = _align(cursor + nbytes)
-            return ref
+            return reference(node.detach(), numpy=False)
+        if type(node) is np.ndarray and node.dtype in _NUMPY_DTYPES:
+            return reference(torch.from_numpy(np.ascontiguousarray(node)), numpy=True)
         if isinstance(node, dict):
+            metadata = getattr(node, "_metadata", None)
+            if not _plain_tree(metadata) or not all(type(key) in _PLAIN for key in node):
+                foreign = True
             return _Mapping(
-                isinstance(node, OrderedDict),
-                [(key, walk(value)) for key, value in node.items()],
-                getattr(node, "_metadata", None),
+                isinstance(node, OrderedDict), [(key, walk(value)) for key, value in node.items()], metadata
             )
-        if isinstance(node, list | tuple) and not any(isinstance(item, _CONTAINERS) for item in node):
+        if type(node) in (list, tuple) and all(type(item) in _PLAIN for item in node):
             return node  # e.g. the 625 integers of Python's RNG state: nothing to replace
-        if isinstance(node, list):
+        if type(node) is list:
             return [walk(item) for item in node]
         if type(node) is tuple:
             return tuple(walk(item) for item in node)
+        if type(node) not in _PLAIN:
+            foreign = True
         return node
 
     tree = walk(state)
     skeleton = pickle.dumps(tree, protocol=5)
+    if foreign:
+        safepickle.load_checkpoint_bytes(skeleton)
     data_start = _align(_PREFIX.size + len(skeleton))
     return PackPlan(skeleton, tensors, refs, data_start, data_start + cursor)
 
@@ -190,15 +230,17 @@ def read_from(buffer: torch.Tensor) -> Any:
         raise ValueError("not a Phalanx state payload")
     skeleton = bytes(buffer[_PREFIX.size : _PREFIX.size + skeleton_len].numpy())
     data_start = _align(_PREFIX.size + skeleton_len)
-    tree = pickle.loads(skeleton)
+    tree = safepickle.load_checkpoint_bytes(skeleton)
 
     def build(node: Any) -> Any:
         if isinstance(node, TensorRef):
             dtype = _dtype_from_name(node.dtype)
             start = data_start + node.offset
             if node.nbytes == 0:
-                return torch.empty(node.shape, dtype=dtype)
-            return buffer[start : start + node.nbytes].view(dtype).view(node.shape)
+                tensor = torch.empty(node.shape, dtype=dtype)
+            else:
+                tensor = buffer[start : start + node.nbytes].view(dtype).view(node.shape)
+            return tensor.numpy().copy() if node.numpy else tensor
         if isinstance(node, _Mapping):
             built = (OrderedDict if node.ordered else dict)((key, build(value)) for key, value in node.items)
             if node.metadata is not None:
@@ -211,3 +253,16 @@ def read_from(buffer: torch.Tensor) -> Any:
         return node
 
     return build(tree)
+
+
+def to_bytes(state: Any) -> bytes:
+    """`state` as one payload in a byte string (for a file or a message; tensors are copied to the host)."""
+    packed = plan(state)
+    buffer = torch.empty(packed.total_bytes, dtype=torch.uint8)
+    write_into(buffer, packed)
+    return buffer.numpy().tobytes()
+
+
+def from_bytes(data: bytes) -> Any:
+    """The state of a payload made by `to_bytes` (read through the allow-list as every payload is)."""
+    return read_from(torch.frombuffer(bytearray(data), dtype=torch.uint8))

@@ -5,8 +5,8 @@ FSDP/DTensor models and plain modules alike give FQN-keyed dicts of DTensors/ten
 run through ``dcp.async_save`` with torch's process executor (a background process per rank with its
 own gloo group writes the shards), into a temporary folder; once rank 0 sees the save finished, the
 torch-free saver process hashes and fsyncs the folder, renames it to ``step-<N>`` and writes the
-manifest. Each rank adds ``rng-rank-<r>.pkl`` (its RNG states). Loading uses ``dcp.load`` into the
-live, current-world-size state, so shards are re-cut when the world size changed. In-memory
+manifest. Each rank adds ``rng-rank-<r>.bin`` (its RNG states: a payload as in payload.py, so it is read
+through the allow-list). Loading uses ``dcp.load`` into the live, current-world-size state, so shards are re-cut when the world size changed. In-memory
 snapshots hold each rank's local shards; they restore only when every rank has one of the same step
 at an unchanged world size (peer recovery of lost shards is not possible without replicas).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,7 +100,7 @@ def fill_from_local(target: Any, saved: Any) -> Any:
 
 
 def rng_file(rank: int) -> str:
-    return f"rng-rank-{rank}.pkl"
+    return f"rng-rank-{rank}.bin"
 
 
 def stop_background_saver(timeout: float = 10.0) -> None:
@@ -150,7 +149,7 @@ class ShardedWriter:
 
     def _write_rng(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        data = pickle.dumps({"rng": capture_rng(), "world_size": self.owner.world_size})
+        data = payload.to_bytes({"rng": capture_rng(), "world_size": self.owner.world_size})
         durable.write_file_from_chunks(folder / rng_file(self.owner.rank), [data])
 
     def poll(self, block: bool = False) -> None:
@@ -266,9 +265,14 @@ class ShardedWriter:
         dcp.load(target, checkpoint_id=str(path), process_group=owner.group.group)
         apply_dcp_state(owner.state, target)
         rng_path = path / rng_file(owner.rank)
-        with contextlib.suppress(FileNotFoundError):
-            saved = pickle.loads(rng_path.read_bytes())
-            if saved["world_size"] == owner.world_size:
-                restore_rng(saved["rng"])
-                return
+        try:
+            saved = payload.from_bytes(rng_path.read_bytes())
+        except FileNotFoundError:
+            saved = None
+        except ValueError as error:  # not a payload, or one naming a type the allow-list refuses
+            log.warning("RNG state not restored: %s is unreadable (%s)", rng_path.name, error)
+            return
+        if saved is not None and saved["world_size"] == owner.world_size:
+            restore_rng(saved["rng"])
+            return
         log.info("RNG state not restored: %s saved at another world size or missing", rng_path.name)

@@ -494,12 +494,23 @@ def test_a_drill_takes_a_node_away_from_its_job_only(make_pod: MakePod, now: dat
 
     node = {**HEALTHY["node-a"], "drillCrash": "ml/demo"}
     pods = [make_pod("demo-worker-0")]
-    for_demo = {"node-a": observe.node_for_job(node, "ml", "demo")}
+    for_demo = {"node-a": observe.node_for_job(node, "ml", "demo", drills_allowed=True)}
     (failure,), _ = run(pods, {"demo-worker-0": lease(now)}, now, nodes=for_demo)
     assert failure.cause == "NodeLost" and failure.force
     assert failure.node_conditions == frozenset({"DrillCrash"}) and "drill" in failure.message
-    for_other = {"node-a": observe.node_for_job(node, "ml", "other")}
+    for_other = {"node-a": observe.node_for_job(node, "ml", "other", drills_allowed=True)}
     assert run(pods, {"demo-worker-0": lease(now)}, now, nodes=for_other)[0] == []
+
+
+def test_a_node_drill_on_a_job_that_does_not_allow_drills_is_ignored(
+    make_pod: MakePod, now: datetime
+) -> None:
+    from phalanx.operator import status as observe
+
+    node = {**HEALTHY["node-a"], "drillCrash": "ml/demo"}
+    pods = [make_pod("demo-worker-0")]
+    refused = {"node-a": observe.node_for_job(node, "ml", "demo", drills_allowed=False)}
+    assert run(pods, {"demo-worker-0": lease(now)}, now, nodes=refused)[0] == []
 
 
 def micro(moment: datetime) -> str:

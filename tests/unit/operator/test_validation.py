@@ -264,3 +264,26 @@ def test_job_names_its_services_and_hostnames_cannot_carry_are_refused(make_job:
         assert [issue.field for issue in issues] == ["metadata.name"], name
         assert "starting with a letter" in issues[0].message
     assert check(make_job()["spec"], "run-2")[1] == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"key": "AKIA..."},
+        {"secret": "..."},
+        {"client_kwargs": {"aws_secret_access_key": "..."}},
+        {"client_kwargs": {"aws_session_token": "..."}},
+        {"config_kwargs": {"password": "..."}},
+    ],
+)
+def test_credentials_in_storage_options_are_refused(make_job: MakeJob, options: dict[str, Any]) -> None:
+    store = {"url": "s3://bucket/run", "storageOptions": options}
+    fields = _fields(make_job(checkpoint={"path": "/ckpt", "objectStore": store}))
+    [(field, message)] = fields.items()
+    assert field.startswith("spec.checkpoint.objectStore.storageOptions.") and "credential" in message, fields
+
+
+def test_storage_options_without_credentials_pass(make_job: MakeJob) -> None:
+    options = {"client_kwargs": {"region_name": "eu-west-1"}, "anon": False, "skip_instance_cache": True}
+    store = {"url": "s3://bucket/run", "storageOptions": options}
+    assert _fields(make_job(checkpoint={"path": "/ckpt", "objectStore": store})) == {}

@@ -8,15 +8,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from localjob import LocalJob
+from localjob import LocalJob, running_job
 
 
 @pytest.fixture
 def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
     """A rendezvous store process, and launcher nodes the test starts; everything is killed afterwards."""
-    local_job = LocalJob(tmp_path, run_id=f"job-{request.node.name}"[:60])
-    local_job.start_store()
-    try:
+    with running_job(tmp_path, request.node.name) as local_job:
         yield local_job
-    finally:
-        local_job.close()

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +222,14 @@ class LocalJob:
             if summary is not None:
                 return summary
         raise AssertionError("no node wrote a summary")
+
+
+@contextlib.contextmanager
+def running_job(root: Path, test_name: str) -> Iterator[LocalJob]:
+    """A rendezvous store process, and launcher nodes the test starts; everything is killed afterwards."""
+    local_job = LocalJob(root, run_id=f"job-{test_name}"[:60])
+    local_job.start_store()
+    try:
+        yield local_job
+    finally:
+        local_job.close()

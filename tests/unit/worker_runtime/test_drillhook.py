@@ -13,9 +13,12 @@ import pytest
 from phalanx.worker.drillhook import DRILL_HANG_ANNOTATION, HangDrill, hang_target, is_hang_requested
 
 
-def job_with(annotation: str | None) -> dict:
+def job_with(annotation: str | None, allowed: bool = True) -> dict:
     annotations = {} if annotation is None else {DRILL_HANG_ANNOTATION: annotation}
-    return {"metadata": {"name": "demo", "annotations": annotations}}
+    return {
+        "metadata": {"name": "demo", "annotations": annotations},
+        "spec": {"drills": {"allowed": allowed}},
+    }
 
 
 def test_only_the_named_pod_of_that_uid_is_asked_to_hang() -> None:
@@ -25,6 +28,8 @@ def test_only_the_named_pod_of_that_uid_is_asked_to_hang() -> None:
     assert not is_hang_requested(job_with(None), "demo-worker-1", "uid-1")
     assert not is_hang_requested(None, "demo-worker-1", "uid-1")
     assert not is_hang_requested(job_with("/"), "", "")  # outside a pod nothing hangs
+    # A job that does not allow drills never hangs, whoever annotated it.
+    assert not is_hang_requested(job_with("demo-worker-1/uid-1", allowed=False), "demo-worker-1", "uid-1")
     assert hang_target("demo-worker-1", "uid-1") == "demo-worker-1/uid-1"
 
 
