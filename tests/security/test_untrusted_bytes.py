@@ -242,3 +242,24 @@ def test_a_write_never_follows_a_planted_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"non-file entry state\.bin"):
         durable.commit(folder, 3, "replicated")
     assert elsewhere.read_text() == "kept"
+
+
+def test_the_states_torch_s_own_parts_save_pass_the_allow_list() -> None:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    schedulers = [
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 10),
+        torch.optim.lr_scheduler.OneCycleLR(optimizer, 1.0, total_steps=10),
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+    ]
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedulers": [scheduler.state_dict() for scheduler in schedulers],
+        "scaler": torch.amp.GradScaler("cpu").state_dict(),
+    }
+    back = payload.from_bytes(payload.to_bytes(state))
+    assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert back["schedulers"] == state["schedulers"] and back["scaler"] == state["scaler"]
