@@ -22,7 +22,8 @@ def _meta(job: dict[str, Any], name: str, labels: dict[str, str] | None = None) 
     return {
         "name": name,
         "namespace": job_meta["namespace"],
-        "labels": {**names.job_labels(job_meta["name"]), **(labels or {})},
+        # The operator's labels win: a template label naming another job must not make the pod that job's.
+        "labels": {**(labels or {}), **names.job_labels(job_meta["name"])},
         "ownerReferences": [names.owner_reference(job)],
     }
 

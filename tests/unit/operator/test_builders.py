@@ -440,3 +440,16 @@ def test_a_template_running_as_root_gets_no_run_as_non_root(make_job: MakeJob) -
     rendezvous = builders.build_rendezvous_pod(own_image, _spec(own_image))
     assert rendezvous["spec"]["securityContext"]["runAsNonRoot"] is True
     assert "runAsUser" not in rendezvous["spec"]["containers"][0]["securityContext"]
+
+
+def test_the_operator_s_labels_win_over_the_template_s(make_job: MakeJob) -> None:
+    job = make_job()
+    job["spec"]["template"].setdefault("metadata", {})["labels"] = {
+        "phalanx.dev/job-name": "victim",
+        "app.kubernetes.io/managed-by": "someone-else",
+        "phalanx.dev/component": "rendezvous",
+        "team": "vision",
+    }
+    labels = builders.build_worker_pod(job, _spec(job), 0, "worker")["metadata"]["labels"]
+    assert labels["phalanx.dev/job-name"] == "demo" and labels["app.kubernetes.io/managed-by"] == "phalanx-operator"
+    assert labels["phalanx.dev/component"] == "trainer" and labels["team"] == "vision"
