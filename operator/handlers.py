@@ -39,6 +39,7 @@ from phalanx.operator import (
     throttle,
     validation,
     viewclock,
+    watchguard,
 )
 from phalanx.operator import status as observe
 from phalanx.operator.kube import Kube
@@ -129,6 +130,9 @@ class JobReconciler:
         """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
         self._kueue_missing: set[tuple[str, str]] = set()
         """Queued jobs told that this cluster serves no Kueue Workload API."""
+        self.unseen_pods = watchguard.UnseenPods()
+        self.watch_stalled = threading.Event()
+        """Set when the pod watch has stopped delivering (`watchguard`): the operator then stops, to restart."""
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -139,6 +143,7 @@ class JobReconciler:
             self._locks.pop((namespace, name), None)
         self.creations.forget((namespace, name))
         self.health.forget((namespace, name))
+        self.unseen_pods.forget((namespace, name))
         self.metrics.forget_job_health(namespace, name)
         self.metrics.job_checkpoint_interval(namespace, name, None)
         self.metrics.job_state(uid, None)
@@ -186,6 +191,7 @@ class JobReconciler:
                 namespace, [dict(pod) for pod in list(pods.get((namespace, name), ()))]
             )
             pod_names = [observe.pod_name(pod) for pod in job_pods]
+            self._check_pod_watch(job, pod_names, logger)
             job_leases = {
                 pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
             }
@@ -323,6 +329,12 @@ class JobReconciler:
         elif plan.create_pods:
             self.creations.succeeded(key)
         created: set[str] = set()
+        existing = [
+            pod["metadata"]["name"]
+            for pod, outcome in zip(plan.create_pods, outcomes, strict=True)
+            if outcome is False
+        ]
+        self.unseen_pods.found_existing(key, existing)
         for pod, outcome in zip(plan.create_pods, outcomes, strict=True):
             if outcome is True:
                 created.add(pod["metadata"]["name"])
@@ -392,6 +404,25 @@ class JobReconciler:
                 metadata = {**pod["metadata"], "labels": {**labels, names.LABEL_ROLE: role}}
                 job_pods[position] = {**pod, "metadata": metadata}
         return job_pods
+
+    def _check_pod_watch(self, job: dict[str, Any], indexed: list[str], logger: Any) -> None:
+        """Set `watch_stalled` when a pod of the job's own that a creation found existing is still missing from
+        the pod index after `unseen_pods.limit_seconds` (the watch stopped). A pod of that name that is not
+        the job's (someone else's, or gone) says nothing about the watch and is dropped."""
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.unseen_pods.seen(key, indexed)
+        for name in self.unseen_pods.overdue(key):
+            pod = self.kube.get_pod(meta["namespace"], name)
+            owners = ((pod or {}).get("metadata") or {}).get("ownerReferences") or []
+            if any(owner.get("uid") == meta["uid"] and owner.get("controller") for owner in owners):
+                logger.error(
+                    f"pod {name} exists but the operator's pod watch has not shown it for "
+                    f"{self.unseen_pods.limit_seconds:g} s: the watch has stopped; stopping to restart"
+                )
+                self.watch_stalled.set()
+                return
+            self.unseen_pods.forget(key, [name])
 
     def _create_pod(
         self, key: tuple[str, str], pod: dict[str, Any], generation: int | None, logger: Any

@@ -174,6 +174,9 @@ class Kube:
                 return None
             raise
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_or_none(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Kueue Workload (None: none, or Kueue's API is not served)."""
         return self._get_or_none(f"{_WORKLOADS}/namespaces/{namespace}/workloads/{name}")

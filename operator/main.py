@@ -69,6 +69,11 @@ def run(settings: OperatorSettings) -> int:
             peering_name=settings.peering or None,
             priority=peering_priority(settings),
             liveness_endpoint=settings.liveness_endpoint,
+            stop_flag=reconciler.watch_stalled,
         )
     )
+    if reconciler.watch_stalled.is_set():
+        # Its container restarts it, with every watch started afresh.
+        logging.getLogger(__name__).error("stopped: the pod watch had stopped delivering")
+        return 1
     return 0

@@ -63,6 +63,10 @@ class FakeKube:
     def forget(self, namespace: str, name: str) -> None:
         self.calls.append(("forget", name))
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get-pod", name))
+        return None
+
 
 def _run(
     job: dict[str, Any],
@@ -857,3 +861,45 @@ def test_a_promotion_is_relabelled_and_announced_once_while_the_index_lags(
     caught_up = [*pods[:2], make_pod("demo-worker-2", role="worker"), pods[3]]
     reconciler.reconcile("ml", "demo", {("ml", "demo"): caught_up}, leases, nodes, logger)
     assert reconciler._roles_written == {}
+
+
+class ExistingPodsKube(RejectingKube):
+    """Every creation answers AlreadyExists; `get_pod` returns a pod owned by `owner_uid`."""
+
+    def __init__(self, job: dict[str, Any], owner_uid: str) -> None:
+        super().__init__(job, rejected=set())
+        self.owner_uid = owner_uid
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        self.calls.append(("exists", obj["metadata"]["name"]))
+        return False
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        owner = {"kind": "TrainingJob", "uid": self.owner_uid, "controller": True}
+        return {"metadata": {"name": name, "ownerReferences": [owner]}}
+
+
+@pytest.mark.parametrize(("owner", "stalled"), [("uid-123", True), ("someone-else", False)])
+def test_the_job_s_own_pods_existing_but_never_indexed_mean_the_pod_watch_stopped(
+    make_job: Callable[..., Any], owner: str, stalled: bool
+) -> None:
+    from phalanx.operator import watchguard
+
+    moment = [0.0]
+    kube = ExistingPodsKube(make_job(), owner_uid=owner)
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    reconciler.unseen_pods = watchguard.UnseenPods(limit_seconds=60, clock=lambda: moment[0])
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def reconcile() -> None:
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+
+    reconcile()
+    assert not reconciler.watch_stalled.is_set()
+    moment[0] = 30.0
+    reconcile()  # still within the limit: an index a moment behind is no evidence
+    assert not reconciler.watch_stalled.is_set()
+    moment[0] = 61.0
+    reconcile()
+    # The job's own pods, existing and unseen for a minute: the watch stopped. Someone else's say nothing.
+    assert reconciler.watch_stalled.is_set() is stalled
