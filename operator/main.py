@@ -44,6 +44,7 @@ def run(settings: OperatorSettings) -> int:
         settings.api_concurrency,
         timedelta(seconds=settings.clock_skew_seconds),
         max_gang_pods=settings.max_gang_pods,
+        host_path_prefix=settings.host_path_prefix,
         create_batch=settings.create_batch,
         creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )

@@ -104,6 +104,9 @@ class Observed:
     pod (`capacity.gang_fit`). None: not observed (no capacity check)."""
     max_gang_pods: int | None = None
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
+    host_path_prefix: str | None = None
+    """The node folder under which jobs may keep a local tier (`hostPathPrefix`; empty: none may); None: not
+    judged."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
     workload: dict[str, Any] | None = None
@@ -1369,7 +1372,13 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     )
     b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
-    spec, issues = validation.check(job.get("spec"), job_name, observed.max_gang_pods)
+    spec, issues = validation.check(
+        job.get("spec"),
+        job_name,
+        observed.max_gang_pods,
+        host_path_prefix=observed.host_path_prefix,
+        namespace=job["metadata"].get("namespace", ""),
+    )
     if spec is not None and queueing.queue_name(job) is not None and spec.gang.pod_group == "Kueue":
         # Both would hand the job to Kueue: its pods would be queued again, each group on its own.
         why = (

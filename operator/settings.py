@@ -53,6 +53,11 @@ class OperatorSettings(BaseModel):
     clusters have more than a couple of thousand nodes, so a larger number is almost always a typo whose pods
     would only fill the API server's storage. 2000 leaves room for the 1,000-pod gangs this operator is
     measured with; raise it on a cluster that really runs larger gangs."""
+    host_path_prefix: str = ""
+    """The node folder under which a job may keep its local checkpoint tier (`checkpoint.localTier.hostPath`):
+    a job's host path must lie under `<prefix>/<namespace>/<job>`. Empty (the default): no job gets a host path,
+    since a writable folder of any node path is far more than a pod of one's own (and fails Pod Security
+    "restricted" besides)."""
     create_batch: int = Field(default=100, ge=1, le=10000)
     """Pods of one job created per reconcile: a large gang is created over several reconciles, so one job's
     creations never queue ahead of every other job's requests for long."""

@@ -8,6 +8,7 @@ condition and the Event tell the user exactly what to fix.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -299,11 +300,37 @@ def validate_spec(
 
 
 def check(
-    raw_spec: dict[str, Any] | None, job_name: str = "", max_gang_pods: int | None = None
+    raw_spec: dict[str, Any] | None,
+    job_name: str = "",
+    max_gang_pods: int | None = None,
+    host_path_prefix: str | None = None,
+    namespace: str = "",
 ) -> tuple[api.TrainingJobSpec | None, list[SpecIssue]]:
-    """Parse and validate; the spec is returned only when there is no issue."""
+    """Parse and validate; the spec is returned only when there is no issue. `host_path_prefix`: the
+    operator's `hostPathPrefix` (None: host paths are not judged)."""
     spec, issues = parse_spec(raw_spec)
     if spec is None:
         return None, issues
     issues = validate_spec(spec, job_name, max_gang_pods)
+    if host_path_prefix is not None:
+        issues += _host_path_issues(spec, host_path_prefix, namespace, job_name)
     return (None, issues) if issues else (spec, [])
+
+
+def _host_path_issues(
+    spec: api.TrainingJobSpec, prefix: str, namespace: str, job_name: str
+) -> list[SpecIssue]:
+    """A local tier on the host only where the operator allows one: under `<prefix>/<namespace>/<job>`."""
+    host_path = spec.checkpoint.local_tier.host_path if spec.checkpoint.local_tier.enabled else None
+    if not host_path:
+        return []
+    field = "spec.checkpoint.localTier.hostPath"
+    if not prefix:
+        why = "this operator allows no host path (its chart's hostPathPrefix is empty): leave hostPath out"
+        return [SpecIssue(field, why)]
+    allowed = posixpath.join(posixpath.normpath(prefix), namespace, job_name)
+    if host_path != allowed and not host_path.startswith(allowed + "/"):
+        return [
+            SpecIssue(field, f"must lie under {allowed} (the operator's hostPathPrefix, then namespace/job)")
+        ]
+    return []

@@ -284,6 +284,11 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
             "spec.checkpoint.objectStore.storageOptions.secret",
             "credential",
         ),
+        (
+            lambda job: _with(job, "checkpoint.localTier", {"enabled": True, "hostPath": "/etc"}),
+            "spec.checkpoint.localTier.hostPath",
+            "allows no host path",
+        ),
     ],
     ids=[
         "limit-lots",
@@ -293,6 +298,7 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
         "spares",
         "max-replicas",
         "credential-in-storage-options",
+        "host-path-not-allowed",
     ],
 )
 def test_bad_input_the_crd_cannot_judge_is_invalid_spec_naming_the_field_with_no_pod(

@@ -451,5 +451,8 @@ def test_the_operator_s_labels_win_over_the_template_s(make_job: MakeJob) -> Non
         "team": "vision",
     }
     labels = builders.build_worker_pod(job, _spec(job), 0, "worker")["metadata"]["labels"]
-    assert labels["phalanx.dev/job-name"] == "demo" and labels["app.kubernetes.io/managed-by"] == "phalanx-operator"
+    assert (
+        labels["phalanx.dev/job-name"] == "demo"
+        and labels["app.kubernetes.io/managed-by"] == "phalanx-operator"
+    )
     assert labels["phalanx.dev/component"] == "trainer" and labels["team"] == "vision"

@@ -287,3 +287,24 @@ def test_storage_options_without_credentials_pass(make_job: MakeJob) -> None:
     options = {"client_kwargs": {"region_name": "eu-west-1"}, "anon": False, "skip_instance_cache": True}
     store = {"url": "s3://bucket/run", "storageOptions": options}
     assert _fields(make_job(checkpoint={"path": "/ckpt", "objectStore": store})) == {}
+
+
+def _host_path_fields(make_job: MakeJob, host_path: str, prefix: str | None) -> dict[str, str]:
+    job = make_job(checkpoint={"path": "/ckpt", "localTier": {"enabled": True, "hostPath": host_path}})
+    _, issues = check(job["spec"], "demo", host_path_prefix=prefix, namespace="ml")
+    return {issue.field: issue.message for issue in issues}
+
+
+def test_a_host_path_needs_the_operator_s_prefix_and_lies_under_namespace_and_job(make_job: MakeJob) -> None:
+    field = "spec.checkpoint.localTier.hostPath"
+    assert "allows no host path" in _host_path_fields(make_job, "/var/lib/phalanx", "")[field]
+    assert (
+        "must lie under /var/lib/phalanx/ml/demo"
+        in _host_path_fields(make_job, "/etc", "/var/lib/phalanx")[field]
+    )
+    outside = _host_path_fields(make_job, "/var/lib/phalanx/ml/demo2", "/var/lib/phalanx/")
+    assert "must lie under /var/lib/phalanx/ml/demo " in outside[field]
+    assert _host_path_fields(make_job, "/var/lib/phalanx/ml/demo", "/var/lib/phalanx") == {}
+    assert _host_path_fields(make_job, "/var/lib/phalanx/ml/demo/tier", "/var/lib/phalanx") == {}
+    # Without a local tier, or where host paths are not judged (None), nothing is said.
+    assert _host_path_fields(make_job, "/etc", None) == {}
