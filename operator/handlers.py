@@ -103,6 +103,7 @@ class JobReconciler:
         create_batch: int | None = None,
         creations: throttle.CreationThrottle | None = None,
         host_path_prefix: str | None = None,
+        network_policy: builders.NetworkPolicySettings | None = None,
         view: viewclock.OperatorView | None = None,
     ) -> None:
         self.kube = kube
@@ -112,6 +113,7 @@ class JobReconciler:
         self.clock_margin = clock_margin
         self.max_gang_pods = max_gang_pods
         self.host_path_prefix = host_path_prefix
+        self.network_policy = network_policy
         self.create_batch = create_batch
         # Per job: pauses of its pod creations after the API server refused some.
         self.creations = creations or throttle.CreationThrottle()
@@ -223,6 +225,7 @@ class JobReconciler:
                 ),
                 max_gang_pods=self.max_gang_pods,
                 host_path_prefix=self.host_path_prefix,
+                network_policy=self.network_policy,
                 create_batch=self.create_batch,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
                 workload=workload,

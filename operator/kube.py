@@ -26,6 +26,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Event": ("/api/v1", "events"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
 }
 
 _WORKLOADS = f"/apis/{queueing.WORKLOAD_API_VERSION}"

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import handlers, viewclock
+from phalanx.operator import builders, handlers, viewclock
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
@@ -45,6 +45,9 @@ def run(settings: OperatorSettings) -> int:
         timedelta(seconds=settings.clock_skew_seconds),
         max_gang_pods=settings.max_gang_pods,
         host_path_prefix=settings.host_path_prefix,
+        network_policy=(
+            builders.NetworkPolicySettings(settings.metrics_namespace) if settings.network_policy else None
+        ),
         create_batch=settings.create_batch,
         creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )

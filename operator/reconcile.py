@@ -104,6 +104,8 @@ class Observed:
     pod (`capacity.gang_fit`). None: not observed (no capacity check)."""
     max_gang_pods: int | None = None
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
+    network_policy: builders.NetworkPolicySettings | None = None
+    """The NetworkPolicy the operator gives each job; None: none (the chart's `networkPolicy.enabled` false)."""
     host_path_prefix: str | None = None
     """The node folder under which jobs may keep a local tier (`hostPathPrefix`; empty: none may); None: not
     judged."""
@@ -1412,7 +1414,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     failed = conditions.find(b.status.conditions, conditions.FAILED)
     if failed is None or failed.status == "True":
         b.condition(conditions.FAILED, False, conditions.REASON_NOT_FAILED, "the job has not failed")
-    b.plan.ensure = builders.build_fixed_children(job, spec)
+    b.plan.ensure = builders.build_fixed_children(job, spec, observed.network_policy)
 
     queue = _follow_queue(b, spec)
     if spec.suspend:

@@ -53,6 +53,13 @@ class OperatorSettings(BaseModel):
     clusters have more than a couple of thousand nodes, so a larger number is almost always a typo whose pods
     would only fill the API server's storage. 2000 leaves room for the 1,000-pod gangs this operator is
     measured with; raise it on a cluster that really runs larger gangs."""
+    network_policy: bool = True
+    """Give each job a NetworkPolicy: only the job's own pods reach its pods (the rendezvous store, torch's
+    stores and collectives carry no credentials of their own), plus the metrics port from `metricsNamespace`.
+    Needs a CNI that enforces NetworkPolicy; elsewhere the object is created and has no effect."""
+    metrics_namespace: str = ""
+    """The namespace (of Prometheus, say) whose pods may scrape the workers' metrics port through the job's
+    NetworkPolicy; empty: no pod outside the job."""
     host_path_prefix: str = ""
     """The node folder under which a job may keep its local checkpoint tier (`checkpoint.localTier.hostPath`):
     a job's host path must lie under `<prefix>/<namespace>/<job>`. Empty (the default): no job gets a host path,
