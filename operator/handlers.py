@@ -102,7 +102,7 @@ class JobReconciler:
         max_gang_pods: int | None = None,
         create_batch: int | None = None,
         creations: throttle.CreationThrottle | None = None,
-        host_path_prefix: str | None = None,
+        admission: validation.Admission | None = None,
         network_policy: builders.NetworkPolicySettings | None = None,
         view: viewclock.OperatorView | None = None,
     ) -> None:
@@ -112,7 +112,7 @@ class JobReconciler:
         self.metrics = metrics
         self.clock_margin = clock_margin
         self.max_gang_pods = max_gang_pods
-        self.host_path_prefix = host_path_prefix
+        self.admission = admission
         self.network_policy = network_policy
         self.create_batch = create_batch
         # Per job: pauses of its pod creations after the API server refused some.
@@ -224,7 +224,7 @@ class JobReconciler:
                     else None
                 ),
                 max_gang_pods=self.max_gang_pods,
-                host_path_prefix=self.host_path_prefix,
+                admission=self.admission,
                 network_policy=self.network_policy,
                 create_batch=self.create_batch,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),

@@ -106,9 +106,8 @@ class Observed:
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
     network_policy: builders.NetworkPolicySettings | None = None
     """The NetworkPolicy the operator gives each job; None: none (the chart's `networkPolicy.enabled` false)."""
-    host_path_prefix: str | None = None
-    """The node folder under which jobs may keep a local tier (`hostPathPrefix`; empty: none may); None: not
-    judged."""
+    admission: validation.Admission | None = None
+    """What the operator lets a template have (host paths, service accounts); None: not judged."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
     workload: dict[str, Any] | None = None
@@ -1378,7 +1377,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         job.get("spec"),
         job_name,
         observed.max_gang_pods,
-        host_path_prefix=observed.host_path_prefix,
+        admission=observed.admission,
         namespace=job["metadata"].get("namespace", ""),
     )
     if spec is not None and queueing.queue_name(job) is not None and spec.gang.pod_group == "Kueue":

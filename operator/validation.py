@@ -299,22 +299,52 @@ def validate_spec(
     return issues
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What this operator lets a job's template have beyond a pod of its own (the chart's values)."""
+
+    host_path_prefix: str = ""
+    """`hostPathPrefix`: a local tier on the node only under `<prefix>/<namespace>/<job>`; empty: none."""
+    service_accounts: frozenset[str] = frozenset()
+    """`workerServiceAccounts`: accounts a template may name, to which the operator then binds the worker Role;
+    others (and `default`, always) are refused, and a template naming none runs as the job's own account."""
+
+
 def check(
     raw_spec: dict[str, Any] | None,
     job_name: str = "",
     max_gang_pods: int | None = None,
-    host_path_prefix: str | None = None,
+    admission: Admission | None = None,
     namespace: str = "",
 ) -> tuple[api.TrainingJobSpec | None, list[SpecIssue]]:
-    """Parse and validate; the spec is returned only when there is no issue. `host_path_prefix`: the
-    operator's `hostPathPrefix` (None: host paths are not judged)."""
+    """Parse and validate; the spec is returned only when there is no issue. `admission`: the operator's
+    limits on host paths and service accounts (None: not judged)."""
     spec, issues = parse_spec(raw_spec)
     if spec is None:
         return None, issues
     issues = validate_spec(spec, job_name, max_gang_pods)
-    if host_path_prefix is not None:
-        issues += _host_path_issues(spec, host_path_prefix, namespace, job_name)
+    if admission is not None:
+        issues += _host_path_issues(spec, admission.host_path_prefix, namespace, job_name)
+        issues += _service_account_issues(spec, admission.service_accounts)
     return (None, issues) if issues else (spec, [])
+
+
+def _service_account_issues(spec: api.TrainingJobSpec, allowed: frozenset[str]) -> list[SpecIssue]:
+    """The worker Role is bound to the account the template names: `default` never (every pod of the
+    namespace runs as it), another only when the chart lists it."""
+    pod_spec = spec.template.get("spec") or {}
+    issues = []
+    for key in ("serviceAccountName", "serviceAccount"):
+        account = pod_spec.get(key)
+        if not account:
+            continue
+        field = f"spec.template.spec.{key}"
+        if account == "default":
+            issues.append(SpecIssue(field, "the worker Role is never bound to default: leave it out"))
+        elif account not in allowed:
+            why = f"{account} is not among the operator's workerServiceAccounts: leave it out (the job gets its own)"
+            issues.append(SpecIssue(field, why))
+    return issues
 
 
 def _host_path_issues(

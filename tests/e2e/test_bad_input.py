@@ -289,6 +289,11 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
             "spec.checkpoint.localTier.hostPath",
             "allows no host path",
         ),
+        (
+            lambda job: _with(job, "template.spec.serviceAccountName", "default"),
+            "spec.template.spec.serviceAccountName",
+            "never bound to default",
+        ),
     ],
     ids=[
         "limit-lots",
@@ -299,6 +304,7 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
         "max-replicas",
         "credential-in-storage-options",
         "host-path-not-allowed",
+        "default-service-account",
     ],
 )
 def test_bad_input_the_crd_cannot_judge_is_invalid_spec_naming_the_field_with_no_pod(

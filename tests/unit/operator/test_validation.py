@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.operator.validation import check
+from phalanx.operator.validation import Admission, check
 
 MakeJob = Callable[..., dict[str, Any]]
 
@@ -291,7 +291,8 @@ def test_storage_options_without_credentials_pass(make_job: MakeJob) -> None:
 
 def _host_path_fields(make_job: MakeJob, host_path: str, prefix: str | None) -> dict[str, str]:
     job = make_job(checkpoint={"path": "/ckpt", "localTier": {"enabled": True, "hostPath": host_path}})
-    _, issues = check(job["spec"], "demo", host_path_prefix=prefix, namespace="ml")
+    admission = None if prefix is None else Admission(host_path_prefix=prefix)
+    _, issues = check(job["spec"], "demo", admission=admission, namespace="ml")
     return {issue.field: issue.message for issue in issues}
 
 
@@ -308,3 +309,24 @@ def test_a_host_path_needs_the_operator_s_prefix_and_lies_under_namespace_and_jo
     assert _host_path_fields(make_job, "/var/lib/phalanx/ml/demo/tier", "/var/lib/phalanx") == {}
     # Without a local tier, or where host paths are not judged (None), nothing is said.
     assert _host_path_fields(make_job, "/etc", None) == {}
+
+
+def test_a_template_names_only_an_allowed_service_account_and_never_default(make_job: MakeJob) -> None:
+    def fields(account: str, key: str = "serviceAccountName") -> dict[str, str]:
+        job = make_job()
+        job["spec"]["template"]["spec"][key] = account
+        _, issues = check(job["spec"], "demo", admission=Admission(service_accounts=frozenset({"s3-reader"})))
+        return {issue.field: issue.message for issue in issues}
+
+    assert "never bound to default" in fields("default")["spec.template.spec.serviceAccountName"]
+    assert (
+        "never bound to default" in fields("default", "serviceAccount")["spec.template.spec.serviceAccount"]
+    )
+    assert (
+        "not among the operator's workerServiceAccounts"
+        in fields("admin")["spec.template.spec.serviceAccountName"]
+    )
+    assert fields("s3-reader") == {}
+    job = make_job()
+    job["spec"]["template"]["spec"]["serviceAccountName"] = "admin"
+    assert check(job["spec"], "demo")[1] == []  # not judged without the operator's admission
