@@ -136,7 +136,8 @@ class LocalTierSpec(ApiModel):
     """A folder on the node to hold the tier, kept for the next pod on that node (a `hostPath` volume of
     type `DirectoryOrCreate`; absolute and normalised); unset: an `emptyDir`, lost with the pod. A `hostPath`
     volume keeps the worker pods out of Pod Security's `restricted` and `baseline` levels: their namespace must
-    allow `privileged` pods."""
+    allow `privileged` pods. Only where the operator allows it: under `<hostPathPrefix>/<namespace>/<job>` (a chart
+    value, empty by default: no host path at all)."""
     size_limit: Quantity | None = None
     """The `emptyDir`'s size limit (a non-negative quantity such as `20Gi`)."""
     keep: int = Field(default=2, ge=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx.operator import api, gang, names, topology
@@ -408,13 +409,50 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
     ]
 
 
-def build_fixed_children(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
-    """Children that exist once per job whatever its state (before any pod): RBAC, Services, PodGroup."""
+@dataclass(frozen=True)
+class NetworkPolicySettings:
+    """The operator's `networkPolicy` and `metricsNamespace` (operator/settings.py)."""
+
+    metrics_namespace: str = ""
+    """The namespace whose pods may reach the workers' metrics port; empty: none outside the job."""
+
+
+def build_network_policy(
+    job: dict[str, Any], spec: api.TrainingJobSpec, settings: NetworkPolicySettings
+) -> dict[str, Any]:
+    """Only the job's own pods reach its pods (its rendezvous, torch's stores and collectives, on any port),
+    plus the workers' metrics port from `settings.metrics_namespace`."""
+    job_name = job["metadata"]["name"]
+    own = {"matchLabels": {names.LABEL_JOB_NAME: job_name}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": own}]}]
+    if settings.metrics_namespace and spec.metrics_port:
+        metrics_from = {"matchLabels": {"kubernetes.io/metadata.name": settings.metrics_namespace}}
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": metrics_from}],
+                "ports": [{"port": spec.metrics_port, "protocol": "TCP"}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, names.network_policy_name(job_name)),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def build_fixed_children(
+    job: dict[str, Any], spec: api.TrainingJobSpec, network: NetworkPolicySettings | None = None
+) -> list[dict[str, Any]]:
+    """Children that exist once per job whatever its state (before any pod): RBAC, Services, PodGroup, and
+    the NetworkPolicy when the operator makes one (`network`)."""
     children = [
         *build_worker_rbac(job, spec),
         build_rendezvous_service(job, spec),
         build_workers_service(job),
     ]
+    if network is not None:
+        children.append(build_network_policy(job, spec, network))
     pod_group = gang.build_pod_group(job, spec)
     if pod_group is not None:
         children.append(pod_group)

@@ -103,6 +103,8 @@ class JobReconciler:
         max_gang_pods: int | None = None,
         create_batch: int | None = None,
         creations: throttle.CreationThrottle | None = None,
+        admission: validation.Admission | None = None,
+        network_policy: builders.NetworkPolicySettings | None = None,
         view: viewclock.OperatorView | None = None,
     ) -> None:
         self.kube = kube
@@ -111,6 +113,8 @@ class JobReconciler:
         self.metrics = metrics
         self.clock_margin = clock_margin
         self.max_gang_pods = max_gang_pods
+        self.admission = admission
+        self.network_policy = network_policy
         self.create_batch = create_batch
         # Per job: pauses of its pod creations after the API server refused some.
         self.creations = creations or throttle.CreationThrottle()
@@ -226,6 +230,8 @@ class JobReconciler:
                     else None
                 ),
                 max_gang_pods=self.max_gang_pods,
+                admission=self.admission,
+                network_policy=self.network_policy,
                 create_batch=self.create_batch,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
                 workload=workload,

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import kubernetes
@@ -23,6 +26,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Event": ("/api/v1", "events"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
 }
 
 _WORKLOADS = f"/apis/{queueing.WORKLOAD_API_VERSION}"
@@ -48,6 +52,19 @@ def load_client(connections: int = 10) -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
+EVENT_AGGREGATION_SECONDS = 600.0
+"""An Event repeated within this long of its first posting raises the first one's count (client-go's window)."""
+EVENTS_REMEMBERED = 4096
+"""Events remembered for aggregation, the least recently posted forgotten first."""
+
+
+@dataclass(frozen=True)
+class _PostedEvent:
+    name: str
+    first: datetime
+    count: int
+
+
 class Kube:
     """Create / delete / status / events for the reconcile handlers (thread-safe: one ApiClient)."""
 
@@ -55,6 +72,7 @@ class Kube:
         self.client = client
         self.recheck_seconds = recheck_seconds
         self._verified: dict[str, float] = {}
+        self._events: OrderedDict[tuple[str, ...], _PostedEvent] = OrderedDict()
         self._lock = threading.Lock()
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
@@ -231,8 +249,29 @@ class Kube:
         return self._call("PUT", path, body)
 
     def post_event(self, job: dict[str, Any], event: Event) -> None:
+        """Post `event` about `job`. The same event again (same job, type, reason and message) within
+        `EVENT_AGGREGATION_SECONDS` of the first raises the first one's count instead of adding an object, as
+        kubelet's and the controllers' recorders do: a job failing the same way every few seconds costs one
+        Event object, not thousands."""
         meta = job["metadata"]
-        stamp = format_time(now())
+        moment = now()
+        stamp = format_time(moment)
+        message = event.message[:1024]
+        key = (meta["namespace"], meta["uid"], event.type, event.reason, message)
+        with self._lock:
+            seen = self._events.get(key)
+        if seen is not None and (moment - seen.first).total_seconds() < EVENT_AGGREGATION_SECONDS:
+            path = f"/api/v1/namespaces/{meta['namespace']}/events/{seen.name}"
+            try:
+                patch = {"count": seen.count + 1, "lastTimestamp": stamp}
+                self._call("PATCH", path, patch, "application/merge-patch+json")
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+            else:
+                with self._lock:
+                    self._events[key] = replace(seen, count=seen.count + 1)
+                return
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -246,7 +285,7 @@ class Kube:
                 "resourceVersion": meta.get("resourceVersion"),
             },
             "reason": event.reason,
-            "message": event.message[:1024],
+            "message": message,
             "type": event.type,
             "source": {"component": "phalanx-operator"},
             "reportingComponent": "phalanx-operator",
@@ -254,4 +293,9 @@ class Kube:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        self._call("POST", _collection_path(body), body)
+        created = self._call("POST", _collection_path(body), body)
+        with self._lock:
+            self._events[key] = _PostedEvent(created["metadata"]["name"], moment, 1)
+            self._events.move_to_end(key)
+            while len(self._events) > EVENTS_REMEMBERED:
+                self._events.popitem(last=False)

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import handlers, viewclock
+from phalanx.operator import builders, handlers, validation, viewclock
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
@@ -44,6 +44,12 @@ def run(settings: OperatorSettings) -> int:
         settings.api_concurrency,
         timedelta(seconds=settings.clock_skew_seconds),
         max_gang_pods=settings.max_gang_pods,
+        admission=validation.Admission(
+            settings.host_path_prefix, frozenset(settings.worker_service_accounts)
+        ),
+        network_policy=(
+            builders.NetworkPolicySettings(settings.metrics_namespace) if settings.network_policy else None
+        ),
         create_batch=settings.create_batch,
         creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )

@@ -42,6 +42,11 @@ def rendezvous_name(job_name: str) -> str:
     return f"{job_name}-rdzv"
 
 
+def network_policy_name(job_name: str) -> str:
+    """The job's NetworkPolicy: only its own pods reach its pods."""
+    return f"{job_name}-pods"
+
+
 def workers_service_name(job_name: str) -> str:
     """Headless Service giving each worker pod the DNS name `<pod>.<job>-workers`."""
     return f"{job_name}-workers"

@@ -104,6 +104,10 @@ class Observed:
     pod (`capacity.gang_fit`). None: not observed (no capacity check)."""
     max_gang_pods: int | None = None
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
+    network_policy: builders.NetworkPolicySettings | None = None
+    """The NetworkPolicy the operator gives each job; None: none (the chart's `networkPolicy.enabled` false)."""
+    admission: validation.Admission | None = None
+    """What the operator lets a template have (host paths, service accounts); None: not judged."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
     workload: dict[str, Any] | None = None
@@ -1369,7 +1373,13 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     )
     b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
-    spec, issues = validation.check(job.get("spec"), job_name, observed.max_gang_pods)
+    spec, issues = validation.check(
+        job.get("spec"),
+        job_name,
+        observed.max_gang_pods,
+        admission=observed.admission,
+        namespace=job["metadata"].get("namespace", ""),
+    )
     if spec is not None and queueing.queue_name(job) is not None and spec.gang.pod_group == "Kueue":
         # Both would hand the job to Kueue: its pods would be queued again, each group on its own.
         why = (
@@ -1403,7 +1413,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     failed = conditions.find(b.status.conditions, conditions.FAILED)
     if failed is None or failed.status == "True":
         b.condition(conditions.FAILED, False, conditions.REASON_NOT_FAILED, "the job has not failed")
-    b.plan.ensure = builders.build_fixed_children(job, spec)
+    b.plan.ensure = builders.build_fixed_children(job, spec, observed.network_policy)
 
     queue = _follow_queue(b, spec)
     if spec.suspend:

@@ -53,6 +53,23 @@ class OperatorSettings(BaseModel):
     clusters have more than a couple of thousand nodes, so a larger number is almost always a typo whose pods
     would only fill the API server's storage. 2000 leaves room for the 1,000-pod gangs this operator is
     measured with; raise it on a cluster that really runs larger gangs."""
+    worker_service_accounts: tuple[str, ...] = ()
+    """Service accounts a job's template may name (`serviceAccountName`): the operator binds the worker Role to
+    them. Any other is refused with `InvalidSpec`, and `default` always: every pod of the namespace runs as it.
+    A template naming none runs as the job's own account (`<job>-worker`). Comma-separated in the
+    environment."""
+    network_policy: bool = True
+    """Give each job a NetworkPolicy: only the job's own pods reach its pods (the rendezvous store, torch's
+    stores and collectives carry no credentials of their own), plus the metrics port from `metricsNamespace`.
+    Needs a CNI that enforces NetworkPolicy; elsewhere the object is created and has no effect."""
+    metrics_namespace: str = ""
+    """The namespace (of Prometheus, say) whose pods may scrape the workers' metrics port through the job's
+    NetworkPolicy; empty: no pod outside the job."""
+    host_path_prefix: str = ""
+    """The node folder under which a job may keep its local checkpoint tier (`checkpoint.localTier.hostPath`):
+    a job's host path must lie under `<prefix>/<namespace>/<job>`. Empty (the default): no job gets a host path,
+    since a writable folder of any node path is far more than a pod of one's own (and fails Pod Security
+    "restricted" besides)."""
     create_batch: int = Field(default=100, ge=1, le=10000)
     """Pods of one job created per reconcile: a large gang is created over several reconciles, so one job's
     creations never queue ahead of every other job's requests for long."""
@@ -75,7 +92,7 @@ class OperatorSettings(BaseModel):
     log_level: str = "INFO"
     """Python log level of the operator."""
 
-    @field_validator("namespaces", mode="before")
+    @field_validator("namespaces", "worker_service_accounts", mode="before")
     @classmethod
     def _split_namespaces(cls, value: Any) -> Any:
         if isinstance(value, str):

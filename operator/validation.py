@@ -8,6 +8,7 @@ condition and the Event tell the user exactly what to fix.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -298,12 +299,68 @@ def validate_spec(
     return issues
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What this operator lets a job's template have beyond a pod of its own (the chart's values)."""
+
+    host_path_prefix: str = ""
+    """`hostPathPrefix`: a local tier on the node only under `<prefix>/<namespace>/<job>`; empty: none."""
+    service_accounts: frozenset[str] = frozenset()
+    """`workerServiceAccounts`: accounts a template may name, to which the operator then binds the worker Role;
+    others (and `default`, always) are refused, and a template naming none runs as the job's own account."""
+
+
 def check(
-    raw_spec: dict[str, Any] | None, job_name: str = "", max_gang_pods: int | None = None
+    raw_spec: dict[str, Any] | None,
+    job_name: str = "",
+    max_gang_pods: int | None = None,
+    admission: Admission | None = None,
+    namespace: str = "",
 ) -> tuple[api.TrainingJobSpec | None, list[SpecIssue]]:
-    """Parse and validate; the spec is returned only when there is no issue."""
+    """Parse and validate; the spec is returned only when there is no issue. `admission`: the operator's
+    limits on host paths and service accounts (None: not judged)."""
     spec, issues = parse_spec(raw_spec)
     if spec is None:
         return None, issues
     issues = validate_spec(spec, job_name, max_gang_pods)
+    if admission is not None:
+        issues += _host_path_issues(spec, admission.host_path_prefix, namespace, job_name)
+        issues += _service_account_issues(spec, admission.service_accounts)
     return (None, issues) if issues else (spec, [])
+
+
+def _service_account_issues(spec: api.TrainingJobSpec, allowed: frozenset[str]) -> list[SpecIssue]:
+    """The worker Role is bound to the account the template names: `default` never (every pod of the
+    namespace runs as it), another only when the chart lists it."""
+    pod_spec = spec.template.get("spec") or {}
+    issues = []
+    for key in ("serviceAccountName", "serviceAccount"):
+        account = pod_spec.get(key)
+        if not account:
+            continue
+        field = f"spec.template.spec.{key}"
+        if account == "default":
+            issues.append(SpecIssue(field, "the worker Role is never bound to default: leave it out"))
+        elif account not in allowed:
+            why = f"{account} is not among the operator's workerServiceAccounts: leave it out (the job gets its own)"
+            issues.append(SpecIssue(field, why))
+    return issues
+
+
+def _host_path_issues(
+    spec: api.TrainingJobSpec, prefix: str, namespace: str, job_name: str
+) -> list[SpecIssue]:
+    """A local tier on the host only where the operator allows one: under `<prefix>/<namespace>/<job>`."""
+    host_path = spec.checkpoint.local_tier.host_path if spec.checkpoint.local_tier.enabled else None
+    if not host_path:
+        return []
+    field = "spec.checkpoint.localTier.hostPath"
+    if not prefix:
+        why = "this operator allows no host path (its chart's hostPathPrefix is empty): leave hostPath out"
+        return [SpecIssue(field, why)]
+    allowed = posixpath.join(posixpath.normpath(prefix), namespace, job_name)
+    if host_path != allowed and not host_path.startswith(allowed + "/"):
+        return [
+            SpecIssue(field, f"must lie under {allowed} (the operator's hostPathPrefix, then namespace/job)")
+        ]
+    return []

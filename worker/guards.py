@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.worker.data import ElasticSampler
+from phalanx.worker.devices import collective_device
 from phalanx.worker.exitcodes import TrainerExit
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,7 @@ def all_ranks_finite(value: torch.Tensor) -> bool:
     """True when `value` is finite on every rank (one tiny all-reduce; local check without a group)."""
     bad = torch.tensor([0.0 if bool(torch.isfinite(value.detach()).all()) else 1.0])
     if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "nccl":
-            bad = bad.to(value.device)
+        bad = bad.to(collective_device())
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return float(bad.item()) == 0.0
 
@@ -188,8 +188,7 @@ def global_mean_loss(local_loss_sum: torch.Tensor) -> float:
     total = local_loss_sum.detach().reshape(1).to(torch.float64).clone()
     world_size = 1
     if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() != "nccl":
-            total = total.cpu()
+        total = total.to(collective_device())
         dist.all_reduce(total)
         world_size = dist.get_world_size()
     return float(total.item()) / world_size

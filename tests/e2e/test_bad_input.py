@@ -284,6 +284,16 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
             "spec.checkpoint.objectStore.storageOptions.secret",
             "credential",
         ),
+        (
+            lambda job: _with(job, "checkpoint.localTier", {"enabled": True, "hostPath": "/etc"}),
+            "spec.checkpoint.localTier.hostPath",
+            "allows no host path",
+        ),
+        (
+            lambda job: _with(job, "template.spec.serviceAccountName", "default"),
+            "spec.template.spec.serviceAccountName",
+            "never bound to default",
+        ),
     ],
     ids=[
         "limit-lots",
@@ -293,6 +303,8 @@ def _no_trainer_container(job: dict[str, Any]) -> dict[str, Any]:
         "spares",
         "max-replicas",
         "credential-in-storage-options",
+        "host-path-not-allowed",
+        "default-service-account",
     ],
 )
 def test_bad_input_the_crd_cannot_judge_is_invalid_spec_naming_the_field_with_no_pod(

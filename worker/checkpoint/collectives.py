@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.worker.checkpoint import payload
+from phalanx.worker.devices import collective_device
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,7 @@ class Group:
         )
 
     def _device(self) -> torch.device:
-        # NCCL moves only CUDA tensors; gloo (and a CPU-only run) takes them from host memory.
-        if dist.get_backend(self.group) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        return collective_device(self.group)
 
     def all_gather_ints(self, values: list[int]) -> list[list[int]]:
         """Each rank's ``values`` (same length everywhere), indexed by rank."""

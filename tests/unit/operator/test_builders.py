@@ -456,3 +456,34 @@ def test_the_operator_s_labels_win_over_the_template_s(make_job: MakeJob) -> Non
         and labels["app.kubernetes.io/managed-by"] == "phalanx-operator"
     )
     assert labels["phalanx.dev/component"] == "trainer" and labels["team"] == "vision"
+
+
+def test_a_job_s_network_policy_lets_only_its_own_pods_in_and_metrics_from_one_namespace(
+    make_job: MakeJob,
+) -> None:
+    job = make_job(metricsPort=9400)
+    spec = _spec(job)
+    closed = builders.build_network_policy(job, spec, builders.NetworkPolicySettings())
+    own = {"matchLabels": {"phalanx.dev/job-name": "demo"}}
+    assert (
+        closed["metadata"]["name"] == "demo-pods"
+        and closed["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
+    )
+    assert closed["spec"] == {
+        "podSelector": own,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": own}]}],
+    }
+    scraped = builders.build_network_policy(
+        job, spec, builders.NetworkPolicySettings(metrics_namespace="monitoring")
+    )
+    (_, metrics) = scraped["spec"]["ingress"]
+    assert metrics == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"port": 9400, "protocol": "TCP"}],
+    }
+    kinds = [
+        child["kind"] for child in builders.build_fixed_children(job, spec, builders.NetworkPolicySettings())
+    ]
+    assert "NetworkPolicy" in kinds
+    assert "NetworkPolicy" not in [child["kind"] for child in builders.build_fixed_children(job, spec)]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.operator.validation import check
+from phalanx.operator.validation import Admission, check
 
 MakeJob = Callable[..., dict[str, Any]]
 
@@ -287,3 +287,46 @@ def test_storage_options_without_credentials_pass(make_job: MakeJob) -> None:
     options = {"client_kwargs": {"region_name": "eu-west-1"}, "anon": False, "skip_instance_cache": True}
     store = {"url": "s3://bucket/run", "storageOptions": options}
     assert _fields(make_job(checkpoint={"path": "/ckpt", "objectStore": store})) == {}
+
+
+def _host_path_fields(make_job: MakeJob, host_path: str, prefix: str | None) -> dict[str, str]:
+    job = make_job(checkpoint={"path": "/ckpt", "localTier": {"enabled": True, "hostPath": host_path}})
+    admission = None if prefix is None else Admission(host_path_prefix=prefix)
+    _, issues = check(job["spec"], "demo", admission=admission, namespace="ml")
+    return {issue.field: issue.message for issue in issues}
+
+
+def test_a_host_path_needs_the_operator_s_prefix_and_lies_under_namespace_and_job(make_job: MakeJob) -> None:
+    field = "spec.checkpoint.localTier.hostPath"
+    assert "allows no host path" in _host_path_fields(make_job, "/var/lib/phalanx", "")[field]
+    assert (
+        "must lie under /var/lib/phalanx/ml/demo"
+        in _host_path_fields(make_job, "/etc", "/var/lib/phalanx")[field]
+    )
+    outside = _host_path_fields(make_job, "/var/lib/phalanx/ml/demo2", "/var/lib/phalanx/")
+    assert "must lie under /var/lib/phalanx/ml/demo " in outside[field]
+    assert _host_path_fields(make_job, "/var/lib/phalanx/ml/demo", "/var/lib/phalanx") == {}
+    assert _host_path_fields(make_job, "/var/lib/phalanx/ml/demo/tier", "/var/lib/phalanx") == {}
+    # Without a local tier, or where host paths are not judged (None), nothing is said.
+    assert _host_path_fields(make_job, "/etc", None) == {}
+
+
+def test_a_template_names_only_an_allowed_service_account_and_never_default(make_job: MakeJob) -> None:
+    def fields(account: str, key: str = "serviceAccountName") -> dict[str, str]:
+        job = make_job()
+        job["spec"]["template"]["spec"][key] = account
+        _, issues = check(job["spec"], "demo", admission=Admission(service_accounts=frozenset({"s3-reader"})))
+        return {issue.field: issue.message for issue in issues}
+
+    assert "never bound to default" in fields("default")["spec.template.spec.serviceAccountName"]
+    assert (
+        "never bound to default" in fields("default", "serviceAccount")["spec.template.spec.serviceAccount"]
+    )
+    assert (
+        "not among the operator's workerServiceAccounts"
+        in fields("admin")["spec.template.spec.serviceAccountName"]
+    )
+    assert fields("s3-reader") == {}
+    job = make_job()
+    job["spec"]["template"]["spec"]["serviceAccountName"] = "admin"
+    assert check(job["spec"], "demo")[1] == []  # not judged without the operator's admission
