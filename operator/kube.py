@@ -249,10 +249,11 @@ class Kube:
         return self._call("PUT", path, body)
 
     def post_event(self, job: dict[str, Any], event: Event) -> None:
-        """Post `event` about `job`. The same event again (same job, type, reason and message) within
+        """Post `event` about `job`. The same Warning again (same job, reason and message) within
         `EVENT_AGGREGATION_SECONDS` of the first raises the first one's count instead of adding an object, as
-        kubelet's and the controllers' recorders do: a job failing the same way every few seconds costs one
-        Event object, not thousands."""
+        kubelet's and the controllers' recorders do: a job refused the same way every minute costs one Event
+        object, not thousands. Normal Events are the job's story (training, recovered, training again) and are
+        each kept, in order: an aggregated one would move to its last time in `kubectl describe`."""
         meta = job["metadata"]
         moment = now()
         stamp = format_time(moment)
@@ -260,7 +261,12 @@ class Kube:
         key = (meta["namespace"], meta["uid"], event.type, event.reason, message)
         with self._lock:
             seen = self._events.get(key)
-        if seen is not None and (moment - seen.first).total_seconds() < EVENT_AGGREGATION_SECONDS:
+        aggregated = event.type == "Warning"
+        if (
+            aggregated
+            and seen is not None
+            and (moment - seen.first).total_seconds() < EVENT_AGGREGATION_SECONDS
+        ):
             path = f"/api/v1/namespaces/{meta['namespace']}/events/{seen.name}"
             try:
                 patch = {"count": seen.count + 1, "lastTimestamp": stamp}
@@ -294,6 +300,8 @@ class Kube:
             "count": 1,
         }
         created = self._call("POST", _collection_path(body), body)
+        if not aggregated:
+            return
         with self._lock:
             self._events[key] = _PostedEvent(created["metadata"]["name"], moment, 1)
             self._events.move_to_end(key)

@@ -1,4 +1,5 @@
-"""The operator's Events against the real API server: the same Event again raises the count of one object."""
+"""The operator's Events against the real API server: the same Warning again raises the count of one object;
+Normal Events, the job's story, are each kept."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ def test_a_repeated_event_raises_the_count_of_one_object(cluster: Cluster, names
         kube.post_event(job, Event("Warning", "Probe", "the same refusal again"))
     kube.post_event(job, Event("Warning", "Probe", "another refusal"))
     kube.post_event(job, Event("Normal", "Probe", "the same refusal again"))
+    kube.post_event(job, Event("Normal", "Probe", "the same refusal again"))
     found = sorted((e["type"], e["message"], e["count"]) for e in events_for(cluster, namespace, "evented"))
     assert found == [
+        ("Normal", "the same refusal again", 1),
         ("Normal", "the same refusal again", 1),
         ("Warning", "another refusal", 1),
         ("Warning", "the same refusal again", 3),
