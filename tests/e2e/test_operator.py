@@ -415,7 +415,9 @@ def test_deleted_rendezvous_is_recreated_and_job_finishes(
 def test_operator_restart_mid_job_creates_no_duplicates(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    cluster.apply(trainingjob("sturdy", replicas=2, spares=1, steps=80, step_delay=0.1), namespace)
+    # Long enough to be still training when a restarted operator is back on a loaded machine: a job that ended
+    # meanwhile has cleaned up its rendezvous and spare, which is no duplicate and no replacement.
+    cluster.apply(trainingjob("sturdy", replicas=2, spares=1, steps=400, step_delay=0.1), namespace)
     wait_for(
         lambda: (get_job(cluster, namespace, "sturdy")["status"].get("step") or 0) >= 5, 180, message="step 5"
     )
@@ -428,7 +430,7 @@ def test_operator_restart_mid_job_creates_no_duplicates(
     after = {p.metadata.name: p.metadata.uid for p in job_pods(cluster, namespace, "sturdy")}
     assert after == before, "a restarted operator must adopt the pods it made, not duplicate or replace them"
     final = wait_succeeded(cluster, namespace, "sturdy", timeout=400)
-    assert final["status"]["step"] == 80
+    assert final["status"]["step"] == 400
     assert final["status"]["restarts"]["total"] == 0
 
 
