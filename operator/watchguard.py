@@ -58,6 +58,10 @@ class UnseenPods:
             if pods is None:
                 self._first.pop(job, None)
                 return
-            first = self._first.get(job, {})
+            first = self._first.get(job)
+            if first is None:
+                return
             for pod in pods:
                 first.pop(pod, None)
+            if not first:
+                del self._first[job]
