@@ -55,7 +55,7 @@ from phalanx.worker import (
     warmstart,
 )
 from phalanx.worker import fatal as trainer_fatal
-from phalanx.worker.checkpoint import durable, shm_store, tiers
+from phalanx.worker.checkpoint import durable, lastsave, shm_store, tiers
 from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
@@ -1232,6 +1232,9 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
         return int(LauncherExit.SUCCESS)
     except SignalException as error:
         logger.warning("stopped by %s after the training processes saved", error.sigval.name)
+        if error.sigval == signal.SIGTERM:
+            # A trainer that lost a peer to the same stop exited before its own SIGTERM came, unsaved.
+            lastsave.save_unsaved()
         return 128 + int(error.sigval)
     except StoreUnreachableError as error:
         logger.error("rendezvous failed: %s", error)

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,12 +93,10 @@ def job_namespace(directory: str | os.PathLike[str] | None) -> str:
     return job_prefix() + digest
 
 
-def newest_held_step(root: Path | None = None) -> int:
-    """The newest step of which this pod holds a committed snapshot of this job (any checkpointer, any local
-    rank), read from the slot headers alone; -1 when it holds none. The launcher offers it when a group forms
-    (worker/rendezvous.py): the pod holding the newest state must get a place in the group."""
+def held_snapshots(root: Path | None = None) -> Iterator[SlotInfo]:
+    """Every committed snapshot of this job that this pod holds (any checkpointer, any local rank), read
+    from the slot headers alone."""
     prefix = f"phalanx-snap-{job_prefix()}"
-    newest = -1
     with contextlib.suppress(OSError):
         for folder in (root or snapshot_root()).glob(f"{prefix}*"):
             if not _DIGEST.fullmatch(folder.name[len(prefix) :]):
@@ -106,8 +104,14 @@ def newest_held_step(root: Path | None = None) -> int:
             for slot in folder.glob("local-*/slot-*"):
                 header = slots.read_header(slot)
                 if slots.is_committed(header) and isinstance(header.get("step"), int):
-                    newest = max(newest, header["step"])
-    return newest
+                    yield SlotInfo(slot, header)
+
+
+def newest_held_step(root: Path | None = None) -> int:
+    """The newest step of which this pod holds a committed snapshot of this job; -1 when it holds none. The
+    launcher offers it when a group forms (worker/rendezvous.py): the pod holding the newest state must get a
+    place in the group."""
+    return max((info.step for info in held_snapshots(root)), default=-1)
 
 
 def store_dir(namespace: str, local_rank: int, root: Path | None = None) -> Path:
