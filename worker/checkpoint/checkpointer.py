@@ -25,7 +25,17 @@ import torch
 import torch.distributed as dist
 
 from phalanx.worker import autointerval, fatal, heartbeat
-from phalanx.worker.checkpoint import durable, layout, payload, persister, rollback, shm_store, skipped, tiers
+from phalanx.worker.checkpoint import (
+    durable,
+    lastsave,
+    layout,
+    payload,
+    persister,
+    rollback,
+    shm_store,
+    skipped,
+    tiers,
+)
 from phalanx.worker.checkpoint.collectives import Group
 from phalanx.worker.checkpoint.skipped import SkippedCheckpoint
 from phalanx.worker.exitcodes import TrainerExit
@@ -37,6 +47,10 @@ SNAPSHOT_FORMAT = 1
 # Durable saves whose median blocking time is the save cost published to the operator: one slow save on a
 # busy machine must not move the automatic interval.
 SAVE_COST_WINDOW = 5
+
+
+class PeerSnapshotMismatch(RuntimeError):
+    """A peer's snapshot did not match the digest its donor sent with it: it is never loaded."""
 
 
 @dataclass(frozen=True)
@@ -295,6 +309,8 @@ class Checkpointer:
             "local_rank": self.local_rank,
             "namespace": self.namespace,
             "sharded": self.sharded,
+            # The launcher saves the writer's newest snapshot itself when the trainer could not (lastsave).
+            lastsave.DIRECTORY_KEY: os.path.abspath(self.directory),
             "pid": os.getpid(),
             "created_unix": time.time(),
             rollback.EPOCH_KEY: self.rollback_epoch,
@@ -615,13 +631,22 @@ class Checkpointer:
             buffer = None
 
         needy = [rank for rank in range(group.world_size) if rank not in holders]
-        if group.rank == donor:
+        if group.rank == donor and needy:
             assert buffer is not None
+            sent = torch.frombuffer(bytearray(payload.digest(buffer)), dtype=torch.uint8)
             for rank in needy:
+                group.send(sent, dst=rank)
                 group.send(buffer, dst=rank)
         elif group.rank in needy:
+            expected = torch.empty(payload.DIGEST_BYTES, dtype=torch.uint8)
+            group.recv(expected, src=donor)
             buffer = torch.empty(size, dtype=torch.uint8)
             group.recv(buffer, src=donor)
+            if payload.digest(buffer) != bytes(expected.numpy()):
+                raise PeerSnapshotMismatch(
+                    f"the state of step {step} received from rank {donor} does not match the digest it sent: "
+                    "refused (a damaged transfer, or bytes from something other than the job's own rank)"
+                )
         assert buffer is not None
         if source_for_holders == "disk":
             source = "disk"

@@ -45,3 +45,14 @@ def test_group_resumes_from_disk_when_no_pod_kept_memory(workdir: Path) -> None:
     assert [(result["step"], result["source"]) for result in results] == [(4, "disk")] * 3
     for result in results:
         assert result["state"] == expected_fingerprint(4)
+
+
+def test_a_peer_state_that_does_not_match_its_donors_digest_is_refused(workdir: Path) -> None:
+    env = pod_env(workdir, 3)
+    run_ranks("peer_phase1", 3, workdir, env, extra={"last_step": [5, 5, 5]})
+    env[2]["PHALANX_SNAPSHOT_DIR"] = str(workdir / "pod-new")
+    results = run_ranks("peer_forged", 3, workdir, env)
+    assert [result.get("source") for result in results[:2]] == ["memory", "memory"]
+    assert "does not match the digest" in results[2]["refused"]
+    # Nothing of the changed bytes was loaded.
+    assert results[2]["state"] != expected_fingerprint(5)

@@ -55,6 +55,35 @@ def peer_phase2(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, An
     return result
 
 
+def peer_forged(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Like peer_phase2, but rank 0's state is changed on its way to the others (a forged or damaged
+    transfer); a receiver's refusal is its result."""
+    from phalanx.worker.checkpoint.checkpointer import PeerSnapshotMismatch
+    from phalanx.worker.checkpoint.collectives import Group
+
+    if rank == 0:
+        send = Group.send
+
+        def tampered(self: Group, tensor: torch.Tensor, dst: int) -> None:
+            if tensor.numel() > 64:
+                tensor = tensor.clone()
+                tensor[-1] ^= 0xFF
+            send(self, tensor, dst)
+
+        Group.send = tampered  # type: ignore[method-assign]
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0, snapshot_every=1)
+    try:
+        step = ckpt.load()
+    except PeerSnapshotMismatch as error:
+        ckpt.group.barrier()  # the others wait there for the end of the restore
+        return {"refused": str(error), "state": fingerprint(state)}
+    assert ckpt.last_restore is not None
+    result = {"step": step, "source": ckpt.last_restore.source}
+    ckpt.close()
+    return result
+
+
 def durable_then_resume(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
     """Replicated durable save in a group; then resume from disk only (snapshots wiped by the test)."""
     state = build_state()
@@ -298,6 +327,7 @@ SCENARIOS = {
     "rollback_group": rollback_group,
     "peer_phase1": peer_phase1,
     "peer_phase2": peer_phase2,
+    "peer_forged": peer_forged,
     "durable_then_resume": durable_then_resume,
     "tiered": tiered,
     "sigterm_save": sigterm_save,
