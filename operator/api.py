@@ -203,6 +203,11 @@ class CheckpointSpec(ApiModel):
     durable_every: int = Field(default=1, ge=1)
     """With `localTier` or `objectStore`: every that many checkpoints is also copied to the durable tier
     (a final or emergency save always is)."""
+    accept_other_jobs: bool = False
+    """Restore checkpoints that another job wrote at this location (to fine-tune from them, say). Every
+    manifest names the job that wrote it (namespace and name); by default a restore passes over another job's
+    checkpoints and reports them as `OtherJob` in `status.checkpoint.skipped`. A job created again under the
+    same name is the same job and resumes from its own."""
 
     @field_validator("interval_steps", mode="before")
     @classmethod
@@ -918,8 +923,9 @@ class SkippedCheckpoint(ApiModel):
     shared fast tier) or `local` (a node's own tier, `localTier`)."""
     reason: str
     """`Torn` (no manifest: a save or copy cut short), `Corrupt` (an unreadable manifest, or files that
-    disagree with it: size, sha256, missing) or `OtherFormat` (another manifest format, or sharded state where
-    replicated is restored, or the reverse)."""
+    disagree with it: size, sha256, missing), `OtherFormat` (another manifest format, or sharded state where
+    replicated is restored, or the reverse) or `OtherJob` (another job wrote it, and `checkpoint.acceptOtherJobs`
+    is off)."""
     message: str = ""
     """The detail, as the worker found it (at most 160 characters)."""
     pod: str | None = None

@@ -55,6 +55,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
     rendezvous = spec.rendezvous
     values = {
         "PHALANX_JOB_NAME": meta["name"],
+        "PHALANX_JOB_NAMESPACE": meta["namespace"],
         "PHALANX_JOB_UID": meta["uid"],
         "PHALANX_RDZV_ENDPOINT": names.rendezvous_endpoint(meta["name"], meta["namespace"], rendezvous.port),
         "PHALANX_MIN_NODES": spec.effective_min_replicas,
@@ -90,6 +91,8 @@ def checkpoint_tier_env(checkpoint: api.CheckpointSpec) -> dict[str, Any]:
         "PHALANX_CHECKPOINT_DIR": local.path if local.enabled else checkpoint.path,
         "PHALANX_CHECKPOINT_KEEP": local.keep if local.enabled else checkpoint.keep,
     }
+    if checkpoint.accept_other_jobs:
+        env["PHALANX_CHECKPOINT_ACCEPT_OTHER_JOBS"] = 1
     store = checkpoint.object_store
     durable_url = store.url if store else (checkpoint.path if local.enabled else None)
     if durable_url is None:

@@ -29,6 +29,7 @@ from phalanx.worker.checkpoint import (
     durable,
     lastsave,
     layout,
+    ownership,
     payload,
     persister,
     rollback,
@@ -217,7 +218,11 @@ class Checkpointer:
 
     def manifest_extra(self) -> dict[str, Any]:
         """What every durable checkpoint's manifest records besides its files."""
-        return {"world_size": self.world_size, rollback.EPOCH_KEY: self.rollback_epoch}
+        return {
+            "world_size": self.world_size,
+            rollback.EPOCH_KEY: self.rollback_epoch,
+            **ownership.manifest_entry(),
+        }
 
     @property
     def saver_pid(self) -> int | None:

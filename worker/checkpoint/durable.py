@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from phalanx.worker.checkpoint import layout, skipped
+from phalanx.worker.checkpoint import layout, ownership, skipped
 from phalanx.worker.checkpoint.skipped import Problem
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def newest_loadable(
         if listed is not None and accept is not None and not accept(step, listed):
             continue
         if listed is not None:
-            problem = kind_problem(listed, kind)
+            problem = kind_problem(listed, kind) or ownership.other_job_problem(listed)
         manifest = None
         if problem is None:
             manifest, problem = verify(path, step, checksums)

@@ -17,7 +17,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from phalanx.worker.checkpoint import durable, persister, rollback, shm_store, slots, tiers
+from phalanx.worker.checkpoint import (
+    durable,
+    ownership,
+    persister,
+    rollback,
+    shm_store,
+    slots,
+    tiers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,7 @@ def save_unsaved(root: Path | None = None) -> int | None:
     extra: dict[str, Any] = {
         "world_size": newest.header.get("world_size"),
         rollback.EPOCH_KEY: newest.header.get(rollback.EPOCH_KEY),
+        **ownership.manifest_entry(),
     }
     try:
         result = persister.persist_slot(

@@ -22,7 +22,10 @@ CORRUPT = "Corrupt"
 OTHER_FORMAT = "OtherFormat"
 """A checkpoint this restore cannot use as such: another manifest format, or sharded where replicated state is
 restored (or the reverse)."""
-REASONS = (TORN, CORRUPT, OTHER_FORMAT)
+OTHER_JOB = "OtherJob"
+"""A checkpoint another job wrote (its manifest names another namespace or name), passed over unless the job
+sets `spec.checkpoint.acceptOtherJobs` (worker/checkpoint/ownership.py)."""
+REASONS = (TORN, CORRUPT, OTHER_FORMAT, OTHER_JOB)
 
 TIER_FAST = "fast"
 """The checkpoint directory (`PHALANX_CHECKPOINT_DIR`) when a durable tier is configured behind it."""

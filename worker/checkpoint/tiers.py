@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phalanx.worker.checkpoint import durable, layout, skipped
+from phalanx.worker.checkpoint import durable, layout, ownership, skipped
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ def newest(
             problem = durable.manifest_problem(manifest, step)
             if problem is None and accept is not None and not accept(step, manifest):
                 continue
-            problem = problem or durable.kind_problem(manifest, kind)
+            problem = problem or durable.kind_problem(manifest, kind) or ownership.other_job_problem(manifest)
         if problem is None and manifest is not None:
             return DurableCopy(step, manifest)
         assert problem is not None
