@@ -273,14 +273,27 @@ class PersisterClient:
                 else:
                     return None
             if "exited" in reply:
-                if self.alive():
-                    continue
+                if self._process is None or reply["exited"] != self._process.pid:
+                    continue  # an earlier saver's end, dealt with when it died
+                # This saver's output ended. Its pipe closes a moment before the process is gone, so it may
+                # still look alive here: wait for its end rather than wait for a reply that cannot come.
+                self._reap()
                 reply = {"id": self.in_flight.id, "ok": False, "error": "saver process died"}
             if reply.get("id") != self.in_flight.id:
                 continue
             reply.setdefault("step", self.in_flight.step)
             self.in_flight = None
             return reply
+
+    def _reap(self) -> None:
+        """Collect the saver whose output ended; one that somehow lives on without it is killed."""
+        process = self._process
+        assert process is not None
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
     def close(self, timeout: float = 600.0) -> dict[str, Any] | None:
         """Wait for the in-flight job, then stop the process."""
