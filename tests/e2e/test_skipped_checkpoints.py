@@ -1,6 +1,7 @@
 """Checkpoints planted before a job starts: a torn one (no manifest) and a corrupt one (a file that fails its
 sha256). The job trains from the newest good checkpoint, and its status (`status.checkpoint.skipped`) and one
-Warning Event name both, with their reasons."""
+Warning Event name both, with their reasons. And another job's checkpoints: passed over (`OtherJob`) unless the
+job opts in."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def test_a_job_started_on_torn_and_corrupt_checkpoints_trains_from_the_good_one_
     assert durable.complete_steps(directory)[0] == GOOD, durable.complete_steps(directory)
     plant(directory)
 
-    cluster.apply(trainingjob("resumed", steps=40, step_delay=0.1, checkpoint=CHECKPOINT), namespace)
+    # Another job's checkpoints: this one restores them because it says so.
+    resumed = {**CHECKPOINT, "acceptOtherJobs": True}
+    cluster.apply(trainingjob("resumed", steps=40, step_delay=0.1, checkpoint=resumed), namespace)
     beat = wait_for(lambda: rank0_restore(cluster, namespace, "resumed"), 240, message="rank 0 restored")
     print(f"rank 0 heartbeat: {beat}")
     assert beat["phalanx.dev/restored-step"] == str(GOOD), beat
@@ -95,3 +98,31 @@ def test_a_job_started_on_torn_and_corrupt_checkpoints_trains_from_the_good_one_
     assert (warning.get("count") or 1) == 1, warning
     assert f"step {TORN} on the durable tier (Torn: no manifest (incomplete))" in warning["message"]
     assert f"step {CORRUPT} on the durable tier (Corrupt: state.bin: sha256 mismatch" in warning["message"]
+
+
+def test_another_jobs_checkpoints_are_passed_over_and_named(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.apply(_checkpoint_claim(), namespace)
+    cluster.apply(trainingjob("seed", steps=GOOD, checkpoint=CHECKPOINT), namespace)
+    wait_succeeded(cluster, namespace, "seed", timeout=300)
+    directory = _claim_directory(cluster, namespace)
+    assert durable.complete_steps(directory)[:2] == [GOOD, 5], durable.complete_steps(directory)
+
+    # Same location, another job, no opt-in: it trains from the start (its own saves at steps the seed's
+    # checkpoints do not hold).
+    own = {**CHECKPOINT, "intervalSteps": 3}
+    cluster.apply(trainingjob("stranger", steps=12, step_delay=0.1, checkpoint=own), namespace)
+    beat = wait_for(lambda: rank0_restore(cluster, namespace, "stranger"), 240, message="rank 0 restored")
+    print(f"rank 0 heartbeat: {beat}")
+    assert beat["phalanx.dev/restored-step"] == "0", beat
+    final = wait_succeeded(cluster, namespace, "stranger", timeout=300)
+    named = skipped_of(final)
+    print(f"status.checkpoint.skipped: {named}")
+    assert [(entry["step"], entry["tier"], entry["reason"]) for entry in named] == [
+        (GOOD, "durable", "OtherJob"),
+        (5, "durable", "OtherJob"),
+    ], named
+    assert f"written by job {namespace}/seed" in named[0]["message"], named
+    manifest = json.loads((directory / layout.step_dir_name(12) / layout.MANIFEST_NAME).read_text())
+    assert (manifest["job"]["namespace"], manifest["job"]["name"]) == (namespace, "stranger"), manifest
