@@ -19,6 +19,11 @@ DEGRADED = "Degraded"
 # Training health (`spec.health`): False with the first active signal as reason (`health.SIGNALS`).
 HEALTHY = "Healthy"
 PREFLIGHT_PASSED = "PreflightPassed"
+CHILDREN_OWNED = "ChildrenOwned"
+"""False while an object the job needs (its rendezvous Service, Role, NetworkPolicy, ...) exists under its name
+but belongs to someone else: it is never adopted, and no pod of the job is created until it is gone."""
+REASON_FOREIGN_OBJECT = "ForeignObject"
+REASON_ALL_OWNED = "AllOwned"
 
 # Reasons (one CamelCase word each), shared by conditions and Events.
 REASON_INVALID_SPEC = "InvalidSpec"

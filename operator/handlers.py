@@ -31,6 +31,7 @@ from phalanx.operator import (
     builders,
     capacity,
     checkpointing,
+    conditions,
     gang,
     health,
     names,
@@ -42,7 +43,7 @@ from phalanx.operator import (
     watchguard,
 )
 from phalanx.operator import status as observe
-from phalanx.operator.kube import Kube
+from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event, Plan
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
@@ -134,6 +135,8 @@ class JobReconciler:
         """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
         self._kueue_missing: set[tuple[str, str]] = set()
         """Queued jobs told that this cluster serves no Kueue Workload API."""
+        self._foreign: dict[tuple[str, str], tuple[str, ...]] = {}
+        """(namespace, job) -> the objects it needs that exist and are someone else's, as the last apply found."""
         self.unseen_pods = watchguard.UnseenPods()
         self.watch_stalled = threading.Event()
         """Set when the pod watch has stopped delivering (`watchguard`): the operator then stops, to restart."""
@@ -191,8 +194,10 @@ class JobReconciler:
             ):
                 # Gone, going, or another controller's (`spec.managedBy`): nothing of it is ours to touch.
                 return None
+            uid = job["metadata"].get("uid")
             job_pods = self._with_own_labels(
-                namespace, [dict(pod) for pod in list(pods.get((namespace, name), ()))]
+                namespace,
+                [dict(pod) for pod in list(pods.get((namespace, name), ())) if observe.owned_by(pod, uid)],
             )
             pod_names = [observe.pod_name(pod) for pod in job_pods]
             self._check_pod_watch(job, pod_names, logger)
@@ -234,6 +239,7 @@ class JobReconciler:
                 network_policy=self.network_policy,
                 create_batch=self.create_batch,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
+                foreign=self._foreign.get(key, ()),
                 workload=workload,
                 flavors=flavors,
                 priority=priority,
@@ -319,11 +325,23 @@ class JobReconciler:
             # reconcile plans it again.
             return
         namespace = job["metadata"]["namespace"]
+        key = (namespace, job["metadata"]["name"])
+        foreign: list[str] = []
         for child in plan.ensure:
-            self._guarded("ensure", self.kube.ensure, child)
+            try:
+                self._guarded("ensure", self.kube.ensure, child)
+            except ForeignObject as error:
+                foreign.append(str(error))
+        newly_foreign = sorted(set(foreign) - set(self._foreign.get(key, ())))
+        if foreign:
+            self._foreign[key] = tuple(foreign)
+            # None of the job's pods runs beside an object under its name that is not its own (a squatted
+            # rendezvous Service would take its workers' connections). The next reconcile says so in a condition.
+            plan.create_pods = []
+        elif plan.ensure:
+            self._foreign.pop(key, None)
         for op in plan.workload_ops:
             self._guarded("workload", self._write_workload, job, op)
-        key = (namespace, job["metadata"]["name"])
         generation = job["metadata"].get("generation")
         outcomes = self._each(
             "create", self._create_pod, [(key, pod, generation, logger) for pod in plan.create_pods]
@@ -383,6 +401,13 @@ class JobReconciler:
                 # `CreatedPods` names only the pods the API server accepted just now.
                 if (posted := event.for_created(created)) is not None:
                     self._guarded("event", self.kube.post_event, job, posted)
+        for message in newly_foreign:
+            self._guarded(
+                "event",
+                self.kube.post_event,
+                job,
+                Event("Warning", conditions.REASON_FOREIGN_OBJECT, message),
+            )
         if rejections:
             # What the API server answered, whether or not the status was stored: it is not in the status, and
             # these pods are not sent again before the pause ends, so this is the one Event of this refusal.
@@ -420,8 +445,7 @@ class JobReconciler:
         self.unseen_pods.seen(key, indexed)
         for name in self.unseen_pods.overdue(key):
             pod = self.kube.get_pod(meta["namespace"], name)
-            owners = ((pod or {}).get("metadata") or {}).get("ownerReferences") or []
-            if any(owner.get("uid") == meta["uid"] and owner.get("controller") for owner in owners):
+            if observe.controller_uid((pod or {}).get("metadata") or {}) == meta["uid"]:
                 logger.error(
                     f"pod {name} exists but the operator's pod watch has not shown it for "
                     f"{self.unseen_pods.limit_seconds:g} s: the watch has stopped; stopping to restart"
@@ -593,7 +617,13 @@ def earlier_gangs(
         key = (meta.get("namespace"), meta.get("name"))
         if key == (job["metadata"]["namespace"], job["metadata"]["name"]) or rank_of(other) >= mine:
             continue
-        if any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in pods.get(key, ())):
+        started = (
+            observe.is_trainer(pod)
+            and not observe.is_terminating(pod)
+            and observe.owned_by(pod, meta.get("uid"))
+            for pod in pods.get(key, ())
+        )
+        if any(started):
             continue
         # Only a job that could run holds room; an invalid one is its own reconcile's to report.
         spec, _ = validation.check(other.get("spec"), str(meta.get("name") or ""), max_gang_pods)

@@ -33,6 +33,34 @@ _WORKLOADS = f"/apis/{queueing.WORKLOAD_API_VERSION}"
 """Kueue's API: Workloads, ResourceFlavors, WorkloadPriorityClasses."""
 
 
+class ForeignObject(Exception):
+    """An object a job needs exists under the job's name for it, and is not the job's."""
+
+    def __init__(self, kind: str, name: str, owner: str) -> None:
+        super().__init__(
+            f"{kind} {name} exists and is not this job's ({owner}): delete it or give the job another name"
+        )
+
+
+def _controller(meta: dict[str, Any]) -> dict[str, Any] | None:
+    return next(
+        (ref for ref in meta.get("ownerReferences") or [] if isinstance(ref, dict) and ref.get("controller")),
+        None,
+    )
+
+
+def _check_owner(wanted: dict[str, Any], existing: dict[str, Any] | None) -> None:
+    """Raise `ForeignObject` unless `existing` has the controller `wanted` names (when it names one)."""
+    mine = _controller(wanted.get("metadata") or {})
+    if mine is None or existing is None:
+        return
+    theirs = _controller(existing.get("metadata") or {})
+    if theirs is not None and theirs.get("uid") == mine.get("uid"):
+        return
+    owner = f"controlled by {theirs.get('kind')} {theirs.get('name')}" if theirs else "it has no controller"
+    raise ForeignObject(str(wanted.get("kind")), str(wanted["metadata"]["name"]), owner)
+
+
 def _collection_path(obj: dict[str, Any]) -> str:
     kind = obj["kind"]
     namespace = obj["metadata"]["namespace"]
@@ -108,18 +136,24 @@ class Kube:
             raise
 
     def ensure(self, obj: dict[str, Any]) -> None:
-        """Create `obj` if missing, checking again only every `recheck_seconds`."""
+        """Create `obj` if missing, checking again only every `recheck_seconds`. An object of that name whose
+        controller is not `obj`'s (another job's, another controller's, or none) is never adopted: raises
+        `ForeignObject`."""
         key = f"{_collection_path(obj)}/{obj['metadata']['name']}"
         with self._lock:
             checked = self._verified.get(key)
         if checked is not None and time.monotonic() - checked < self.recheck_seconds:
             return
         try:
-            self._call("GET", key)
+            existing = self._call("GET", key)
         except ApiException as error:
             if error.status != 404:
                 raise
-            self.create(obj)
+            if not self.create(obj):
+                existing = self._call("GET", key)  # made by someone else in between: whose is it?
+                _check_owner(obj, existing)
+        else:
+            _check_owner(obj, existing)
         with self._lock:
             self._verified[key] = time.monotonic()
 

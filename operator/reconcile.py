@@ -119,6 +119,9 @@ class Observed:
     view_gaps: tuple[viewclock.Gap, ...] = ()
     """Stretches of time during which the operator's own view was stale (paused, restarted, a watch that
     stalled; `viewclock.ViewClock`), the one going on last: no heartbeat or progress clock counts them."""
+    foreign: tuple[str, ...] = ()
+    """What the last apply found of the objects the job needs existing under their names and owned by someone
+    else (each a sentence); while any is, the condition `ChildrenOwned` is False and no pod is created."""
 
 
 @dataclass(frozen=True)
@@ -1414,6 +1417,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if failed is None or failed.status == "True":
         b.condition(conditions.FAILED, False, conditions.REASON_NOT_FAILED, "the job has not failed")
     b.plan.ensure = builders.build_fixed_children(job, spec, observed.network_policy)
+    _follow_ownership(b)
 
     queue = _follow_queue(b, spec)
     if spec.suspend:
@@ -1478,6 +1482,22 @@ def _stop_gang(b: _Builder, reason: str, message: str, state: str, detail: str |
     # A resumed job schedules a fresh gang, with a fresh timeout.
     b.status.gang = api.GangStatus(attempts=b.status.gang.attempts)
     b.status.state = state
+
+
+def _follow_ownership(b: _Builder) -> None:
+    """`ChildrenOwned`: False while objects the job needs are someone else's (the apply creates no pod then),
+    True again once they are the job's; never set on a job that never met such an object."""
+    if b.observed.foreign:
+        b.condition(
+            conditions.CHILDREN_OWNED, False, conditions.REASON_FOREIGN_OBJECT, "; ".join(b.observed.foreign)
+        )
+    elif conditions.find(b.status.conditions, conditions.CHILDREN_OWNED) is not None:
+        b.condition(
+            conditions.CHILDREN_OWNED,
+            True,
+            conditions.REASON_ALL_OWNED,
+            "every object the job needs is its own",
+        )
 
 
 def _pods_left(b: _Builder) -> bool:

@@ -19,6 +19,25 @@ TERMINATION_MESSAGE_CHARS = 1024
 """What the operator keeps of a container's termination message (it goes into conditions and Events)."""
 
 
+CONTROLLER_UID = "controllerUid"
+"""In a pod's summary: the uid of the object its controller ownerReference names (None: no controller)."""
+
+
+def controller_uid(meta: dict[str, Any]) -> str | None:
+    """The uid of an object's controller (its ownerReference with `controller: true`), if any."""
+    for owner in meta.get("ownerReferences") or []:
+        if isinstance(owner, dict) and owner.get("controller"):
+            uid = owner.get("uid")
+            return str(uid) if uid else None
+    return None
+
+
+def owned_by(pod: dict[str, Any], uid: str | None) -> bool:
+    """Whether a summarized pod is the job's with `uid`: claimed by its controller ownerReference, never by
+    its labels alone."""
+    return uid is not None and (pod.get("metadata") or {}).get(CONTROLLER_UID) == uid
+
+
 def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
     """The fields of a pod the operator decides on (kept in the pod index)."""
     meta = body.get("metadata") or {}
@@ -46,9 +65,13 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
         containers.append(entry)
     return {
         "metadata": {
-            key: meta.get(key)
-            for key in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
-            if meta.get(key) is not None
+            **{
+                key: meta.get(key)
+                for key in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
+                if meta.get(key) is not None
+            },
+            # Whose pod it is: the job label alone can be set by anyone who can create pods.
+            CONTROLLER_UID: controller_uid(meta),
         },
         "spec": {
             key: value

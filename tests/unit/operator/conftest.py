@@ -62,7 +62,10 @@ def _pod(
     terminating: bool = False,
     component: str | None = None,
     container: str = "trainer",
+    owner: str | None = "uid-123",
 ) -> dict[str, Any]:
+    """A pod as the operator's pod index holds it (`status.summarize_pod`); `owner`: the uid its controller
+    ownerReference names (the job `make_job` builds, by default)."""
     if index is None and role != "rendezvous":
         index = int(name.rsplit("-", 1)[-1])
     labels = {
@@ -80,7 +83,11 @@ def _pod(
         "uid": uid or f"uid-{name}",
         "labels": labels,
         "creationTimestamp": created,
+        "controllerUid": owner,
     }
+    if owner is not None:
+        owned = {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "uid": owner, "controller": True}
+        metadata["ownerReferences"] = [owned]
     if terminating:
         metadata["deletionTimestamp"] = "2026-01-01T12:00:00Z"
     return {

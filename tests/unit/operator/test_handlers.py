@@ -13,7 +13,8 @@ import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
-from phalanx.operator import gang, handlers
+from phalanx.operator import api, builders, gang, handlers
+from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event
 from phalanx.operator.settings import settings_from
@@ -650,7 +651,7 @@ def test_the_gangs_ranked_before_a_job_are_those_waiting_without_pods(
     ]
     placed = {**job("placed", "2026-01-01T09:00:00Z"), "status": {"gang": {"scheduledTime": "x"}}}
     assert handlers.waiting_gang(placed) is None
-    pods = {("ml", "started"): [make_pod("started-worker-0")]}
+    pods = {("ml", "started"): [make_pod("started-worker-0", owner="uid-started")]}
     priorities = {"urgent": [1000]}
     gangs = handlers.earlier_gangs(newer, waiting, pods, priorities)
     assert [gang.name for gang in gangs] == ["ml/urgent", "ml/older"]
@@ -903,3 +904,107 @@ def test_the_job_s_own_pods_existing_but_never_indexed_mean_the_pod_watch_stoppe
     reconcile()
     # The job's own pods, existing and unseen for a minute: the watch stopped. Someone else's say nothing.
     assert reconciler.watch_stalled.is_set() is stalled
+
+
+@pytest.mark.parametrize("owner", [None, "uid-of-someone-else"])
+def test_a_pod_labelled_as_the_jobs_but_not_owned_by_it_is_never_the_jobs(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any], owner: str | None
+) -> None:
+    # The job label is anyone's to set: a pod of someone else's that exits 2 (a permanent failure of a worker)
+    # neither fails the job nor gets deleted, and takes no place in the gang.
+    gang = [
+        make_pod("demo-worker-0"),
+        make_pod("demo-worker-1"),
+        make_pod("demo-worker-2", role="spare"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    impostor = make_pod("demo-worker-3", phase="Failed", exit_code=2, owner=owner)
+    healthy = {"labels": {}, "ready": "True", "noExecute": []}
+    kube = FakeKube(make_job())
+    _run(kube.job, kube, [*gang, impostor], nodes={"node-a": [healthy]})
+    deleted = [call for call in kube.calls if call[0].startswith("delete")]
+    assert not deleted, deleted
+    assert kube.written_status["state"] not in ("Failed", "Invalid"), kube.written_status
+    assert "demo-worker-3" not in str(kube.written_status.get("workers")), kube.written_status
+
+
+class StoredObjects(Kube):
+    """The real `Kube.ensure` over objects kept in a dict instead of an API server."""
+
+    def __init__(self, existing: dict[str, dict[str, Any]]) -> None:
+        super().__init__(client=None)  # type: ignore[arg-type]
+        self.objects = existing
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        if method == "GET":
+            if path not in self.objects:
+                raise ApiException(status=404, reason="Not Found")
+            return self.objects[path]
+        name = body["metadata"]["name"]
+        self.objects[f"{path}/{name}"] = body
+        return body
+
+
+@pytest.mark.parametrize(
+    "owners",
+    [
+        [],
+        [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": "squatter",
+                "uid": "u-9",
+                "controller": True,
+            }
+        ],
+    ],
+)
+def test_an_existing_object_of_someone_elses_is_refused_never_adopted(
+    make_job: Callable[..., Any], owners: list[dict[str, Any]]
+) -> None:
+    job = make_job()
+    (service,) = [child for child in builders.build_fixed_children(job, api.TrainingJobSpec.model_validate(job["spec"]), None) if child["kind"] == "Service" and child["metadata"]["name"] == "demo-rdzv"]  # fmt: skip
+    path = "/api/v1/namespaces/ml/services/demo-rdzv"
+    squatted = {"kind": "Service", "metadata": {"name": "demo-rdzv", "ownerReferences": owners}}
+    kube = StoredObjects({path: squatted})
+    with pytest.raises(ForeignObject, match=r"Service demo-rdzv exists and is not this job's"):
+        kube.ensure(service)
+    assert kube.objects[path] is squatted
+    # Ours: accepted as it is; missing: created.
+    kube.objects[path] = service
+    kube.ensure(service)
+    del kube.objects[path]
+    kube._verified.clear()
+    kube.ensure(service)
+    assert kube.objects[path]["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
+
+
+class SquattedService(FakeKube):
+    def ensure(self, obj: dict[str, Any]) -> None:
+        super().ensure(obj)
+        if obj["kind"] == "Service" and obj["metadata"]["name"] == "demo-rdzv":
+            raise ForeignObject("Service", "demo-rdzv", "it has no controller")
+
+
+def test_a_job_whose_service_is_someone_elses_creates_no_pod_and_says_why(
+    make_job: Callable[..., Any],
+) -> None:
+    kube = SquattedService(make_job())
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    for _ in range(2):
+        reconciler.reconcile("ml", "demo", {}, {}, {}, logger)
+    assert not [call for call in kube.calls if call[0] == "create"], kube.calls
+    assert [call for call in kube.calls if call == ("event", "ForeignObject")] == [("event", "ForeignObject")]
+    owned = next(c for c in kube.written_status["conditions"] if c["type"] == "ChildrenOwned")
+    assert (owned["status"], owned["reason"]) == ("False", "ForeignObject"), owned
+    assert "Service demo-rdzv exists and is not this job's" in owned["message"]
+    # Once the Service is gone (and so the job's own is made), the pods come and the condition clears.
+    kube.__class__ = FakeKube
+    for _ in range(2):
+        kube.job = {**kube.job, "status": kube.written_status}
+        reconciler.reconcile("ml", "demo", {}, {}, {}, logger)
+    assert [call for call in kube.calls if call[0] == "create"], kube.calls
+    owned = next(c for c in kube.written_status["conditions"] if c["type"] == "ChildrenOwned")
+    assert (owned["status"], owned["reason"]) == ("True", "AllOwned"), owned
