@@ -383,8 +383,6 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
             "resources": ["leases"],
             "verbs": ["get", "create", "update", "patch"],
         },
-        # Reading its own pod gives the launcher the uid for the Lease's ownerReference.
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         # The launcher follows its job (desired replicas after `kubectl scale`, `status.regroup` after a
         # failure) by watching it: only this job, read-only.
         {

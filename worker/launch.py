@@ -828,7 +828,7 @@ class PodReporter:
         settings = self.settings
         if LeaseClient.available(os.environ, settings.pod_name, settings.pod_namespace):
             try:
-                self._lease = LeaseClient(settings.pod_name, settings.pod_namespace)
+                self._lease = LeaseClient(settings.pod_name, settings.pod_namespace, settings.pod_uid)
             except Exception as error:
                 logger.warning("heartbeats off: cannot configure the Kubernetes client: %s", error)
         if settings.metrics_port:

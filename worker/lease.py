@@ -25,7 +25,7 @@ def kubernetes_reachable(env: Mapping[str, str]) -> bool:
 class LeaseClient:
     """Creates the Lease on first use, then replaces its spec and annotations on each renewal."""
 
-    def __init__(self, pod_name: str, namespace: str) -> None:
+    def __init__(self, pod_name: str, namespace: str, pod_uid: str | None = None) -> None:
         from kubernetes import client
 
         kubecredentials.load()
@@ -34,7 +34,7 @@ class LeaseClient:
         self._api_exception = client.ApiException
         self.pod_name = pod_name
         self.namespace = namespace
-        self._pod_uid: str | None = None
+        self._pod_uid: str | None = pod_uid or None
         self._created = False
 
     @staticmethod
@@ -43,7 +43,9 @@ class LeaseClient:
         return kubernetes_reachable(env) and bool(pod_name) and bool(namespace)
 
     def pod_uid(self) -> str | None:
-        """The owner for the Lease, read once; None if the pod cannot be read (the Lease is still renewed)."""
+        """The owner for the Lease: the pod's uid as the operator's pods get it (`POD_UID`, from the downward
+        API), else read once from the pod (outside the operator); None if neither is known (the Lease is still
+        renewed)."""
         if self._pod_uid is None:
             try:
                 metadata = self._core.read_namespaced_pod(self.pod_name, self.namespace).metadata
@@ -62,7 +64,14 @@ class LeaseClient:
             except self._api_exception as error:
                 if error.status != 409:
                     raise
+                # A Lease of this name made before this pod (an earlier pod's, or anyone's): replaced whole,
+                # owner included, so that nothing of it outlives this pod's first heartbeat.
+                existing = self._coordination.read_namespaced_lease(self.pod_name, self.namespace)
+                version = existing.metadata.resource_version if existing.metadata is not None else None
+                replacement = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
+                self._coordination.replace_namespaced_lease(self.pod_name, self.namespace, replacement)  # type: ignore[arg-type]
                 self._created = True
+                return
         patch = {"metadata": {"annotations": body["metadata"]["annotations"]}, "spec": body["spec"]}
         self._coordination.patch_namespaced_lease(self.pod_name, self.namespace, patch)
 

@@ -469,3 +469,61 @@ def test_between_groups_the_lease_keeps_where_the_latest_group_resumed(tmp_path:
     reporter.launcher_phase = None
     reporter.group_started = time.time()
     assert lease_annotations(reporter.current())["phalanx.dev/resumed-at"] == ""
+
+
+class _Metadata:
+    resource_version = "41"
+
+
+class _StoredLease:
+    metadata = _Metadata()
+
+
+class _Coordination:
+    """Leases as the API server keeps them: one of the pod's name exists already (made before the pod)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def create_namespaced_lease(self, namespace: str, body: dict) -> None:
+        from kubernetes.client import ApiException
+
+        self.calls.append(("create", body))
+        raise ApiException(status=409, reason="AlreadyExists")
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> _StoredLease:
+        return _StoredLease()
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: dict) -> None:
+        self.calls.append(("replace", body))
+
+    def patch_namespaced_lease(self, name: str, namespace: str, body: dict) -> None:
+        self.calls.append(("patch", body))
+
+
+def test_a_lease_made_before_the_pod_is_replaced_whole_with_the_pod_as_its_owner() -> None:
+    from kubernetes.client import ApiException
+
+    client = LeaseClient.__new__(LeaseClient)
+    coordination = _Coordination()
+    client.__dict__.update(
+        _coordination=coordination, _api_exception=ApiException, pod_name="job-worker-0", namespace="ml",
+        _pod_uid="uid-pod", _created=False,
+    )  # fmt: skip
+    assert client.pod_uid() == "uid-pod"  # from POD_UID: the pod is never read
+    body = lease_body(
+        pod_name="job-worker-0",
+        namespace="ml",
+        pod_uid=client.pod_uid(),
+        status=PodStatus(phase="training"),
+        now=datetime.now(UTC),
+        lease_duration_seconds=10,
+    )
+    client.renew(body)
+    client.renew(body)
+    (create, replace_call, patch) = coordination.calls
+    assert create[0] == "create" and patch[0] == "patch"
+    kind, replaced = replace_call
+    assert kind == "replace" and replaced["metadata"]["resourceVersion"] == "41"
+    assert replaced["metadata"]["ownerReferences"][0]["uid"] == "uid-pod"
+    assert replaced["metadata"]["annotations"] == body["metadata"]["annotations"]
