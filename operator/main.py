@@ -45,7 +45,10 @@ def run(settings: OperatorSettings) -> int:
         timedelta(seconds=settings.clock_skew_seconds),
         max_gang_pods=settings.max_gang_pods,
         admission=validation.Admission(
-            settings.host_path_prefix, frozenset(settings.worker_service_accounts)
+            settings.host_path_prefix,
+            frozenset(settings.worker_service_accounts),
+            heartbeat_writes_per_second=settings.heartbeat_writes_per_second,
+            min_gang_timeout_seconds=settings.min_gang_timeout_seconds,
         ),
         network_policy=(
             builders.NetworkPolicySettings(settings.metrics_namespace) if settings.network_policy else None

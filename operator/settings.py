@@ -65,6 +65,13 @@ class OperatorSettings(BaseModel):
     metrics_namespace: str = ""
     """The namespace (of Prometheus, say) whose pods may scrape the workers' metrics port through the job's
     NetworkPolicy; empty: no pod outside the job."""
+    heartbeat_writes_per_second: float = Field(default=100.0, gt=0, le=100000)
+    """Heartbeat writes per second one job may cause (each worker pod renews its Lease every
+    `heartbeat.intervalSeconds`): a job whose interval is below `pods / this` is refused with `InvalidSpec`,
+    naming the floor, so that no job's heartbeats can flood the API server."""
+    min_gang_timeout_seconds: int = Field(default=3, ge=1, le=86400)
+    """The least `gang.scheduleTimeoutSeconds` and `gang.backoffSeconds` a job may set: below it a gang that
+    cannot be placed would be deleted and created again every few seconds."""
     host_path_prefix: str = ""
     """The node folder under which a job may keep its local checkpoint tier (`checkpoint.localTier.hostPath`):
     a job's host path must lie under `<prefix>/<namespace>/<job>`. Empty (the default): no job gets a host path,

@@ -308,6 +308,11 @@ class Admission:
     service_accounts: frozenset[str] = frozenset()
     """`workerServiceAccounts`: accounts a template may name, to which the operator then binds the worker Role;
     others (and `default`, always) are refused, and a template naming none runs as the job's own account."""
+    heartbeat_writes_per_second: float | None = None
+    """`heartbeatWritesPerSecond`: a job's heartbeat interval must be at least its pods divided by this (None:
+    no floor)."""
+    min_gang_timeout_seconds: int = 1
+    """`minGangTimeoutSeconds`: the least gang timeout and back-off a job may set."""
 
 
 def check(
@@ -326,7 +331,39 @@ def check(
     if admission is not None:
         issues += _host_path_issues(spec, admission.host_path_prefix, namespace, job_name)
         issues += _service_account_issues(spec, admission.service_accounts)
+        issues += _floor_issues(spec, admission)
     return (None, issues) if issues else (spec, [])
+
+
+def _floor_issues(spec: api.TrainingJobSpec, admission: Admission) -> list[SpecIssue]:
+    """The operator's floors on what a job costs the API server: heartbeat writes per second, and how often a
+    gang that cannot be placed is made again."""
+    issues: list[SpecIssue] = []
+    budget = admission.heartbeat_writes_per_second
+    pods = spec.effective_max_replicas + spec.spares
+    if budget is not None and spec.heartbeat.interval_seconds * budget < pods:
+        floor = pods / budget
+        issues.append(
+            SpecIssue(
+                "spec.heartbeat.intervalSeconds",
+                f"must be at least {floor:g} for {pods} pods: the operator allows {budget:g} heartbeat writes "
+                "per second per job (the chart's heartbeatWritesPerSecond)",
+            )
+        )
+    least = admission.min_gang_timeout_seconds
+    for field, value in (
+        ("scheduleTimeoutSeconds", spec.gang.schedule_timeout_seconds),
+        ("backoffSeconds", spec.gang.backoff_seconds),
+    ):
+        if value < least:
+            issues.append(
+                SpecIssue(
+                    f"spec.gang.{field}",
+                    f"must be at least {least} (the chart's minGangTimeoutSeconds): a gang that cannot be placed "
+                    "would be made again every few seconds",
+                )
+            )
+    return issues
 
 
 def _service_account_issues(spec: api.TrainingJobSpec, allowed: frozenset[str]) -> list[SpecIssue]:

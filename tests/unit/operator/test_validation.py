@@ -330,3 +330,39 @@ def test_a_template_names_only_an_allowed_service_account_and_never_default(make
     job = make_job()
     job["spec"]["template"]["spec"]["serviceAccountName"] = "admin"
     assert check(job["spec"], "demo")[1] == []  # not judged without the operator's admission
+
+
+def test_a_heartbeat_faster_than_the_operators_write_budget_allows_is_refused_naming_the_floor(
+    make_job: MakeJob,
+) -> None:
+    admission = Admission(heartbeat_writes_per_second=100)
+    # 200 workers and 50 spares at 100 writes per second: a beat every 2.5 s at most.
+    job = make_job(replicas=200, spares=50, heartbeat={"intervalSeconds": 1, "timeoutSeconds": 30})
+    spec, issues = check(job["spec"], "demo", admission=admission)
+    assert spec is None
+    (issue,) = issues
+    assert issue.field == "spec.heartbeat.intervalSeconds"
+    assert "at least 2.5 for 250 pods" in issue.message and "heartbeatWritesPerSecond" in issue.message
+    job = make_job(replicas=200, spares=50, heartbeat={"intervalSeconds": 2.5, "timeoutSeconds": 30})
+    assert check(job["spec"], "demo", admission=admission)[1] == []
+    # Scaling up to maxReplicas counts too.
+    job = make_job(
+        replicas=2, spares=1, maxReplicas=300, heartbeat={"intervalSeconds": 1, "timeoutSeconds": 30}
+    )
+    assert [issue.field for issue in check(job["spec"], "demo", admission=admission)[1]] == [
+        "spec.heartbeat.intervalSeconds"
+    ]
+
+
+def test_a_gang_timeout_or_back_off_under_the_operators_floor_is_refused(make_job: MakeJob) -> None:
+    admission = Admission(min_gang_timeout_seconds=10)
+    job = make_job(gang={"scheduleTimeoutSeconds": 1, "backoffSeconds": 2})
+    spec, issues = check(job["spec"], "demo", admission=admission)
+    assert spec is None
+    assert {issue.field for issue in issues} == {
+        "spec.gang.scheduleTimeoutSeconds",
+        "spec.gang.backoffSeconds",
+    }
+    assert all("minGangTimeoutSeconds" in issue.message for issue in issues)
+    job = make_job(gang={"scheduleTimeoutSeconds": 10, "backoffSeconds": 10})
+    assert check(job["spec"], "demo", admission=admission)[1] == []
