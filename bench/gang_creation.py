@@ -141,6 +141,7 @@ def node_room(node: Any, pods: list[Any]) -> NodeRoom:
 def gang_job(name: str, sizes: Sizes, timeout: int, nodes: list[str] | None = None) -> dict[str, Any]:
     """A TrainingJob whose workers and spares land only on simulated nodes (never run a process)."""
     terms: list[dict[str, Any]] = [{"key": "phalanx.dev/simulated", "operator": "In", "values": ["true"]}]
+    heartbeat_interval = max(5, math.ceil(sizes.gang / 100))
     if nodes:
         terms.append({"key": "kubernetes.io/hostname", "operator": "In", "values": nodes})
     return {
@@ -150,6 +151,8 @@ def gang_job(name: str, sizes: Sizes, timeout: int, nodes: list[str] | None = No
         "spec": {
             "replicas": sizes.workers,
             "spares": sizes.spares,
+            # Within the operator's heartbeat write budget (the chart's heartbeatWritesPerSecond, 100 per job).
+            "heartbeat": {"intervalSeconds": heartbeat_interval, "timeoutSeconds": 6 * heartbeat_interval},
             "gang": {
                 "scheduleTimeoutSeconds": timeout,
                 "backoffSeconds": BACKOFF_SECONDS,

@@ -59,7 +59,9 @@ def test_absurd_jobs_are_refused_or_held_without_pods_while_a_running_job_trains
     # Under the gang limit, over what the nodes hold: the capacity check, not the limit, must stop it.
     too_big = slots + 60
     assert too_big < DEFAULT_MAX_GANG_PODS
-    oversized = trainingjob("oversized", replicas=too_big)
+    # Its heartbeats within the operator's write budget (heartbeatWritesPerSecond): only its size is wrong.
+    heartbeat = {"intervalSeconds": too_big // 50 + 1, "timeoutSeconds": too_big // 25 + 10}
+    oversized = trainingjob("oversized", replicas=too_big, heartbeat=heartbeat)
     cluster.apply([typo, oversized], namespace)
 
     refused = wait_for(
