@@ -134,8 +134,14 @@ def main() -> int:
             reply["ok"] = True
         except Exception as error:
             reply.update(ok=False, error=f"{type(error).__name__}: {error}")
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The trainer is gone (killed during the save, which is complete or abandoned by the commit rules):
+            # nobody to answer, and nothing to say in the job's output.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     return 0
 
 

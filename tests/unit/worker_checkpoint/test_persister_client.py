@@ -58,3 +58,25 @@ def test_an_earlier_savers_end_does_not_end_the_wait_for_the_current_one(tmp_pat
     client._replies.put({"id": None, "exited": 4242})  # the saver killed before this one was started
     client._replies.put({"id": 8, "ok": True, "step": 30})
     assert poll_in_thread(client) == {"id": 8, "ok": True, "step": 30}
+
+
+def test_a_saver_whose_trainer_is_gone_ends_quietly(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    saver = subprocess.Popen(
+        [sys.executable, "-m", "phalanx.worker.checkpoint.persister"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert saver.stdin is not None and saver.stdout is not None
+    saver.stdout.close()  # the trainer died: the saver's answer has no reader
+    job = {"op": "persist", "id": 1, "slot": str(tmp_path / "no-slot"), "seq": 1, "step": 5,
+           "directory": str(tmp_path / "ckpt"), "keep": 1, "extra": None, "durable": None}  # fmt: skip
+    saver.stdin.write(json.dumps(job) + "\n")
+    saver.stdin.close()
+    assert saver.wait(timeout=60) == 0
+    assert saver.stderr is not None and saver.stderr.read() == ""
