@@ -152,8 +152,10 @@ class ObjectStoreSpec(ApiModel):
     endpoint_url: str | None = None
     """The store's endpoint, for S3-compatible stores other than AWS (e.g. `http://minio.storage:9000`)."""
     secret_name: str | None = None
-    """A Secret in the job's namespace whose keys become the trainer's environment (for S3:
-    `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`)."""
+    """A Secret in the job's namespace holding the store's credentials, mounted read-only as files in the
+    trainer (never its environment) and passed to the store's filesystem as storage options: a key is the
+    option's name (`key`, `secret`, `token`, `account_key`, ...), and S3's usual names are understood too
+    (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`)."""
     storage_options: dict[str, Any] | None = Field(default=None, json_schema_extra=PRESERVE_UNKNOWN)
     """Further fsspec storage options for the URL's filesystem (e.g. `{"client_kwargs": {"region_name": ...}}`).
     Never credentials: a key that looks like one (`key`, `secret`, `token`, `password`, ...) is refused, since

@@ -108,6 +108,8 @@ def checkpoint_tier_env(checkpoint: api.CheckpointSpec) -> dict[str, Any]:
         if store.endpoint_url:
             options.setdefault("endpoint_url", store.endpoint_url)
         env["PHALANX_CHECKPOINT_STORAGE_OPTIONS"] = json.dumps(options, sort_keys=True)
+        if store.secret_name:
+            env["PHALANX_CHECKPOINT_CREDENTIALS_DIR"] = names.OBJECT_STORE_CREDENTIALS_PATH
     return env
 
 
@@ -124,6 +126,14 @@ def _checkpoint_volumes(spec: api.TrainingJobSpec) -> list[tuple[dict[str, Any],
     elif checkpoint.volume:
         source = {key: value for key, value in checkpoint.volume.items() if key != "name"}
         volumes.append(({"name": names.CHECKPOINT_VOLUME, **copy.deepcopy(source)}, checkpoint.path))
+    store = checkpoint.object_store
+    if store is not None and store.secret_name:
+        # Files, not the environment: read where a filesystem is built, never inherited by every process.
+        credentials = {
+            "name": names.OBJECT_STORE_CREDENTIALS_VOLUME,
+            "secret": {"secretName": store.secret_name},
+        }
+        volumes.append((credentials, names.OBJECT_STORE_CREDENTIALS_PATH))
     local = checkpoint.local_tier
     if local.enabled:
         if local.host_path:
@@ -167,17 +177,16 @@ def _wrap_trainer(
     ours = {entry["name"] for entry in env}
     # The contract's variables win over the user's: the launcher must see what the operator decided.
     container["env"] = [entry for entry in container.get("env") or [] if entry.get("name") not in ours] + env
-    store = spec.checkpoint.object_store
-    if store is not None and store.secret_name:
-        secret = {"secretRef": {"name": store.secret_name}}
-        container["envFrom"] = [*(e for e in container.get("envFrom") or [] if e != secret), secret]
     volumes = _trainer_volumes(spec, own_shm)
     if volumes:
         ours = {volume["name"] for volume, _ in volumes}
         mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
         container["volumeMounts"] = [
             *mounts,
-            *({"name": v["name"], "mountPath": path} for v, path in volumes),
+            *(
+                {"name": v["name"], "mountPath": path, **({"readOnly": True} if "secret" in v else {})}
+                for v, path in volumes
+            ),
         ]
 
 

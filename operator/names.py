@@ -27,6 +27,9 @@ RENDEZVOUS_CONTAINER = "rendezvous"
 CHECKPOINT_VOLUME = "phalanx-checkpoint"
 LOCAL_CHECKPOINT_VOLUME = "phalanx-local-checkpoint"
 SHARED_MEMORY_VOLUME = "phalanx-shm"
+OBJECT_STORE_CREDENTIALS_VOLUME = "phalanx-object-store-credentials"
+OBJECT_STORE_CREDENTIALS_PATH = "/var/run/secrets/phalanx/object-store"
+"""Where the trainer finds the object store's credentials (`checkpoint.objectStore.secretName`), as files."""
 
 # Pod hostnames are DNS labels: the job name plus "-worker-NNNN" must fit in 63 characters.
 MAX_HOSTNAME = 63

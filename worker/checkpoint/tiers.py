@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +37,15 @@ KEEP_ENV = "PHALANX_CHECKPOINT_DURABLE_KEEP"
 """Checkpoints kept on the durable tier."""
 OPTIONS_ENV = "PHALANX_CHECKPOINT_STORAGE_OPTIONS"
 """A JSON object of fsspec storage options for the durable tier's URL (e.g. the S3 endpoint)."""
+CREDENTIALS_ENV = "PHALANX_CHECKPOINT_CREDENTIALS_DIR"
+"""A folder of the store's credentials, one file per storage option (the Secret `objectStore.secretName`)."""
+S3_CREDENTIAL_NAMES = {
+    "AWS_ACCESS_KEY_ID": "key",
+    "AWS_SECRET_ACCESS_KEY": "secret",
+    "AWS_SESSION_TOKEN": "token",
+}
+"""S3's usual names for its credentials, and the storage options (s3fs) they are."""
+_OPTION_NAME = re.compile(r"[a-z][a-z0-9_]*")
 LOCAL_ENV = "PHALANX_CHECKPOINT_LOCAL_TIER"
 """`1` when the fast tier is node-local: every rank then looks in its own copy at restore."""
 
@@ -67,6 +77,9 @@ class DurableTier:
         options = json.loads(raw_options) if raw_options else {}
         if not isinstance(options, dict):
             raise ValueError(f"{OPTIONS_ENV} must be a JSON object, got {raw_options!r}")
+        folder = env.get(CREDENTIALS_ENV, "").strip()
+        if folder:
+            options.update(credential_options(Path(folder)))
         return cls(url, int(env.get(EVERY_ENV) or 1), int(env.get(KEEP_ENV) or 3), options)
 
     def as_job(self) -> dict[str, Any]:
@@ -92,6 +105,26 @@ class DurableTier:
 
         fs, root = fsspec.core.url_to_fs(self.url, **dict(self.options))
         return fs, root.rstrip("/")
+
+
+def credential_options(folder: Path) -> dict[str, str]:
+    """The storage options a folder of credential files gives: each file is one option named after it (S3's
+    usual names are understood as s3fs's options). Other names are left out, and said so."""
+    options: dict[str, str] = {}
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as error:
+        log.warning("the object store's credentials at %s cannot be read: %s", folder, error)
+        return options
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_file():
+            continue  # the secret volume's own bookkeeping (..data)
+        name = S3_CREDENTIAL_NAMES.get(entry.name, entry.name)
+        if not _OPTION_NAME.fullmatch(name):
+            log.warning("credential file %s names no storage option; left out", entry.name)
+            continue
+        options[name] = entry.read_text().strip()
+    return options
 
 
 def manifest_extra(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -205,7 +205,18 @@ def test_an_object_store_is_the_durable_tier(make_job: MakeJob) -> None:
         "client_kwargs": {"region_name": "eu-west-1"},
         "endpoint_url": "http://minio:9000",
     }
-    assert {"secretRef": {"name": "s3-creds"}} in pod["spec"]["containers"][0]["envFrom"]
+    # The credentials are files in the trainer, read-only, never its environment.
+    trainer = pod["spec"]["containers"][0]
+    assert "envFrom" not in trainer
+    assert env["PHALANX_CHECKPOINT_CREDENTIALS_DIR"] == "/var/run/secrets/phalanx/object-store"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "phalanx-object-store-credentials")
+    assert volume["secret"] == {"secretName": "s3-creds"}
+    mount = next(m for m in trainer["volumeMounts"] if m["name"] == "phalanx-object-store-credentials")
+    assert mount == {
+        "name": "phalanx-object-store-credentials",
+        "mountPath": "/var/run/secrets/phalanx/object-store",
+        "readOnly": True,
+    }
     # Without a local tier, checkpoints commit at `path` and are copied to the store.
     job = make_job(checkpoint={"objectStore": {"url": "s3://bucket/run-1"}})
     env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))

@@ -244,3 +244,28 @@ def test_a_restore_names_the_durable_copies_and_local_checkpoints_it_passed_over
         (8, skipped.TIER_DURABLE, skipped.CORRUPT),
     ]
     assert "do not match the manifest" in info.skipped[-1].message
+
+
+def test_the_stores_credentials_come_from_files_as_storage_options(tmp_path: Path) -> None:
+    # A Secret mounted as a volume: one file per key, plus the volume's own bookkeeping.
+    folder = tmp_path / "credentials"
+    (folder / "..2026_11_27").mkdir(parents=True)
+    (folder / "AWS_ACCESS_KEY_ID").write_text("AKIDEXAMPLE\n")
+    (folder / "AWS_SECRET_ACCESS_KEY").write_text("s3cr3t")
+    (folder / "account_key").write_text("azure")
+    (folder / "AWS_DEFAULT_REGION").write_text("eu-west-1")
+    env = {
+        tiers.URL_ENV: "s3://bucket/run",
+        tiers.OPTIONS_ENV: json.dumps({"endpoint_url": "http://minio:9000"}),
+        tiers.CREDENTIALS_ENV: str(folder),
+    }
+    tier = tiers.DurableTier.from_env(env)
+    assert tier is not None
+    assert dict(tier.options) == {
+        "endpoint_url": "http://minio:9000",
+        "key": "AKIDEXAMPLE",
+        "secret": "s3cr3t",
+        "account_key": "azure",
+    }
+    # What the saver process is handed carries them (over its pipe, not its environment).
+    assert tier.as_job()["options"]["secret"] == "s3cr3t"
