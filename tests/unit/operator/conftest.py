@@ -86,7 +86,12 @@ def _pod(
         "controllerUid": owner,
     }
     if owner is not None:
-        owned = {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "uid": owner, "controller": True}
+        owned = {
+            "apiVersion": "phalanx.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "uid": owner,
+            "controller": True,
+        }
         metadata["ownerReferences"] = [owned]
     if terminating:
         metadata["deletionTimestamp"] = "2026-01-01T12:00:00Z"
