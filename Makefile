@@ -2,7 +2,7 @@
 #   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
 #   make demo-real  the same on a real node (root): the images built first, a worker's container SIGKILLed
 #   make test   the type check, then every test: unit and end-to-end against the real control plane (built once, cached)
-#   make test-peers  the smoke of the Kubernetes-native peers' benchmarks (Kubeflow Trainer, JobSet; not in CI)
+#   make test-peers  the smoke of the peers' benchmarks (torchft, DLRover, Kubeflow Trainer, JobSet; not in CI)
 #   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
 #   make image  the operator and worker images without a registry (buildah; docs/images.md)
 PYTHON ?= python3.11
@@ -44,13 +44,14 @@ lint: install
 	$(BIN)/ruff format --check src operator worker devcluster tests bench examples
 
 # CI (`.ci/run`) runs this: lint and the type check first, then every test.
-# Every test but the peers' benchmark smoke (`make test-peers`), which builds two more controllers from their Go
-# modules and would take CI past its 90 minutes.
+# Every test but the peers' benchmark smoke (`make test-peers`): it measures the baselines (torchft, DLRover, and
+# two more controllers built from their Go modules), not Phalanx, and would take CI past its 90 minutes.
 test: lint typecheck real-node
 	$(BIN)/python -m pytest -m "not peers" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
-# `phalanx bench --quick` for Kubeflow Trainer and JobSet beside Phalanx (built from their modules the first time).
+# `phalanx bench --quick` for the peers beside Phalanx: torchft and DLRover, Kubeflow Trainer and JobSet (built
+# from their modules the first time).
 test-peers: control-plane
 	$(BIN)/python -m pytest -m peers tests/e2e $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc

@@ -89,7 +89,7 @@ class Sizes:
 
 
 FULL = Sizes(seconds=1800, mean_gap=300, kinds=KINDS, quiet_tail=60, seeds=SEEDS)
-QUICK = Sizes(seconds=60, mean_gap=300, kinds=("kill",), quiet_tail=30, first_at=15)
+QUICK = Sizes(seconds=40, mean_gap=300, kinds=("kill",), quiet_tail=20, first_at=10)
 
 
 # ---------------------------------------------------------------------------------------------- analysis

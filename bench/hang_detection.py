@@ -74,7 +74,7 @@ class Sizes:
 
 
 FULL = Sizes(quiet_seconds=600, freezes=10, stops=10, hangs=10)
-QUICK = Sizes(quiet_seconds=20, freezes=1, stops=1, hangs=1)
+QUICK = Sizes(quiet_seconds=10, freezes=1, stops=1, hangs=1)
 
 FROZEN, STOPPED, HUNG = "frozen pod", "stopped trainer", "hung trainer"
 

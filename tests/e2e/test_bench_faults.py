@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.bench.recovery import QUICK_TRIALS
+
 from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100)]
@@ -32,10 +34,10 @@ def test_fault_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, tm
 
     recovery = results["recovery"]
     trials = recovery["details"]["trials"]["hot-spare"]
-    assert len(trials) == 2 and all(trial["error"] is None for trial in trials), trials
+    assert len(trials) == QUICK_TRIALS and all(trial["error"] is None for trial in trials), trials
     rec = metrics_of(recovery)
     for stage in ("kill -> first step", "detect", "replace", "trainer start-up", "first step", "steps lost"):
-        assert len(rec[f"hot-spare: {stage}"]["samples"]) == 2, stage
+        assert len(rec[f"hot-spare: {stage}"]["samples"]) == QUICK_TRIALS, stage
     assert all(trial["restore_sources"] for trial in trials)  # the state came from somewhere known
 
     hang = metrics_of(results["hang-detection"])

@@ -18,7 +18,8 @@ import pytest
 
 from phalanx.bench import peer_dlrover, peer_torchft
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+# With the Kubernetes-native peers' smoke under `make test-peers`: a baseline's, not Phalanx's, and minutes CI has not.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.peers, pytest.mark.timeout(900)]
 
 
 def leftovers(folder: Path) -> list[str]:
