@@ -48,6 +48,16 @@ def rank0_restore(cluster: Cluster, namespace: str, name: str) -> dict[str, str]
     return None
 
 
+def seeded_claim(cluster: Cluster, namespace: str) -> Path:
+    """The claim's folder once a first job (`seed`) left good checkpoints of steps 5 and 10 there."""
+    cluster.apply(_checkpoint_claim(), namespace)
+    cluster.apply(trainingjob("seed", steps=GOOD, checkpoint=CHECKPOINT), namespace)
+    wait_succeeded(cluster, namespace, "seed", timeout=300)
+    directory = _claim_directory(cluster, namespace)
+    assert durable.complete_steps(directory)[:2] == [GOOD, 5], durable.complete_steps(directory)
+    return directory
+
+
 def skipped_of(job: dict[str, Any]) -> list[dict[str, Any]]:
     return ((job.get("status") or {}).get("checkpoint") or {}).get("skipped") or []
 
@@ -55,12 +65,7 @@ def skipped_of(job: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_job_started_on_torn_and_corrupt_checkpoints_trains_from_the_good_one_and_names_both(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    cluster.apply(_checkpoint_claim(), namespace)
-    # A first job leaves good checkpoints of steps 5 and 10 on the claim.
-    cluster.apply(trainingjob("seed", steps=GOOD, checkpoint=CHECKPOINT), namespace)
-    wait_succeeded(cluster, namespace, "seed", timeout=300)
-    directory = _claim_directory(cluster, namespace)
-    assert durable.complete_steps(directory)[0] == GOOD, durable.complete_steps(directory)
+    directory = seeded_claim(cluster, namespace)
     plant(directory)
 
     # Another job's checkpoints: this one restores them because it says so.
@@ -103,11 +108,7 @@ def test_a_job_started_on_torn_and_corrupt_checkpoints_trains_from_the_good_one_
 def test_another_jobs_checkpoints_are_passed_over_and_named(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    cluster.apply(_checkpoint_claim(), namespace)
-    cluster.apply(trainingjob("seed", steps=GOOD, checkpoint=CHECKPOINT), namespace)
-    wait_succeeded(cluster, namespace, "seed", timeout=300)
-    directory = _claim_directory(cluster, namespace)
-    assert durable.complete_steps(directory)[:2] == [GOOD, 5], durable.complete_steps(directory)
+    directory = seeded_claim(cluster, namespace)
 
     # Same location, another job, no opt-in: it trains from the start (its own saves at steps the seed's
     # checkpoints do not hold).
