@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from phalanx import kubecredentials
 from phalanx.operator import api, queueing
+from phalanx.operator import status as observe
 from phalanx.operator.reconcile import Event
 from phalanx.operator.timeutil import format_time, now
 
@@ -42,19 +43,12 @@ class ForeignObject(Exception):
         )
 
 
-def _controller(meta: dict[str, Any]) -> dict[str, Any] | None:
-    return next(
-        (ref for ref in meta.get("ownerReferences") or [] if isinstance(ref, dict) and ref.get("controller")),
-        None,
-    )
-
-
 def _check_owner(wanted: dict[str, Any], existing: dict[str, Any] | None) -> None:
     """Raise `ForeignObject` unless `existing` has the controller `wanted` names (when it names one)."""
-    mine = _controller(wanted.get("metadata") or {})
+    mine = observe.controller_reference(wanted.get("metadata") or {})
     if mine is None or existing is None:
         return
-    theirs = _controller(existing.get("metadata") or {})
+    theirs = observe.controller_reference(existing.get("metadata") or {})
     if theirs is not None and theirs.get("uid") == mine.get("uid"):
         return
     owner = f"controlled by {theirs.get('kind')} {theirs.get('name')}" if theirs else "it has no controller"

@@ -23,13 +23,18 @@ CONTROLLER_UID = "controllerUid"
 """In a pod's summary: the uid of the object its controller ownerReference names (None: no controller)."""
 
 
+def controller_reference(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """An object's ownerReference with `controller: true`, if any."""
+    return next(
+        (ref for ref in meta.get("ownerReferences") or [] if isinstance(ref, dict) and ref.get("controller")),
+        None,
+    )
+
+
 def controller_uid(meta: dict[str, Any]) -> str | None:
-    """The uid of an object's controller (its ownerReference with `controller: true`), if any."""
-    for owner in meta.get("ownerReferences") or []:
-        if isinstance(owner, dict) and owner.get("controller"):
-            uid = owner.get("uid")
-            return str(uid) if uid else None
-    return None
+    """The uid of an object's controller, if any."""
+    uid = (controller_reference(meta) or {}).get("uid")
+    return str(uid) if uid else None
 
 
 def owned_by(pod: dict[str, Any], uid: str | None) -> bool:
