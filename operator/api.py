@@ -56,6 +56,12 @@ AbsolutePath = Annotated[
 ]
 """An absolute, normalised path inside the container: no `.` or `..` segment, no `//`, no trailing `/`, not
 `/` itself."""
+RelativeFolder = Annotated[
+    str,
+    AfterValidator(formats.check_relative_folder),
+    Field(json_schema_extra={"pattern": formats.RELATIVE_FOLDER_PATTERN}),
+]
+"""A normalised relative folder (`team/run-7`), or `.`: no leading or trailing `/`, no `.` or `..` segment."""
 DEFAULT_TRAINER_CONTAINER = "trainer"
 CONTROLLER_NAME = "phalanx.dev/trainingjob-controller"
 """The `spec.managedBy` value of a TrainingJob Phalanx runs (unset means the same)."""
@@ -205,11 +211,21 @@ class CheckpointSpec(ApiModel):
     durable_every: int = Field(default=1, ge=1)
     """With `localTier` or `objectStore`: every that many checkpoints is also copied to the durable tier
     (a final or emergency save always is)."""
+    folder: RelativeFolder | None = Field(default=None, max_length=253)
+    """The folder under `path` (and under `objectStore.url`) that holds this job's checkpoints; unset:
+    `<namespace>/<job name>`, so that jobs sharing a volume or a bucket never see, prune or overwrite each
+    other's. `.` keeps them at `path` itself. Another job's folder, with `acceptOtherJobs`, resumes from its
+    checkpoints (to fine-tune from them, say)."""
     accept_other_jobs: bool = False
-    """Restore checkpoints that another job wrote at this location (to fine-tune from them, say). Every
+    """Restore checkpoints that another job wrote in this job's folder (to fine-tune from them, say). Every
     manifest names the job that wrote it (namespace and name); by default a restore passes over another job's
     checkpoints and reports them as `OtherJob` in `status.checkpoint.skipped`. A job created again under the
     same name is the same job and resumes from its own."""
+
+    def folder_of(self, namespace: str, job_name: str) -> str:
+        """The job's folder under each shared tier: `folder`, else `<namespace>/<job name>`; "" for `.`."""
+        chosen = self.folder if self.folder is not None else f"{namespace}/{job_name}"
+        return "" if chosen == "." else chosen
 
     @field_validator("interval_steps", mode="before")
     @classmethod
@@ -689,6 +705,9 @@ class RestartCounts(ApiModel):
     """Restarts that spent the job-wide `failurePolicy.maxRestarts` (user failures, or rules that say so)."""
     by_rule: dict[str, int] = Field(default_factory=dict)
     """Restarts per failure-policy rule name (for the rules' own `maxRestarts`)."""
+    uncounted_times: list[str] | None = None
+    """When the restarts of the last hour that did not spend `maxRestarts` happened (oldest first; no more than
+    the operator's hourly cap and one): the operator paces the pods that replace them by these."""
 
 
 class WorkerStatus(ApiModel):
@@ -998,8 +1017,30 @@ class QueueStatus(ApiModel):
     """The most active workers the admission covers (its `workers` pod set less the spares), while admitted."""
 
 
+STATUS_TEXT_LIMIT = 1024
+"""Characters of any one string in a job's status, the CRD's `maxLength` on each: workers' words reach the status
+(a checkpoint's reason, a preflight's message, a failure's), and no number of them may push the object past
+etcd's limit or get a status write refused."""
+
+
+def cut_text(value: Any, limit: int = STATUS_TEXT_LIMIT) -> Any:
+    """`value` with every string in it (in lists and mappings too) cut to `limit` characters, ending in `...`."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[: limit - 3] + "..."
+    if isinstance(value, list):
+        return [cut_text(item, limit) for item in value]
+    if isinstance(value, dict):
+        return {key: cut_text(item, limit) for key, item in value.items()}
+    return value
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob, written once per reconcile by the operator."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """As the API server stores it, every string cut to `STATUS_TEXT_LIMIT` (the schema's `maxLength`)."""
+        wire: dict[str, Any] = cut_text(super().to_wire())
+        return wire
 
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -66,7 +66,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_RDZV_LAST_CALL_TIMEOUT": rendezvous.last_call_timeout_seconds,
         "PHALANX_RDZV_KEEPALIVE_INTERVAL": rendezvous.keepalive_interval_seconds,
         "PHALANX_RDZV_KEEPALIVE_TIMEOUT": rendezvous.keepalive_timeout_seconds,
-        **checkpoint_tier_env(spec.checkpoint),
+        **checkpoint_tier_env(spec.checkpoint, spec.checkpoint.folder_of(meta["namespace"], meta["name"])),
         "PHALANX_CHECKPOINT_INTERVAL": spec.checkpoint.interval_steps,
         "PHALANX_HEARTBEAT_INTERVAL": f"{spec.heartbeat.interval_seconds:g}",
         "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
@@ -83,18 +83,25 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
     ]
 
 
-def checkpoint_tier_env(checkpoint: api.CheckpointSpec) -> dict[str, Any]:
+def _under(base: str, folder: str) -> str:
+    return f"{base.rstrip('/')}/{folder}" if folder else base
+
+
+def checkpoint_tier_env(checkpoint: api.CheckpointSpec, folder: str = "") -> dict[str, Any]:
     """Where the worker commits checkpoints (the fast tier) and where it copies them (the durable tier):
-    worker/checkpoint/tiers.py."""
+    worker/checkpoint/tiers.py. `folder`: the job's own folder under each shared tier (`folder_of`); the local
+    tier is the pod's or the node's alone already."""
     local = checkpoint.local_tier
     env: dict[str, Any] = {
-        "PHALANX_CHECKPOINT_DIR": local.path if local.enabled else checkpoint.path,
+        "PHALANX_CHECKPOINT_DIR": local.path if local.enabled else _under(checkpoint.path, folder),
         "PHALANX_CHECKPOINT_KEEP": local.keep if local.enabled else checkpoint.keep,
     }
     if checkpoint.accept_other_jobs:
         env["PHALANX_CHECKPOINT_ACCEPT_OTHER_JOBS"] = 1
     store = checkpoint.object_store
-    durable_url = store.url if store else (checkpoint.path if local.enabled else None)
+    durable_url = (
+        _under(store.url, folder) if store else (_under(checkpoint.path, folder) if local.enabled else None)
+    )
     if durable_url is None:
         return env
     env.update(

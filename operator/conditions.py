@@ -56,6 +56,8 @@ REASON_SHRUNK = "Shrunk"
 REASON_PROMOTING_SPARE = "PromotingSpare"
 REASON_SPARES_MISSING = "SparesMissing"
 REASON_FULL_STRENGTH = "FullStrength"
+# Degraded=True: pods replacing failures that spend no `maxRestarts` wait for the operator's back-off or hourly cap.
+REASON_REPLACEMENT_BACKOFF = "ReplacementBackoff"
 # Degraded False while a new (or resumed) gang comes up, before it first ran at full strength.
 REASON_STARTING = "Starting"
 # Healthy.

@@ -231,6 +231,21 @@ def metadata_schema() -> dict[str, Any]:
     }
 
 
+def bounded_text(schema: dict[str, Any], limit: int = api.STATUS_TEXT_LIMIT) -> dict[str, Any]:
+    """`schema` with a `maxLength` of `limit` on every string node that has none (`api.cut_text` keeps the
+    operator's writes within it)."""
+    if schema.get("type") == "string" and "maxLength" not in schema:
+        schema["maxLength"] = limit
+    for key in ("properties", "additionalProperties", "items"):
+        child = schema.get(key)
+        if key == "properties" and isinstance(child, dict):
+            for value in child.values():
+                bounded_text(value, limit)
+        elif isinstance(child, dict):
+            bounded_text(child, limit)
+    return schema
+
+
 def open_api_schema() -> dict[str, Any]:
     """The `openAPIV3Schema` of the TrainingJob."""
     return {
@@ -242,7 +257,7 @@ def open_api_schema() -> dict[str, Any]:
             "metadata": metadata_schema(),
             "spec": schema_for_model(api.TrainingJobSpec, with_defaults=True),
             # The operator owns the status: defaults there would only hide missing writes.
-            "status": schema_for_model(api.TrainingJobStatus, with_defaults=False),
+            "status": bounded_text(schema_for_model(api.TrainingJobStatus, with_defaults=False)),
         },
         "required": ["spec"],
     }

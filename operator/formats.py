@@ -24,6 +24,11 @@ ABSOLUTE_PATH_PATTERN = rf"^(/{_SEGMENT})+$"
 `..`, and no trailing slash. `/` itself is refused: a checkpoint folder there would have the checkpoint
 manager prune the container's root (RE2 has no look-ahead, hence the three kinds of segment)."""
 
+RELATIVE_FOLDER_PATTERN = rf"^(\.|{_SEGMENT}(/{_SEGMENT})*)$"
+"""A normalised relative folder: segments joined by single slashes, none of them `.` or `..`, no leading or
+trailing slash; or `.` alone, the base folder itself."""
+
+
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """A DNS-1123 label, as container names are (at most 63 characters)."""
 
@@ -84,6 +89,16 @@ def check_quantity(value: Any) -> str:
     """The quantity as text, for a pydantic validator: ValueError when it is not a non-negative quantity."""
     parse_quantity(value)
     return quantity_text(value)
+
+
+def check_relative_folder(value: str) -> str:
+    """`value` when it is a normalised relative folder, or `.` (`RELATIVE_FOLDER_PATTERN`)."""
+    if re.fullmatch(RELATIVE_FOLDER_PATTERN, value) is None:
+        raise ValueError(
+            f"must be a relative, normalised folder such as `team/run-7` (or `.`): not starting or ending with "
+            f"`/`, without `.` or `..` segments or `//`; got {value!r}"
+        )
+    return value
 
 
 def check_absolute_path(value: str) -> str:

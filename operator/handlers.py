@@ -35,6 +35,7 @@ from phalanx.operator import (
     gang,
     health,
     names,
+    policy,
     queueing,
     reconcile,
     throttle,
@@ -107,6 +108,7 @@ class JobReconciler:
         admission: validation.Admission | None = None,
         network_policy: builders.NetworkPolicySettings | None = None,
         view: viewclock.OperatorView | None = None,
+        pacing: policy.ReplacementPacing | None = None,
     ) -> None:
         self.kube = kube
         # The gaps in the operator's own view (paused, restarted, a stalled watch): no heartbeat is late for them.
@@ -117,6 +119,7 @@ class JobReconciler:
         self.admission = admission
         self.network_policy = network_policy
         self.create_batch = create_batch
+        self.pacing = pacing
         # Per job: pauses of its pod creations after the API server refused some.
         self.creations = creations or throttle.CreationThrottle()
         # Training-health histories per job, fed by every heartbeat event (`lease_changed`).
@@ -238,6 +241,7 @@ class JobReconciler:
                 admission=self.admission,
                 network_policy=self.network_policy,
                 create_batch=self.create_batch,
+                pacing=self.pacing,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
                 foreign=self._foreign.get(key, ()),
                 workload=workload,

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import builders, handlers, validation, viewclock
+from phalanx.operator import builders, handlers, policy, validation, viewclock
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
@@ -54,6 +54,12 @@ def run(settings: OperatorSettings) -> int:
             builders.NetworkPolicySettings(settings.metrics_namespace) if settings.network_policy else None
         ),
         create_batch=settings.create_batch,
+        pacing=policy.ReplacementPacing(
+            free_per_hour=settings.free_replacements_per_hour,
+            backoff_seconds=settings.replacement_backoff_seconds,
+            max_backoff_seconds=settings.replacement_max_backoff_seconds,
+            cap_per_hour=settings.max_replacements_per_hour,
+        ),
         creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )
     view = viewclock.OperatorView(settings.view_namespaces, settings.clusterwide, settings.view_lag_seconds)

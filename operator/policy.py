@@ -13,8 +13,10 @@ Defaults, in order, after the user's rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from phalanx.operator import api, detection
+from phalanx.operator.timeutil import format_time, parse_time
 
 PERMANENT_EXIT_CODES = [2, 5, 6]
 INFRASTRUCTURE_EXIT_CODES = [3, *detection.KILL_EXIT_CODES]
@@ -139,3 +141,57 @@ def spend(restarts: api.RestartCounts, decision: Decision, cause: str, max_resta
     if decision.max_restarts is not None and after.by_rule[decision.rule] > decision.max_restarts:
         return Budget(False, after, f"rule {decision.rule}'s restart budget ({decision.max_restarts}) spent")
     return Budget(True, after)
+
+
+REPLACEMENT_WINDOW = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class ReplacementPacing:
+    """How fast pods replace failures that do not spend `maxRestarts` (the chart's values).
+
+    Those failures (exits 3, 137 and 143, lost nodes, evictions) are the infrastructure's, so they never end a
+    job; but a job whose code exits 143 in a loop would otherwise delete and create a pod every few seconds
+    forever. The first `free_per_hour` in an hour are replaced at once (a rack that fails costs seconds);
+    each further one waits twice as long as the one before, from `backoff_seconds` up to `max_backoff_seconds`;
+    past `cap_per_hour` no pod replaces one until the oldest of the hour is an hour old.
+    """
+
+    free_per_hour: int = 10
+    backoff_seconds: float = 10.0
+    max_backoff_seconds: float = 600.0
+    cap_per_hour: int = 100
+
+
+def record_uncounted(times: list[str] | None, now: datetime, pacing: ReplacementPacing) -> list[str]:
+    """`times` (of uncounted replacements, oldest first) with `now` added: those of the last hour only, and no
+    more than the cap needs (`next_replacement_at` reads the newest `cap_per_hour + 1`), so the list in the
+    status stays small however many pods fail."""
+    recent = [moment for moment in _parsed(times) if now - moment < REPLACEMENT_WINDOW]
+    recent.append(now)
+    return [format_time(moment) for moment in recent[-(pacing.cap_per_hour + 1) :]]
+
+
+def next_replacement_at(times: list[str] | None, now: datetime, pacing: ReplacementPacing) -> datetime | None:
+    """When pods may next be created for the uncounted replacements `times` (the newest last) asked for; None:
+    now. The n-th of the hour past `free_per_hour` waits `backoff_seconds * 2**(n - free - 1)` (at most
+    `max_backoff_seconds`) after the one before it; past `cap_per_hour`, until enough of them are an hour old."""
+    recent = [moment for moment in _parsed(times) if now - moment < REPLACEMENT_WINDOW]
+    count = len(recent)
+    if count <= pacing.free_per_hour:
+        return None
+    over = count - pacing.free_per_hour - 1
+    wait = min(pacing.backoff_seconds * 2 ** min(over, 32), pacing.max_backoff_seconds)
+    due = recent[-2] + timedelta(seconds=wait)
+    if count > pacing.cap_per_hour:
+        due = max(due, recent[count - pacing.cap_per_hour - 1] + REPLACEMENT_WINDOW)
+    return due if due > now else None
+
+
+def recent_count(times: list[str] | None, now: datetime) -> int:
+    """How many of `times` lie in the last hour."""
+    return sum(1 for moment in _parsed(times) if now - moment < REPLACEMENT_WINDOW)
+
+
+def _parsed(times: list[str] | None) -> list[datetime]:
+    return sorted(moment for text in times or () if (moment := parse_time(text)) is not None)

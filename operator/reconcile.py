@@ -110,6 +110,9 @@ class Observed:
     """What the operator lets a template have (host paths, service accounts); None: not judged."""
     create_batch: int | None = None
     """Most pods of the job created by one reconcile (`createBatch`); None: all that are missing."""
+    pacing: policy.ReplacementPacing | None = None
+    """How fast pods replace failures that do not spend `maxRestarts` (the chart's back-off and hourly cap);
+    None: at once, always."""
     workload: dict[str, Any] | None = None
     """The job's Kueue Workload (a job labelled `kueue.x-k8s.io/queue-name`); None: it has none."""
     flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -602,6 +605,8 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
             b.mark_done(failure.pod, failure.uid)
             _finish_job(b, False, conditions.REASON_RESTARTS_EXCEEDED, f"{message}; {budget.message}")
             return True
+        if not decision.counts:
+            _record_uncounted(b)
         disrupted = disrupted or not failure.spare
         if _in_group(pod, failure.spare, b):
             b.regroup(
@@ -653,6 +658,8 @@ def _replace_spare(
         b.delete(
             [pod], force=failure.force or detection.node_problem(failure.node, b.observed.nodes) is not None
         )
+    if not decision.counts:
+        _record_uncounted(b)
     b.plan.spares_lost.append(failure.cause)
     where = f" on node {failure.node}" if failure.node else ""
     b.event(
@@ -660,6 +667,34 @@ def _replace_spare(
         conditions.REASON_SPARE_REPLACED,
         f"standby spare {failure.pod} lost{where} ({failure.cause}: {failure.message}); a new spare refills "
         "the pool; training was not disrupted, no restart is counted",
+    )
+
+
+def _record_uncounted(b: _Builder) -> None:
+    """Remember a replacement that spends no `maxRestarts`: the operator's pacing counts them."""
+    if b.observed.pacing is not None:
+        b.status.restarts.uncounted_times = policy.record_uncounted(
+            b.status.restarts.uncounted_times, b.now, b.observed.pacing
+        )
+
+
+def _replacements_held(b: _Builder, missing: int) -> str | None:
+    """Why the pods replacing failed ones wait (the pacing of uncounted replacements), or None: created now.
+    Only replacements wait: the gang's first pods, and those of a gang created again, never do."""
+    pacing = b.observed.pacing
+    if pacing is None or not missing or b.status.gang.scheduled_time is None:
+        return None
+    times = b.status.restarts.uncounted_times
+    due = policy.next_replacement_at(times, b.now, pacing)
+    if due is None:
+        return None
+    wait = (due - b.now).total_seconds()
+    b.plan.wake_after = wait if b.plan.wake_after is None else min(b.plan.wake_after, wait)
+    recent = policy.recent_count(times, b.now)
+    return (
+        f"{recent} replacements in the last hour did not spend maxRestarts (exits 3, 137 or 143, lost nodes, "
+        f"evictions; {pacing.free_per_hour} an hour are replaced at once, at most {pacing.cap_per_hour}): "
+        f"the next {missing} pods are created at {format_time(due)}"
     )
 
 
@@ -1112,6 +1147,9 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     taken_by_spares = min(kept_spares, vacated)
     missing_workers = min(max(spec.replicas - kept_workers - taken_by_spares, 0), missing)
     missing_spares = missing - missing_workers
+    held_back = _replacements_held(b, missing_workers + missing_spares)
+    if held_back is not None:
+        missing_workers = missing_spares = 0
     batch = b.observed.create_batch
     if batch is not None and missing_workers + missing_spares > batch:
         # The rest in the next reconciles: one job's creations never hold the API server for long. The new
@@ -1181,7 +1219,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         message = "the gang is starting: not every worker and spare runs yet"
         b.condition(conditions.DEGRADED, False, conditions.REASON_STARTING, message)
     else:
-        _set_degraded(b, spec, ready, spares_running, min(spares_running, vacated))
+        _set_degraded(b, spec, ready, spares_running, min(spares_running, vacated), held_back)
     if ready >= spec.effective_min_replicas:
         b.condition(
             conditions.RUNNING, True, conditions.REASON_TRAINING, f"{ready} workers running", "Normal"
@@ -1321,14 +1359,26 @@ def _starting(b: _Builder) -> bool:
 
 
 def _set_degraded(
-    b: _Builder, spec: api.TrainingJobSpec, ready: int, spares_running: int, promoting: int
+    b: _Builder,
+    spec: api.TrainingJobSpec,
+    ready: int,
+    spares_running: int,
+    promoting: int,
+    held_back: str | None = None,
 ) -> None:
     """Degraded: fewer workers or spares than asked for (once the gang first ran).
 
     `promoting`: running spares about to take failed workers' slots (torch promotes them on its own).
+    `held_back`: why the pods replacing failed ones wait (`_replacements_held`).
     """
     minimum = spec.effective_min_replicas
     event: Literal["Warning"] | None = None
+    if held_back is not None:
+        previous = conditions.find(b.status.conditions, conditions.DEGRADED)
+        if previous is None or previous.reason != conditions.REASON_REPLACEMENT_BACKOFF:
+            b.event("Warning", conditions.REASON_REPLACEMENT_BACKOFF, held_back)
+        b.condition(conditions.DEGRADED, True, conditions.REASON_REPLACEMENT_BACKOFF, held_back)
+        return
     if promoting and ready < spec.replicas and ready + promoting >= minimum:
         reason = conditions.REASON_PROMOTING_SPARE
         message = f"{ready} of {spec.replicas} workers running; a spare is taking the failed worker's slot"

@@ -72,6 +72,18 @@ class OperatorSettings(BaseModel):
     min_gang_timeout_seconds: int = Field(default=3, ge=1, le=86400)
     """The least `gang.scheduleTimeoutSeconds` and `gang.backoffSeconds` a job may set: below it a gang that
     cannot be placed would be deleted and created again every few seconds."""
+    free_replacements_per_hour: int = Field(default=10, ge=0, le=100000)
+    """Replacements of failures that spend no `maxRestarts` (exits 3, 137 and 143, lost nodes, evictions) a job
+    gets at once in an hour; each one after waits for a back-off (`replacementBackoffSeconds`), so code that
+    exits 143 in a loop does not delete and create a pod every few seconds forever."""
+    replacement_backoff_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """The first wait of such a replacement past `freeReplacementsPerHour`; it doubles with each further one in
+    the hour, up to `replacementMaxBackoffSeconds`."""
+    replacement_max_backoff_seconds: float = Field(default=600.0, gt=0, le=3600)
+    """The longest wait of one such replacement."""
+    max_replacements_per_hour: int = Field(default=100, ge=1, le=100000)
+    """At most this many such replacements for one job in any hour: past it the pods wait until the oldest of
+    the hour is an hour old."""
     host_path_prefix: str = ""
     """The node folder under which a job may keep its local checkpoint tier (`checkpoint.localTier.hostPath`):
     a job's host path must lie under `<prefix>/<namespace>/<job>`. Empty (the default): no job gets a host path,

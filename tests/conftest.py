@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,11 +161,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     from a cluster or a machine that can no longer run pods."""
     if report.when == "call" and "e2e" in report.keywords:
         _note_cluster_outcome(report)
-    if not report.failed:
-        return
     config = _session_config.get("config")
     terminal = config.pluginmanager.get_plugin("terminalreporter") if config else None
     if not isinstance(terminal, TerminalReporter):
+        return
+    if report.duration >= SLOW_TEST_SECONDS:
+        _say_slow(terminal, report)
+    if not report.failed:
         return
     text = report.longreprtext.splitlines()
     terminal.write_line("")
@@ -175,6 +178,20 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             terminal.write_line(f"-- {title}, last 12 lines:")
             terminal.write_line("\n".join(content.splitlines()[-12:]))
     terminal.write_line(f"-- the machine now: {machine_state()}")
+
+
+SLOW_TEST_SECONDS = 40.0
+"""A phase of a test that takes this long is named in the live output with its time and the session's: a CI run
+stopped at its time limit never prints the `--durations` table, and then this is where its time went."""
+_session_started = time.monotonic()
+
+
+def _say_slow(terminal: TerminalReporter, report: pytest.TestReport) -> None:
+    elapsed = (time.monotonic() - _session_started) / 60
+    terminal.write_line("")
+    terminal.write_line(
+        f"[slow] {report.nodeid} ({report.when}) took {report.duration:.0f} s; the session is at {elapsed:.1f} min"
+    )
 
 
 _session_config: dict[str, pytest.Config] = {}

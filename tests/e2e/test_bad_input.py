@@ -416,3 +416,30 @@ def test_a_job_managed_by_another_controller_is_left_to_it(
         check=False,
     )
     assert changed.returncode != 0 and "managedBy is immutable" in changed.stderr, changed.stderr
+
+
+def test_a_worker_that_exits_143_in_a_loop_is_replaced_ever_more_slowly(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """Exit 143 is never charged to `maxRestarts` (it is how a pod killed from outside ends), so nothing ends a
+    job whose code exits 143 at once; the chart's pacing (10 replacements an hour at once, then a back-off from
+    10 s, doubling) keeps it from costing the API server a pod every few seconds forever."""
+    job = trainingjob("looping", replicas=1)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["command"], container["args"] = ["python", "-c", "raise SystemExit(143)"], []
+    cluster.apply(job, namespace)
+    wait_for(
+        lambda: has_condition(
+            get_job(cluster, namespace, "looping"), "Degraded", reason="ReplacementBackoff"
+        ),
+        300,
+        message="the replacements of a worker exiting 143 to back off",
+    )
+    restarts = get_job(cluster, namespace, "looping")["status"]["restarts"]
+    assert restarts["counted"] == 0 and restarts["total"] >= 11, restarts
+    assert _event(cluster, namespace, "looping", "ReplacementBackoff", "did not spend maxRestarts")
+    time.sleep(25)
+    later = get_job(cluster, namespace, "looping")["status"]
+    # The 11th waited 10 s, the 12th waits 20 s after it: at most two more in 25 s (at once: about ten).
+    assert later["restarts"]["total"] - restarts["total"] <= 2, later["restarts"]
+    assert not has_condition({"status": later}, "Failed")

@@ -94,7 +94,9 @@ def test_pods_lost_with_their_local_tier_restore_from_the_claim(
     # The preflight rehearses the same restore: records on the claim, local tiers emptied, a fetch from it.
     job["spec"]["preflight"] = {"enabled": True, "steps": 8}
     cluster.apply(job, namespace)
-    directory = wait_for(lambda: _claim_directory(cluster, namespace), 120, message="the claim's volume")
+    directory = wait_for(
+        lambda: _claim_directory(cluster, namespace, "tiered"), 120, message="the claim's volume"
+    )
     local, on_durable = lose_every_pod_when_local_is_ahead(
         cluster, namespace, "tiered", lambda: durable.complete_steps(directory)
     )

@@ -168,10 +168,11 @@ def _checkpoint_claim() -> dict[str, Any]:
     }
 
 
-def _claim_directory(cluster: Cluster, namespace: str) -> Path:
+def _claim_directory(cluster: Cluster, namespace: str, job: str) -> Path:
+    """The folder of `job`'s checkpoints on the claim `checkpoints`: `<namespace>/<job>` under its volume."""
     claim = cluster.get_json("pvc", "checkpoints", "-n", namespace)
     volume = cluster.get_json("pv", claim["spec"]["volumeName"])
-    return Path(volume["spec"]["hostPath"]["path"])
+    return Path(volume["spec"]["hostPath"]["path"]) / namespace / job
 
 
 def test_worker_killed_during_a_durable_save_loses_no_checkpoint(
@@ -198,7 +199,9 @@ def test_worker_killed_during_a_durable_save_loses_no_checkpoint(
         240,
         message="rank 0 training",
     )
-    directory = wait_for(lambda: _claim_directory(cluster, namespace), 60, message="the claim's volume")
+    directory = wait_for(
+        lambda: _claim_directory(cluster, namespace, "savekill"), 60, message="the claim's volume"
+    )
     wait_for(lambda: durable.complete_steps(directory), 240, message="a first save")
     # Catch a save in the act: a temporary folder appears, and the writer's processes die at once.
     deadline = time.monotonic() + 120

@@ -88,7 +88,7 @@ def test_loss_divergence_pauses_the_job_with_a_checkpoint(
     # The signal dates itself from the first heartbeat sample of the recent window that caught the spike.
     assert record["sinceStep"] > 60 - divergence["recentSteps"], record
     assert "mean loss" in record["message"] and "over steps" in record["message"]
-    saved = durable.complete_steps(_claim_directory(cluster, namespace))
+    saved = durable.complete_steps(_claim_directory(cluster, namespace, "diverge"))
     assert saved and saved[0] >= record["sinceStep"], saved
 
 
@@ -235,7 +235,7 @@ def test_nan_loss_rollback_restores_a_checkpoint_before_it_and_training_finishes
     assert seen.count("NonFiniteLoss") == 1 and seen.count("HealthRollback") == 1, seen
     assert seen.count("RolledBack") == 1 and "HealthPause" not in seen, seen
     # The abandoned run's checkpoints are set aside; the new run's reach the final step.
-    directory = _claim_directory(cluster, namespace)
+    directory = _claim_directory(cluster, namespace, "rollback")
     steps = durable.complete_steps(directory)
     assert steps[0] == 100, steps
     set_aside = sorted(path.name for path in (directory / "rolled-back" / "epoch-1").iterdir())

@@ -207,7 +207,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_save(
         240,
         message="low at step 20",
     )
-    directory = _claim_directory(cluster, namespace)
+    directory = _claim_directory(cluster, namespace, "low")
 
     before = get_job(cluster, namespace, "low")["status"]["step"]
     cluster.apply(queued_job("high", priority=high_class, steps=20), namespace)

@@ -372,7 +372,9 @@ def test_the_example_trains_through_a_deleted_pod_whose_sigterm_save_lands(
     # The emergency save on SIGTERM is a durable checkpoint off the 50-step interval, on the claim's volume.
     claim = json.loads(real.kubectl("get", "pvc", "tinygpt-checkpoints", "-n", namespace, "-o", "json"))
     volume = json.loads(real.kubectl("get", "pv", claim["spec"]["volumeName"], "-o", "json"))
-    saved = sorted(int(p.name.split("-")[1]) for p in Path(volume["spec"]["hostPath"]["path"]).glob("step-*"))
+    # The job's own folder on the claim: `<namespace>/<job>`.
+    folder = Path(volume["spec"]["hostPath"]["path"]) / namespace / "tinygpt"
+    saved = sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*"))
     off_interval = [step for step in saved if step % 50]
     assert off_interval, f"no emergency save on SIGTERM among the durable checkpoints {saved}"
     assert int(final["step"]) == 400

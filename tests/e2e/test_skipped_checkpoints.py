@@ -53,7 +53,7 @@ def seeded_claim(cluster: Cluster, namespace: str) -> Path:
     cluster.apply(_checkpoint_claim(), namespace)
     cluster.apply(trainingjob("seed", steps=GOOD, checkpoint=CHECKPOINT), namespace)
     wait_succeeded(cluster, namespace, "seed", timeout=300)
-    directory = _claim_directory(cluster, namespace)
+    directory = _claim_directory(cluster, namespace, "seed")
     assert durable.complete_steps(directory)[:2] == [GOOD, 5], durable.complete_steps(directory)
     return directory
 
@@ -68,8 +68,8 @@ def test_a_job_started_on_torn_and_corrupt_checkpoints_trains_from_the_good_one_
     directory = seeded_claim(cluster, namespace)
     plant(directory)
 
-    # Another job's checkpoints: this one restores them because it says so.
-    resumed = {**CHECKPOINT, "acceptOtherJobs": True}
+    # Another job's checkpoints, in the folder it names: this one restores them because it says so.
+    resumed = {**CHECKPOINT, "folder": f"{namespace}/seed", "acceptOtherJobs": True}
     cluster.apply(trainingjob("resumed", steps=40, step_delay=0.1, checkpoint=resumed), namespace)
     beat = wait_for(lambda: rank0_restore(cluster, namespace, "resumed"), 240, message="rank 0 restored")
     print(f"rank 0 heartbeat: {beat}")
@@ -110,10 +110,13 @@ def test_another_jobs_checkpoints_are_passed_over_and_named(
 ) -> None:
     directory = seeded_claim(cluster, namespace)
 
-    # Same location, another job, no opt-in: it trains from the start (its own saves at steps the seed's
+    # Another job's folder, no opt-in: it trains from the start (its own saves at steps the seed's
     # checkpoints do not hold).
-    own = {**CHECKPOINT, "intervalSteps": 3}
+    own = {**CHECKPOINT, "intervalSteps": 3, "folder": f"{namespace}/seed"}
     cluster.apply(trainingjob("stranger", steps=12, step_delay=0.1, checkpoint=own), namespace)
+    # Beside it, a job on the same claim with the default folder (`<namespace>/<job>`): it never sees the
+    # seed's checkpoints at all.
+    cluster.apply(trainingjob("neighbour", steps=6, checkpoint={**CHECKPOINT, "intervalSteps": 3}), namespace)
     beat = wait_for(lambda: rank0_restore(cluster, namespace, "stranger"), 240, message="rank 0 restored")
     print(f"rank 0 heartbeat: {beat}")
     assert beat["phalanx.dev/restored-step"] == "0", beat
@@ -127,3 +130,12 @@ def test_another_jobs_checkpoints_are_passed_over_and_named(
     assert f"written by job {namespace}/seed" in named[0]["message"], named
     manifest = json.loads((directory / layout.step_dir_name(12) / layout.MANIFEST_NAME).read_text())
     assert (manifest["job"]["namespace"], manifest["job"]["name"]) == (namespace, "stranger"), manifest
+
+    neighbour = wait_succeeded(cluster, namespace, "neighbour", timeout=300)
+    assert skipped_of(neighbour) == [], skipped_of(neighbour)
+    assert durable.complete_steps(_claim_directory(cluster, namespace, "neighbour"))[0] == 6
+    writers = {
+        json.loads((directory / layout.step_dir_name(step) / layout.MANIFEST_NAME).read_text())["job"]["name"]
+        for step in durable.complete_steps(directory)
+    }
+    assert writers <= {"seed", "stranger"}, writers

@@ -376,3 +376,24 @@ def test_managed_by_is_a_domain_prefixed_path_and_phalanx_runs_only_its_own() ->
         ]
     (immutable,) = [rule for rule in api.all_cel_rules() if rule.transition]
     assert immutable.field_path == ".managedBy" and "oldSelf" in immutable.rule
+
+
+def test_every_status_string_has_a_max_length_and_the_operator_writes_within_it() -> None:
+    status = crd.open_api_schema()["properties"]["status"]
+    strings = [(path, node) for path, node in _walk(status, "status") if node.get("type") == "string"]
+    assert len(strings) > 40
+    assert [path for path, node in strings if "maxLength" not in node] == []
+    long = "x" * 300_000
+    written = api.TrainingJobStatus.model_validate(
+        {
+            "state": "Running",
+            "conditions": [{"type": "Running", "status": "True", "reason": "Training", "message": long}],
+            "incidents": [{"cause": "ExitCode", "message": long}],
+            "regroup": {"before": "2026-01-01T12:00:00Z", "epoch": 1, "departed": [long]},
+        }
+    ).to_wire()
+    assert len(written["conditions"][0]["message"]) == api.STATUS_TEXT_LIMIT
+    assert written["conditions"][0]["message"].endswith("...")
+    assert len(written["incidents"][0]["message"]) == api.STATUS_TEXT_LIMIT
+    assert len(written["regroup"]["departed"][0]) == api.STATUS_TEXT_LIMIT
+    assert written["state"] == "Running"

@@ -6,7 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.operator import builders
+import pytest
+from pydantic import ValidationError
+
+from phalanx.operator import api, builders
 from phalanx.operator.validation import check
 
 MakeJob = Callable[..., dict[str, Any]]
@@ -142,7 +145,8 @@ def test_checkpoint_claim_is_mounted_at_the_path(make_job: MakeJob) -> None:
     ]
     mounts = pod["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "phalanx-checkpoint", "mountPath": "/data/ckpt"} in mounts
-    assert _env(pod)["PHALANX_CHECKPOINT_DIR"] == "/data/ckpt"
+    # A folder of the job's own under the claim: jobs sharing it never prune each other's checkpoints.
+    assert _env(pod)["PHALANX_CHECKPOINT_DIR"] == "/data/ckpt/ml/demo"
 
 
 def test_checkpoint_volume_source(make_job: MakeJob) -> None:
@@ -154,7 +158,7 @@ def test_checkpoint_volume_source(make_job: MakeJob) -> None:
 def test_one_tier_sets_no_durable_tier(make_job: MakeJob) -> None:
     job = make_job(checkpoint={"claimName": "ckpt", "keep": 4})
     env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
-    assert (env["PHALANX_CHECKPOINT_DIR"], env["PHALANX_CHECKPOINT_KEEP"]) == ("/checkpoints", "4")
+    assert (env["PHALANX_CHECKPOINT_DIR"], env["PHALANX_CHECKPOINT_KEEP"]) == ("/checkpoints/ml/demo", "4")
     assert not {name for name in env if "DURABLE" in name or "LOCAL_TIER" in name}
 
 
@@ -171,7 +175,7 @@ def test_a_local_tier_commits_on_the_node_and_copies_to_the_claim(make_job: Make
     assert env["PHALANX_CHECKPOINT_DIR"] == "/phalanx-local-checkpoints"
     assert env["PHALANX_CHECKPOINT_KEEP"] == "2"
     assert env["PHALANX_CHECKPOINT_LOCAL_TIER"] == "1"
-    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "/checkpoints"
+    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "/checkpoints/ml/demo"
     assert (env["PHALANX_CHECKPOINT_DURABLE_EVERY"], env["PHALANX_CHECKPOINT_DURABLE_KEEP"]) == ("5", "4")
     volumes = pod["spec"]["volumes"]
     assert {"name": "phalanx-local-checkpoint", "emptyDir": {"sizeLimit": "20Gi"}} in volumes
@@ -200,7 +204,7 @@ def test_an_object_store_is_the_durable_tier(make_job: MakeJob) -> None:
     job = make_job(checkpoint={"localTier": {"enabled": True}, "objectStore": store})
     pod = builders.build_worker_pod(job, _spec(job), 0, "worker")
     env = _env(pod)
-    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "s3://bucket/run-1"
+    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "s3://bucket/run-1/ml/demo"
     assert json.loads(env["PHALANX_CHECKPOINT_STORAGE_OPTIONS"]) == {
         "client_kwargs": {"region_name": "eu-west-1"},
         "endpoint_url": "http://minio:9000",
@@ -220,8 +224,32 @@ def test_an_object_store_is_the_durable_tier(make_job: MakeJob) -> None:
     # Without a local tier, checkpoints commit at `path` and are copied to the store.
     job = make_job(checkpoint={"objectStore": {"url": "s3://bucket/run-1"}})
     env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
-    assert env["PHALANX_CHECKPOINT_DIR"] == "/checkpoints" and env["PHALANX_CHECKPOINT_LOCAL_TIER"] == "0"
-    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "s3://bucket/run-1"
+    assert (
+        env["PHALANX_CHECKPOINT_DIR"] == "/checkpoints/ml/demo"
+        and env["PHALANX_CHECKPOINT_LOCAL_TIER"] == "0"
+    )
+    assert env["PHALANX_CHECKPOINT_DURABLE_URL"] == "s3://bucket/run-1/ml/demo"
+
+
+@pytest.mark.parametrize(
+    ("folder", "directory", "url"),
+    [
+        ("team/run-7", "/checkpoints/team/run-7", "s3://bucket/team/run-7"),
+        (".", "/checkpoints", "s3://bucket/"),
+    ],
+)
+def test_the_job_s_folder_can_be_named_or_be_the_path_itself(
+    make_job: MakeJob, folder: str, directory: str, url: str
+) -> None:
+    job = make_job(checkpoint={"folder": folder, "objectStore": {"url": "s3://bucket/"}})
+    env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
+    assert (env["PHALANX_CHECKPOINT_DIR"], env["PHALANX_CHECKPOINT_DURABLE_URL"]) == (directory, url)
+
+
+@pytest.mark.parametrize("folder", ["", "/abs", "a/../b", "..", "a//b", "a/", "./a"])
+def test_a_folder_outside_the_path_is_refused(folder: str) -> None:
+    with pytest.raises(ValidationError, match="relative, normalised folder"):
+        api.CheckpointSpec.model_validate({"folder": folder})
 
 
 def test_rendezvous_lives_in_its_own_pod_and_service(make_job: MakeJob) -> None:

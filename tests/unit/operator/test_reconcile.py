@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from phalanx.operator import policy
 from phalanx.operator.reconcile import REGROUP_CLOCK_MARGIN, SUSPECT_NODE_SECONDS, Observed, Plan, plan
-from phalanx.operator.timeutil import format_micro_time
+from phalanx.operator.timeutil import format_micro_time, format_time
 from phalanx.operator.topology import avoided_nodes
 
 MakeJob = Callable[..., dict[str, Any]]
@@ -1176,3 +1177,72 @@ def test_a_group_torch_re_formed_before_the_loss_was_seen_counts_no_steps_lost(
     (incident,) = closed.status["incidents"]
     assert incident["resumedAt"] == "2026-01-01T12:00:05.400000Z"
     assert (incident["stepsLost"], incident["restoredStep"]) == (0, 21)
+
+
+PACING = policy.ReplacementPacing(
+    free_per_hour=1, backoff_seconds=10, max_backoff_seconds=600, cap_per_hour=3
+)
+
+
+def test_uncounted_replacements_past_the_free_ones_wait_for_the_back_off(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(replicas=2, spares=0)
+    pods = [make_pod(f"demo-worker-{i}") for i in range(2)] + [make_pod("demo-rdzv", role="rendezvous")]
+    leases = {f"demo-worker-{i}": _lease(now, 4) for i in range(2)}
+
+    def step(previous: Plan, at: datetime) -> Plan:
+        observed = Observed(pods=pods, now=at, leases=leases, nodes=HEALTHY_NODES, pacing=PACING)
+        return plan(_with_status(job, previous), observed)
+
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases, nodes=HEALTHY_NODES, pacing=PACING))
+    pods[1] = make_pod("demo-worker-1", phase="Failed", exit_code=143)
+    first = step(steady, now)
+    assert _created(first) == ["demo-worker-2"], "the hour's free replacement goes at once"
+    assert first.status["restarts"]["counted"] == 0 and len(first.status["restarts"]["uncountedTimes"]) == 1
+
+    pods[1] = make_pod("demo-worker-2")
+    leases["demo-worker-2"] = _lease(now, 4)
+    second_at = now + timedelta(seconds=3)
+    pods[0] = make_pod("demo-worker-0", phase="Failed", exit_code=143)
+    held = step(first, second_at)
+    assert held.delete_pods == ["demo-worker-0"] and held.create_pods == []
+    degraded = _condition(held, "Degraded")
+    assert (
+        degraded["reason"] == "ReplacementBackoff"
+        and "2 replacements in the last hour" in degraded["message"]
+    )
+    assert [e.reason for e in held.events if e.reason == "ReplacementBackoff"] == ["ReplacementBackoff"]
+    assert held.wake_after == pytest.approx(7.0)
+
+    pods[0] = make_pod("demo-worker-0", phase="Failed", exit_code=143, terminating=True)
+    still = step(held, second_at + timedelta(seconds=6))
+    assert still.create_pods == [] and not [e for e in still.events if e.reason == "ReplacementBackoff"]
+    due = step(still, now + timedelta(seconds=10))
+    assert len(due.create_pods) == 1 and _condition(due, "Degraded")["reason"] != "ReplacementBackoff"
+
+
+def test_pacing_backs_off_doubling_and_caps_the_hour(now: datetime) -> None:
+    pacing = policy.ReplacementPacing(
+        free_per_hour=2, backoff_seconds=10, max_backoff_seconds=25, cap_per_hour=5
+    )
+    times: list[str] = []
+    for seconds in (0, 1, 2, 3, 4):
+        times = policy.record_uncounted(times, now + timedelta(seconds=seconds), pacing)
+    assert policy.next_replacement_at(times[:2], now + timedelta(seconds=1), pacing) is None
+    # The third waits 10 s after the second, the fourth 20 s after the third, the fifth 25 s (the longest).
+    assert policy.next_replacement_at(times[:3], now, pacing) == now + timedelta(seconds=11)
+    assert policy.next_replacement_at(times[:4], now, pacing) == now + timedelta(seconds=22)
+    assert policy.next_replacement_at(times, now, pacing) == now + timedelta(seconds=28)
+    # The sixth is past the cap: it waits until the first of the hour is an hour old.
+    capped = policy.record_uncounted(times, now + timedelta(seconds=5), pacing)
+    assert policy.next_replacement_at(capped, now + timedelta(seconds=5), pacing) == now + timedelta(hours=1)
+    # The list never holds more than the cap needs, and forgets what is over an hour old.
+    many = capped
+    for seconds in range(6, 40):
+        many = policy.record_uncounted(many, now + timedelta(seconds=seconds), pacing)
+    assert len(many) == pacing.cap_per_hour + 1
+    assert policy.record_uncounted(many, now + timedelta(hours=2), pacing) == [
+        format_time(now + timedelta(hours=2))
+    ]
+    assert policy.next_replacement_at(many, now + timedelta(hours=2), pacing) is None
