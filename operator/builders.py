@@ -384,21 +384,28 @@ def build_workers_service(job: dict[str, Any]) -> dict[str, Any]:
     return _headless_service(job, names.workers_service_name(job_name), names.trainer_selector(job_name), [])
 
 
-def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
+LEASE_RULE = {
+    "apiGroups": ["coordination.k8s.io"],
+    "resources": ["leases"],
+    "verbs": ["get", "create", "update", "patch"],
+}
+"""What a worker needs for its heartbeat: every Lease of the namespace (a Role cannot name Leases before they
+exist), narrowed to the job's own pods' Leases by the chart's admission policy (templates/leasepolicy.yaml)."""
+
+
+def build_worker_rbac(
+    job: dict[str, Any], spec: api.TrainingJobSpec, lease_role: str | None = None
+) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding letting the job's pods write their own heartbeat Leases and
-    read their own TrainingJob."""
+    read their own TrainingJob. `lease_role`: the chart's worker ClusterRole, which grants the Lease verbs
+    (`LEASE_RULE`) through a second RoleBinding, so that the operator needs only `bind` on it, never the verbs
+    themselves; None: the job's Role grants them (the operator must then hold them)."""
     job_name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     name = names.worker_account_name(job_name)
     account = spec.template["spec"].get("serviceAccountName") or name
+    subjects = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     rules = [
-        # Every Lease of the namespace (a Role cannot name Leases before they exist): the chart's admission
-        # policy (charts/phalanx/templates/leasepolicy.yaml) narrows this to the job's own pods' Leases.
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "verbs": ["get", "create", "update", "patch"],
-        },
         # The launcher follows its job (desired replicas after `kubectl scale`, `status.regroup` after a
         # failure) by watching it: only this job, read-only.
         {
@@ -408,6 +415,23 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
             "verbs": ["get", "list", "watch"],
         },
     ]
+    leases: list[dict[str, Any]] = []
+    if lease_role is None:
+        rules.insert(0, copy.deepcopy(LEASE_RULE))
+    else:
+        leases.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": _meta(job, names.worker_leases_binding_name(job_name)),
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": lease_role,
+                },
+                "subjects": copy.deepcopy(subjects),
+            }
+        )
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name)},
         {
@@ -421,8 +445,9 @@ def build_worker_rbac(job: dict[str, Any], spec: api.TrainingJobSpec) -> list[di
             "kind": "RoleBinding",
             "metadata": _meta(job, name),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+            "subjects": subjects,
         },
+        *leases,
     ]
 
 
@@ -459,12 +484,15 @@ def build_network_policy(
 
 
 def build_fixed_children(
-    job: dict[str, Any], spec: api.TrainingJobSpec, network: NetworkPolicySettings | None = None
+    job: dict[str, Any],
+    spec: api.TrainingJobSpec,
+    network: NetworkPolicySettings | None = None,
+    lease_role: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Children that exist once per job whatever its state (before any pod): RBAC, Services, PodGroup, and
-    the NetworkPolicy when the operator makes one (`network`)."""
+    """Children that exist once per job whatever its state (before any pod): RBAC (`lease_role`: see
+    `build_worker_rbac`), Services, PodGroup, and the NetworkPolicy when the operator makes one (`network`)."""
     children = [
-        *build_worker_rbac(job, spec),
+        *build_worker_rbac(job, spec, lease_role),
         build_rendezvous_service(job, spec),
         build_workers_service(job),
     ]

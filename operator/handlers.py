@@ -109,6 +109,7 @@ class JobReconciler:
         network_policy: builders.NetworkPolicySettings | None = None,
         view: viewclock.OperatorView | None = None,
         pacing: policy.ReplacementPacing | None = None,
+        worker_lease_role: str | None = None,
     ) -> None:
         self.kube = kube
         # The gaps in the operator's own view (paused, restarted, a stalled watch): no heartbeat is late for them.
@@ -120,6 +121,7 @@ class JobReconciler:
         self.network_policy = network_policy
         self.create_batch = create_batch
         self.pacing = pacing
+        self.worker_lease_role = worker_lease_role
         # Per job: pauses of its pod creations after the API server refused some.
         self.creations = creations or throttle.CreationThrottle()
         # Training-health histories per job, fed by every heartbeat event (`lease_changed`).
@@ -242,6 +244,7 @@ class JobReconciler:
                 network_policy=self.network_policy,
                 create_batch=self.create_batch,
                 pacing=self.pacing,
+                worker_lease_role=self.worker_lease_role,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
                 foreign=self._foreign.get(key, ()),
                 workload=workload,

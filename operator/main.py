@@ -54,6 +54,7 @@ def run(settings: OperatorSettings) -> int:
             builders.NetworkPolicySettings(settings.metrics_namespace) if settings.network_policy else None
         ),
         create_batch=settings.create_batch,
+        worker_lease_role=settings.worker_lease_role or None,
         pacing=policy.ReplacementPacing(
             free_per_hour=settings.free_replacements_per_hour,
             backoff_seconds=settings.replacement_backoff_seconds,

@@ -60,6 +60,11 @@ def worker_account_name(job_name: str) -> str:
     return f"{job_name}-worker"
 
 
+def worker_leases_binding_name(job_name: str) -> str:
+    """RoleBinding of the job's workers to the chart's worker ClusterRole (their heartbeat Leases)."""
+    return f"{job_name}-worker-leases"
+
+
 def pod_group_name(job_name: str) -> str:
     return job_name
 

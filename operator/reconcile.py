@@ -105,6 +105,9 @@ class Observed:
     max_gang_pods: int | None = None
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
     network_policy: builders.NetworkPolicySettings | None = None
+    worker_lease_role: str | None = None
+    """The ClusterRole bound to each job's workers for their heartbeat Leases (the chart's); None: the job's own
+    Role grants them."""
     """The NetworkPolicy the operator gives each job; None: none (the chart's `networkPolicy.enabled` false)."""
     admission: validation.Admission | None = None
     """What the operator lets a template have (host paths, service accounts); None: not judged."""
@@ -1466,7 +1469,9 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     failed = conditions.find(b.status.conditions, conditions.FAILED)
     if failed is None or failed.status == "True":
         b.condition(conditions.FAILED, False, conditions.REASON_NOT_FAILED, "the job has not failed")
-    b.plan.ensure = builders.build_fixed_children(job, spec, observed.network_policy)
+    b.plan.ensure = builders.build_fixed_children(
+        job, spec, observed.network_policy, observed.worker_lease_role
+    )
     _follow_ownership(b)
 
     queue = _follow_queue(b, spec)

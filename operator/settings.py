@@ -58,6 +58,10 @@ class OperatorSettings(BaseModel):
     them. Any other is refused with `InvalidSpec`, and `default` always: every pod of the namespace runs as it.
     A template naming none runs as the job's own account (`<job>-worker`). Comma-separated in the
     environment."""
+    worker_lease_role: str = ""
+    """The ClusterRole (the chart's `<release>-worker`) bound to each job's workers for their heartbeat Leases:
+    the operator holds `bind` on it, not the Lease verbs it grants. Empty: each job's own Role grants them, which
+    the operator can only do while it holds them itself."""
     network_policy: bool = True
     """Give each job a NetworkPolicy: only the job's own pods reach its pods (the rendezvous store, torch's
     stores and collectives carry no credentials of their own), plus the metrics port from `metricsNamespace`.

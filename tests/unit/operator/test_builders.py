@@ -526,3 +526,13 @@ def test_a_job_s_network_policy_lets_only_its_own_pods_in_and_metrics_from_one_n
     ]
     assert "NetworkPolicy" in kinds
     assert "NetworkPolicy" not in [child["kind"] for child in builders.build_fixed_children(job, spec)]
+
+
+def test_with_the_chart_s_worker_role_the_job_s_role_grants_no_lease(make_job: MakeJob) -> None:
+    job = make_job()
+    account, role, binding, leases = builders.build_worker_rbac(job, _spec(job), "phalanx-worker")
+    assert [rule["resources"] for rule in role["rules"]] == [["trainingjobs"]]
+    assert leases["metadata"]["name"] == "demo-worker-leases"
+    assert leases["roleRef"]["kind"] == "ClusterRole" and leases["roleRef"]["name"] == "phalanx-worker"
+    assert leases["subjects"] == binding["subjects"]
+    assert leases["metadata"]["ownerReferences"] == account["metadata"]["ownerReferences"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from phalanx.devcluster.binaries import KUBERNETES_VERSION
-from phalanx.operator import builders, crd, names
+from phalanx.operator import builders, crd, names, viewclock
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "phalanx"
@@ -133,13 +133,28 @@ def test_metrics_service_selects_the_operator() -> None:
     assert all(labels[key] == value for key, value in service["spec"]["selector"].items())
 
 
+WORKER_ROLE = "phx-phalanx-worker"
+
+
 def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [rule for o in objects if o["kind"] == kind for rule in o["rules"]]
+    """The operator's rules in the objects of `kind` (the workers' ClusterRole is not the operator's)."""
+    return [
+        rule
+        for o in objects
+        if o["kind"] == kind and o["metadata"]["name"] != WORKER_ROLE
+        for rule in o["rules"]
+    ]
 
 
-def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+def _allows(
+    rules: list[dict[str, Any]], group: str, resource: str, verb: str, name: str | None = None
+) -> bool:
+    """Whether `rules` allow `verb` on `resource` (named `name`; None: on any object of it)."""
     return any(
-        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        group in rule["apiGroups"]
+        and resource in rule["resources"]
+        and verb in rule["verbs"]
+        and ("resourceNames" not in rule or (name is not None and name in rule["resourceNames"]))
         for rule in rules
     )
 
@@ -160,17 +175,35 @@ def test_cluster_scope_rbac_is_enough_and_least_privilege(make_job: Any) -> None
     ]
     for group, resource, verb in needed:
         assert _allows(rules, group, resource, verb), (group, resource, verb)
-    # What the operator grants its workers it must hold itself (RBAC forbids escalation).
+    # What the operator grants its workers in their job's Role it must hold itself (RBAC forbids escalation);
+    # their Lease writes come from the chart's worker ClusterRole, which it may only bind.
     job = make_job()
     from phalanx.operator.validation import check
 
     spec, _ = check(job["spec"], "demo")
-    role = builders.build_worker_rbac(job, spec)[1]
+    env = {
+        e["name"]: e.get("value")
+        for e in _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["PHALANX_OPERATOR_WORKER_LEASE_ROLE"] == WORKER_ROLE
+    _, role, _, leases = builders.build_worker_rbac(job, spec, WORKER_ROLE)
     for rule in role["rules"]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
-                    assert _allows(rules, group, resource, verb), (group, resource, verb)
+                    assert _allows(rules, group, resource, verb, "demo"), (group, resource, verb)
+    assert leases["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": WORKER_ROLE,
+    }
+    assert _allows(rules, "rbac.authorization.k8s.io", "clusterroles", "bind", WORKER_ROLE)
+    assert not _allows(rules, "rbac.authorization.k8s.io", "clusterroles", "bind", "admin")
+    worker_rules = _one(objects, "ClusterRole", WORKER_ROLE)["rules"]
+    assert _allows(worker_rules, "coordination.k8s.io", "leases", "update")
+    # The operator writes no Lease but its view canary.
+    assert not _allows(rules, "coordination.k8s.io", "leases", "update", "demo-worker-0")
+    assert _allows(rules, "coordination.k8s.io", "leases", "update", viewclock.CANARY_NAME)
     assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in rules)
     assert not _allows(rules, "", "secrets", "get")
     assert not _allows(rules, "", "nodes", "delete")
@@ -180,7 +213,10 @@ def test_namespace_scope_has_a_role_per_namespace_and_peering_with_two_replicas(
     objects = _render({"scope": "namespace", "watchNamespaces": ["team-a", "team-b"], "replicaCount": 2})
     roles = [o for o in objects if o["kind"] == "Role"]
     assert sorted(o["metadata"]["namespace"] for o in roles) == ["team-a", "team-b"]
-    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"] == ["phx-phalanx-cluster"]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"] == [
+        "phx-phalanx-cluster",
+        WORKER_ROLE,
+    ]
     peerings = [o for o in objects if o["kind"] == "KopfPeering"]
     assert sorted(o["metadata"]["namespace"] for o in peerings) == ["team-a", "team-b"]
     container = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
