@@ -36,6 +36,21 @@ DATE_TIME: JsonDict = {"format": "date-time"}
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]
 PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
+JobState = Literal[
+    "Pending",
+    "Scheduling",
+    "Unschedulable",
+    "Backoff",
+    "Running",
+    "Finishing",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+    "Queued",
+    "Invalid",
+]
+"""`status.state`, a closed set (the CRD's enum; the metric `phalanx_jobs{state}` has one series per value)."""
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 AUTO_INTERVAL = "auto"
 IntervalSteps = Annotated[int, Field(ge=1)] | Literal["auto"]
 """A positive number of steps or `auto` (the CRD: an int-or-string with `minimum` and `pattern`)."""
@@ -1050,7 +1065,7 @@ class TrainingJobStatus(ApiModel):
     `Recovering`, `Degraded`, `Healthy`, `PreflightPassed`, and `Admitted` for a job Kueue queues."""
     observed_generation: int | None = None
     """The `metadata.generation` the status was computed from."""
-    state: str | None = None
+    state: JobState | None = None
     """A readable word: Pending, Scheduling, Unschedulable (held: the cluster cannot hold the gang), Backoff,
     Running, Finishing, Succeeded, Failed, Suspended, Queued (waiting for Kueue's admission) or Invalid."""
     replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)

@@ -9,19 +9,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from phalanx.operator import api
 from phalanx.operator.health import SIGNALS as HEALTH_SIGNALS
 
-STATES = (
-    "Pending",
-    "Scheduling",
-    "Backoff",
-    "Running",
-    "Finishing",
-    "Suspended",
-    "Succeeded",
-    "Failed",
-    "Invalid",
-)
+STATES = api.JOB_STATES
+"""Every job state: each has its series, 0 when no job is in it (a state with no series keeps a stale value)."""
 
 
 class OperatorMetrics:
@@ -115,7 +107,7 @@ class OperatorMetrics:
                 self._states.pop(uid, None)
             else:
                 self._states[uid] = state
-            counts = dict.fromkeys(STATES, 0)
+            counts: dict[str, int] = dict.fromkeys(STATES, 0)
             for value in self._states.values():
                 counts[value] = counts.get(value, 0) + 1
             for key, count in counts.items():

@@ -1520,7 +1520,9 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     return b.finish()
 
 
-def _stop_gang(b: _Builder, reason: str, message: str, state: str, detail: str | None = None) -> None:
+def _stop_gang(
+    b: _Builder, reason: str, message: str, state: api.JobState, detail: str | None = None
+) -> None:
     """No pod runs: every live pod is deleted gracefully (a worker saves a checkpoint on SIGTERM), and a
     resumed job schedules a fresh gang. `detail`: the `Suspended` condition's message, when not `message`."""
     b.plan.health_reset = True

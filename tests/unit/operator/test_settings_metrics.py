@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from prometheus_client import generate_latest
 
 from phalanx.errors import UserFacingError
+from phalanx.operator import api
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings, settings_from
 
@@ -52,6 +55,13 @@ def test_metrics_names_and_job_states() -> None:
     assert 'phalanx_jobs{state="Running"} 1.0' in text
     assert 'phalanx_jobs{state="Pending"} 1.0' in text
     assert 'phalanx_jobs{state="Succeeded"} 0.0' in text
+    # Every state the status may say has its series: one that leaves a state sets it back to 0.
+    metrics.job_state("c", "Unschedulable")
+    metrics.job_state("c", "Queued")
+    text = generate_latest(metrics.registry).decode()
+    for state in get_args(api.JobState):
+        assert f'phalanx_jobs{{state="{state}"}}' in text, state
+    assert 'phalanx_jobs{state="Unschedulable"} 0.0' in text and 'phalanx_jobs{state="Queued"} 1.0' in text
     assert 'phalanx_pods_created_total{role="worker"} 3.0' in text
     assert "phalanx_reconcile_duration_seconds_count 1.0" in text
     names = {
