@@ -195,8 +195,19 @@ def _wrap_trainer(
                 for v, path in volumes
             ),
         ]
+    if spec.metrics_port:
+        # Named, so that a PodMonitor (or a Service) can select it by name whatever the port number.
+        ports = [
+            port for port in container.get("ports") or [] if port.get("containerPort") != spec.metrics_port
+        ]
+        taken = {port.get("name") for port in ports}
+        if METRICS_PORT_NAME not in taken:
+            ports.append({"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"})
+            container["ports"] = ports
 
 
+METRICS_PORT_NAME = "metrics"
+"""The name of the trainer's metrics port (`spec.metricsPort`), as the operator's own is named."""
 RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
 DROP_ALL = ["ALL"]
 CONTAINER_KINDS = ("initContainers", "containers")

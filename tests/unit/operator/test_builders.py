@@ -536,3 +536,12 @@ def test_with_the_chart_s_worker_role_the_job_s_role_grants_no_lease(make_job: M
     assert leases["roleRef"]["kind"] == "ClusterRole" and leases["roleRef"]["name"] == "phalanx-worker"
     assert leases["subjects"] == binding["subjects"]
     assert leases["metadata"]["ownerReferences"] == account["metadata"]["ownerReferences"]
+
+
+def test_the_trainer_s_metrics_port_is_named(make_job: MakeJob) -> None:
+    job = make_job(metricsPort=9400)
+    trainer = builders.build_worker_pod(job, _spec(job), 0, "worker")["spec"]["containers"][0]
+    assert trainer["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    job = make_job()
+    trainer = builders.build_worker_pod(job, _spec(job), 0, "worker")["spec"]["containers"][0]
+    assert "ports" not in trainer
