@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import builders, handlers, policy, validation, viewclock
+from phalanx.operator import builders, handlers, logformat, policy, validation, viewclock
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
@@ -26,9 +26,7 @@ def peering_priority(settings: OperatorSettings) -> int:
 
 def run(settings: OperatorSettings) -> int:
     """Run until interrupted; returns the exit code."""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logformat.configure(settings.log_level, settings.log_format)
     if settings.log_level.upper() != "DEBUG":
         # kopf logs every successful timer run per job; at many jobs that drowns what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

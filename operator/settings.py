@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -114,6 +114,9 @@ class OperatorSettings(BaseModel):
     operator's own); empty: `default`. Watching some namespaces, each gets a canary of its own."""
     log_level: str = "INFO"
     """Python log level of the operator."""
+    log_format: Literal["text", "json"] = "text"
+    """`text`: readable lines; `json`: one JSON object per line (time, level, logger, message, and the
+    record's own fields), for a cluster's log pipeline."""
 
     @field_validator("namespaces", "worker_service_accounts", mode="before")
     @classmethod

@@ -89,3 +89,31 @@ def test_the_view_canary_goes_where_the_operator_watches() -> None:
     scoped = settings_from({"PHALANX_OPERATOR_NAMESPACES": "team-a, team-*,team-b"})
     assert scoped.view_namespaces == ("team-a", "team-b")
     assert settings_from({"PHALANX_OPERATOR_VIEW_INTERVAL_SECONDS": "0"}).view_namespaces == ()
+
+
+def test_json_logs_are_one_object_per_line_with_the_record_s_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+    import logging
+
+    from phalanx.operator import logformat
+
+    settings = settings_from({"PHALANX_OPERATOR_LOG_FORMAT": "json"})
+    logformat.configure("INFO", settings.log_format)
+    try:
+        logging.getLogger("phalanx.test").warning("pod %s refused", "a-0", extra={"job": "ml/a"})
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logging.getLogger("phalanx.test").exception("failed")
+    finally:
+        logformat.configure("WARNING", "text")
+    first, second = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert first["level"] == "WARNING" and first["logger"] == "phalanx.test"
+    assert (
+        first["message"] == "pod a-0 refused" and first["job"] == "ml/a" and first["time"].endswith("+00:00")
+    )
+    assert second["message"] == "failed" and "RuntimeError: boom" in second["exception"]
+    with pytest.raises(UserFacingError, match="LOG_FORMAT"):
+        settings_from({"PHALANX_OPERATOR_LOG_FORMAT": "xml"})
