@@ -29,8 +29,11 @@ def crds_dir() -> Path:
 
 
 def chart_dir() -> Path:
-    """The operator's Helm chart."""
-    return _installed("charts", "phalanx")
+    """The operator's Helm chart: in an editable install, the checkout's own folder, not the install's tree of
+    links to its files (Helm warns about every link it follows)."""
+    chart = _installed("charts", "phalanx")
+    source = (chart / "Chart.yaml").resolve().parent
+    return source if source != chart and (source / "templates").is_dir() else chart
 
 
 def example(name: str) -> Path:
