@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from phalanx.errors import UserFacingError
+from phalanx.progress import SilenceReporter
 
 
 @dataclass(frozen=True)
@@ -474,8 +475,13 @@ def run_go(
     on_line: Callable[[str], str | None] = lambda _: None,
 ) -> str:
     """Runs one go command; its stderr goes to the log and, line by line, to `on_line`, whose answers are
-    printed. Returns stdout. A failure stops with one line."""
-    with folders.log.open("a") as log, tempfile.TemporaryFile("w+") as stdout_file:
+    printed; while it prints nothing for `SILENCE_SECONDS` (a long link, a slow download), a line says it still
+    runs. Returns stdout. A failure stops with one line."""
+    with (
+        folders.log.open("a") as log,
+        tempfile.TemporaryFile("w+") as stdout_file,
+        SilenceReporter(f"{PREFIX} {what}") as reporter,
+    ):
         log.write(f"$ (cd {cwd} && {' '.join(argv)})\n")
         log.flush()
         # stdout to a file: `go list` prints more than a pipe holds while stderr is being read.
@@ -489,7 +495,7 @@ def run_go(
                 lines.append(line.rstrip("\n"))
                 report = on_line(line.rstrip("\n"))
                 if report:
-                    print(report, flush=True)
+                    reporter.say(report)
             code = process.wait()
         stdout_file.seek(0)
         stdout = stdout_file.read()

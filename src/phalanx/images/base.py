@@ -23,6 +23,7 @@ from pathlib import Path
 
 from phalanx.devcluster import aptsources
 from phalanx.errors import UserFacingError
+from phalanx.progress import SilenceReporter
 
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 """What the Dockerfile needs of its base: `python -m venv` with pip, and TLS for the package index."""
@@ -135,7 +136,8 @@ def image_exists(name: str) -> bool:
 
 
 def _run(args: list[str], what: str) -> str:
-    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    with SilenceReporter(f"base image: {what}"):
+        result = subprocess.run(args, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise UserFacingError(f"{what} failed: {' | '.join(detail)}")

@@ -11,6 +11,7 @@ import pytest
 
 from phalanx.devcluster import binaries, gobuild
 from phalanx.errors import UserFacingError
+from phalanx.progress import SilenceReporter
 
 KUBERNETES_GO_MOD = """module k8s.io/kubernetes
 
@@ -354,4 +355,18 @@ def test_install_of_a_chosen_release_builds_from_go_modules_and_says_which(
     assert (
         "Kubernetes 1.37.2 (the newest pinned release) from Go modules, with etcd 3.7.3"
         in capsys.readouterr().out
+    )
+
+
+def test_a_silent_step_still_says_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    with SilenceReporter("[phalanx install] building etcd", interval=1.2) as reporter:
+        reporter.say("[phalanx install] compiling packages: 3/10")
+        time.sleep(3.5)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[phalanx install] compiling packages: 3/10"
+    assert 2 <= len(lines) - 1 <= 3, lines  # at about 1.2 s and 2.4 s (and 3.6 s on a slow machine)
+    assert all(
+        line.startswith("[phalanx install] building etcd: still running, 0 min 0") for line in lines[1:]
     )
