@@ -204,8 +204,6 @@ def test_auto_interval_grows_when_saves_get_costlier(
         90,
         message="the training workers' heartbeats to report the new interval",
     )
-    final = wait_succeeded(cluster, namespace, name, timeout=400)
-    assert final["status"]["step"] == steps
 
 
 def test_another_jobs_failures_lower_a_new_jobs_mtbf(

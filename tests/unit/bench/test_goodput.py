@@ -119,7 +119,7 @@ def test_failures_are_drawn_reproducibly_and_spare_the_tail_of_the_window() -> N
     assert all(0 < at < 1800 - 60 for at, _ in first)
     assert {kind for _, kind in first} <= set(goodput.KINDS)
     quick = goodput.failure_schedule(random.Random(7), goodput.QUICK)
-    assert quick == [(15, "kill")]
+    assert quick == [(goodput.QUICK.first_at, "kill")] == [(10, "kill")]
 
 
 def test_failure_marks_rise_from_the_bottom_of_the_chart() -> None:
