@@ -74,19 +74,29 @@ def run(settings: OperatorSettings) -> int:
         canary.start()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings, reconciler)
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            clusterwide=settings.clusterwide,
-            namespaces=list(settings.namespaces),
-            standalone=not settings.peering,
-            peering_name=settings.peering or None,
-            priority=peering_priority(settings),
-            liveness_endpoint=settings.liveness_endpoint,
-            stop_flag=reconciler.watch_stalled,
-        )
-    )
-    if reconciler.watch_stalled.is_set():
+
+    async def operate() -> bool:
+        """Run kopf until a signal or a stalled watch stops it; whether the watch had stalled."""
+        try:
+            await kopf.operator(
+                registry=registry,
+                clusterwide=settings.clusterwide,
+                namespaces=list(settings.namespaces),
+                standalone=not settings.peering,
+                peering_name=settings.peering or None,
+                priority=peering_priority(settings),
+                liveness_endpoint=settings.liveness_endpoint,
+                stop_flag=reconciler.watch_stalled,
+            )
+        finally:
+            stalled = reconciler.watch_stalled.is_set()
+            # kopf waits for a threading.Event stop flag on a thread of the loop's executor, which the loop's
+            # shutdown then waits for: left unset after a SIGTERM, the operator would never exit and its pod
+            # would be killed at the end of its grace period (every rolling update and uninstall slower by it).
+            reconciler.watch_stalled.set()
+        return stalled
+
+    if asyncio.run(operate()):
         # Its container restarts it, with every watch started afresh.
         logging.getLogger(__name__).error("stopped: the pod watch had stopped delivering")
         return 1

@@ -36,6 +36,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dyna
 """What a waiting interpreter imports: the seconds every training process would otherwise spend. torch's
 optimizers import `torch._dynamo` when the first one is built (about 1 s of CPU, some 70 MB): paid here,
 off the recovery's critical path, instead of in every new trainer."""
+CLOSE_WAIT_SECONDS = 1.0
+"""How long a waiting interpreter let go has to end before it is killed (it has nothing to save): the
+launcher's own exit, and so every pod's shutdown, waits for it."""
 REFILL_DELAY = 5.0
 """Seconds between handing out an interpreter and starting its replacement (not while the group starts)."""
 
@@ -129,7 +132,9 @@ def main() -> int:
             __import__(name)
     line = sys.stdin.readline()
     if not line.strip():
-        return 0  # the launcher let it go unused
+        # Let go unused: nothing to clean up, and the interpreter's own teardown of torch takes seconds,
+        # which every pod's shutdown would wait for.
+        os._exit(0)
     take_over(json.loads(line))
     return 0
 
@@ -212,7 +217,7 @@ class WarmPool:
                 if process.stdin is not None:
                     process.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
+                process.wait(timeout=CLOSE_WAIT_SECONDS)
                 continue
             process.kill()
 

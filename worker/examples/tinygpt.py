@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -569,7 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = train(args)
     except Terminated:
         _leave_group()
-        return int(LauncherExit.TERMINATED)
+        # Saved and out of the group: nothing is left to do, and the interpreter's teardown of torch takes
+        # seconds (4 on a busy two-core machine) that the pod's deletion, and so a preemption or a
+        # replacement, would wait for.
+        _exit_now(int(LauncherExit.TERMINATED))
     except NonFiniteLossError as error:
         print(f"phalanx example: {error}", file=sys.stderr, flush=True)
         _leave_group()  # an abort at exit would turn exit code 86 into a retried failure
@@ -590,6 +593,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.summary_file).write_text(line + "\n")
     _leave_group()
     return 0
+
+
+def _exit_now(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def _leave_group() -> None:
