@@ -46,7 +46,7 @@ lint: install
 # CI (`.ci/run`) runs this: lint and the type check first, then every test.
 # Every test but the peers' benchmark smoke (`make test-peers`): it measures the baselines (torchft, DLRover, and
 # two more controllers built from their Go modules), not Phalanx, and would take CI past its 90 minutes.
-# The tests that need no cluster run beside the cluster's, at a lower priority (tests/run-all.sh).
+# The tests without a cluster first, then the cluster's in two streams of a cluster each (tests/run-all.sh).
 test: lint typecheck real-node
 	tests/run-all.sh $(BIN)/python $(PYTEST_ARGS)
 

@@ -42,6 +42,7 @@ COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sc
 STOP_GRACE_SECONDS = {"node-agent": 30.0}
 """The agent stops every pod it runs before it exits: give it longer than the others."""
 FIRST_CLUSTER_OCTET, LAST_CLUSTER_OCTET = 100, 250
+FIRST_CLUSTER_OCTET_ENV = "PHALANX_DEV_FIRST_CLUSTER_OCTET"
 """Each cluster owns 127.<octet>.0.0/16 for pod IPs and its DNS server; two clusters never share one."""
 
 
@@ -152,9 +153,26 @@ def free_port(exclude: set[int]) -> int:
             return port
 
 
+def first_cluster_octet(env: Mapping[str, str] = os.environ) -> int:
+    """Where the search for a free octet starts: `PHALANX_DEV_FIRST_CLUSTER_OCTET` when set (two test runs
+    started at once search from apart, so that neither takes the octet the other found free a moment ago)."""
+    raw = env.get(FIRST_CLUSTER_OCTET_ENV, "")
+    if not raw:
+        return FIRST_CLUSTER_OCTET
+    try:
+        octet = int(raw)
+    except ValueError:
+        octet = 0
+    if not FIRST_CLUSTER_OCTET <= octet <= LAST_CLUSTER_OCTET:
+        raise UserFacingError(
+            f"{FIRST_CLUSTER_OCTET_ENV}={raw!r}: must be a number from {FIRST_CLUSTER_OCTET} to {LAST_CLUSTER_OCTET}"
+        )
+    return octet
+
+
 def free_cluster_octet(taken_by_others: set[int]) -> int:
-    """The first octet whose DNS address (127.<octet>.0.1:53) nobody has bound."""
-    for octet in range(FIRST_CLUSTER_OCTET, LAST_CLUSTER_OCTET + 1):
+    """The first octet (from `first_cluster_octet`) whose DNS address (127.<octet>.0.1:53) nobody has bound."""
+    for octet in range(first_cluster_octet(), LAST_CLUSTER_OCTET + 1):
         if octet in taken_by_others:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -195,3 +195,11 @@ def test_a_service_account_is_ready_with_its_token_secret_on_1_20_only(tmp_path:
     assert controlplane.service_account_ready(None, "1.37.2")
     # No cluster.json: the default release; one written before the field existed: 1.20.2.
     assert controlplane.Layout(tmp_path).kubernetes_version == binaries.KUBERNETES_VERSION
+
+
+def test_two_runs_started_at_once_search_for_pod_networks_from_apart() -> None:
+    assert controlplane.first_cluster_octet({}) == controlplane.FIRST_CLUSTER_OCTET
+    assert controlplane.first_cluster_octet({"PHALANX_DEV_FIRST_CLUSTER_OCTET": "180"}) == 180
+    for bad in ("7", "300", "many"):
+        with pytest.raises(UserFacingError, match="PHALANX_DEV_FIRST_CLUSTER_OCTET"):
+            controlplane.first_cluster_octet({"PHALANX_DEV_FIRST_CLUSTER_OCTET": bad})
