@@ -2,6 +2,7 @@
 #   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
 #   make demo-real  the same on a real node (root): the images built first, a worker's container SIGKILLed
 #   make test   the type check, then every test: unit and end-to-end against the real control plane (built once, cached)
+#   make test-bench  the smoke of Phalanx's own benchmarks on the local cluster (not in CI)
 #   make test-peers  the smoke of the peers' benchmarks (torchft, DLRover, Kubeflow Trainer, JobSet; not in CI)
 #   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
 #   make image  the operator and worker images without a registry (buildah; docs/images.md)
@@ -13,7 +14,7 @@ PIP_FIND_LINKS ?= /opt/wheels
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: install deps control-plane real-node test test-compat test-peers unit e2e lint typecheck demo demo-real bench image clean
+.PHONY: install deps control-plane real-node test test-compat test-bench test-peers unit e2e lint typecheck demo demo-real bench image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -44,11 +45,18 @@ lint: install
 	$(BIN)/ruff format --check src operator worker devcluster tests bench examples
 
 # CI (`.ci/run`) runs this: lint and the type check first, then every test.
-# Every test but the peers' benchmark smoke (`make test-peers`): it measures the baselines (torchft, DLRover, and
-# two more controllers built from their Go modules), not Phalanx, and would take CI past its 90 minutes.
-# The tests without a cluster first, then the cluster's in two streams of a cluster each (tests/run-all.sh).
+# Every test but the benchmarks' smoke: the peers' (`make test-peers`) measures the baselines (torchft, DLRover,
+# and two more controllers built from their Go modules), not Phalanx; Phalanx's own (`make test-bench`) takes
+# about 10 minutes of a stream. With either, CI would not fit its 90 minutes on two cores.
 test: lint typecheck real-node
-	tests/run-all.sh $(BIN)/python $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not peers and not bench" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+# `phalanx bench --quick` for Phalanx's own cluster benchmarks (gang creation, operator scale, re-rendezvous,
+# recovery, goodput, hang detection, kills during saves).
+test-bench: control-plane
+	$(BIN)/python -m pytest -m bench tests/e2e $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 # `phalanx bench --quick` for the peers beside Phalanx: torchft and DLRover, Kubeflow Trainer and JobSet (built
 # from their modules the first time).

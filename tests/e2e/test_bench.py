@@ -13,7 +13,12 @@ import pytest
 
 from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.bench,
+    pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100),
+]
 
 CLUSTER_BENCHMARKS = ["gang-creation", "operator-scale", "rerendezvous"]
 

@@ -15,7 +15,12 @@ from phalanx.bench.recovery import QUICK_TRIALS
 
 from .conftest import BENCH_SMOKE_TIMEOUT, Cluster, Operator, run_bench_smoke
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.bench,
+    pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100),
+]
 
 FAULT_BENCHMARKS = ["recovery", "hang-detection", "goodput"]
 

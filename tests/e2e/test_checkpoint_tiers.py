@@ -113,8 +113,10 @@ def test_pods_lost_with_their_local_tier_restore_from_the_claim(
 def test_pods_lost_with_their_local_tier_restore_from_object_storage(
     cluster: Cluster, operator: Operator, namespace: str, s3_endpoint: str, tmp_path: Path
 ) -> None:
+    base = f"s3://{BUCKET}/{namespace}"
+    # The job keeps its checkpoints in a folder of its own under the URL it is given: <namespace>/<job>.
     tier = tiers.DurableTier(
-        f"s3://{BUCKET}/{namespace}",
+        f"{base}/{namespace}/s3tier",
         keep=3,
         options={"endpoint_url": s3_endpoint, "key": S3_KEY, "secret": S3_SECRET},
     )
@@ -131,7 +133,7 @@ def test_pods_lost_with_their_local_tier_restore_from_object_storage(
         },
     }
     cluster.apply(secret, namespace)
-    store = {"url": tier.url, "endpointUrl": s3_endpoint, "secretName": "s3-credentials"}
+    store = {"url": base, "endpointUrl": s3_endpoint, "secretName": "s3-credentials"}
     cluster.apply(tiered_job("s3tier", volume={"emptyDir": {}}, objectStore=store), namespace)
 
     def on_store() -> list[int]:
