@@ -436,7 +436,8 @@ def test_a_worker_that_exits_143_in_a_loop_is_replaced_ever_more_slowly(
         message="the replacements of a worker exiting 143 to back off",
     )
     restarts = get_job(cluster, namespace, "looping")["status"]["restarts"]
-    assert restarts["counted"] == 0 and restarts["total"] >= 11, restarts
+    # (A pod may end otherwise now and then, e.g. exit 1 when the node is busy: counted, and not paced.)
+    assert restarts["byRule"]["default-infrastructure"] >= 11, restarts
     assert _event(cluster, namespace, "looping", "ReplacementBackoff", "did not spend maxRestarts")
     time.sleep(25)
     later = get_job(cluster, namespace, "looping")["status"]
