@@ -91,21 +91,28 @@ def check_quantity(value: Any) -> str:
     return quantity_text(value)
 
 
+def _matching(pattern: str, value: str, rule: str) -> str:
+    """`value` when it matches `pattern` whole, else a ValueError saying `rule` and what was given."""
+    if re.fullmatch(pattern, value) is None:
+        raise ValueError(f"{rule}; got {value!r}")
+    return value
+
+
 def check_relative_folder(value: str) -> str:
     """`value` when it is a normalised relative folder, or `.` (`RELATIVE_FOLDER_PATTERN`)."""
-    if re.fullmatch(RELATIVE_FOLDER_PATTERN, value) is None:
-        raise ValueError(
-            f"must be a relative, normalised folder such as `team/run-7` (or `.`): not starting or ending with "
-            f"`/`, without `.` or `..` segments or `//`; got {value!r}"
-        )
-    return value
+    return _matching(
+        RELATIVE_FOLDER_PATTERN,
+        value,
+        "must be a relative, normalised folder such as `team/run-7` (or `.`): not starting or ending with `/`, "
+        "without `.` or `..` segments or `//`",
+    )
 
 
 def check_absolute_path(value: str) -> str:
     """`value` when it is an absolute, normalised path below the root (`ABSOLUTE_PATH_PATTERN`)."""
-    if re.fullmatch(ABSOLUTE_PATH_PATTERN, value) is None:
-        raise ValueError(
-            f"must be an absolute, normalised path such as `/checkpoints`: starting with `/`, without `.` or "
-            f"`..` segments, `//` or a trailing `/`, and not `/` itself; got {value!r}"
-        )
-    return value
+    return _matching(
+        ABSOLUTE_PATH_PATTERN,
+        value,
+        "must be an absolute, normalised path such as `/checkpoints`: starting with `/`, without `.` or `..` "
+        "segments, `//` or a trailing `/`, and not `/` itself",
+    )

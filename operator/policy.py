@@ -167,8 +167,7 @@ def record_uncounted(times: list[str] | None, now: datetime, pacing: Replacement
     """`times` (of uncounted replacements, oldest first) with `now` added: those of the last hour only, and no
     more than the cap needs (`next_replacement_at` reads the newest `cap_per_hour + 1`), so the list in the
     status stays small however many pods fail."""
-    recent = [moment for moment in _parsed(times) if now - moment < REPLACEMENT_WINDOW]
-    recent.append(now)
+    recent = [*recent_times(times, now), now]
     return [format_time(moment) for moment in recent[-(pacing.cap_per_hour + 1) :]]
 
 
@@ -176,7 +175,7 @@ def next_replacement_at(times: list[str] | None, now: datetime, pacing: Replacem
     """When pods may next be created for the uncounted replacements `times` (the newest last) asked for; None:
     now. The n-th of the hour past `free_per_hour` waits `backoff_seconds * 2**(n - free - 1)` (at most
     `max_backoff_seconds`) after the one before it; past `cap_per_hour`, until enough of them are an hour old."""
-    recent = [moment for moment in _parsed(times) if now - moment < REPLACEMENT_WINDOW]
+    recent = recent_times(times, now)
     count = len(recent)
     if count <= pacing.free_per_hour:
         return None
@@ -188,10 +187,7 @@ def next_replacement_at(times: list[str] | None, now: datetime, pacing: Replacem
     return due if due > now else None
 
 
-def recent_count(times: list[str] | None, now: datetime) -> int:
-    """How many of `times` lie in the last hour."""
-    return sum(1 for moment in _parsed(times) if now - moment < REPLACEMENT_WINDOW)
-
-
-def _parsed(times: list[str] | None) -> list[datetime]:
-    return sorted(moment for text in times or () if (moment := parse_time(text)) is not None)
+def recent_times(times: list[str] | None, now: datetime) -> list[datetime]:
+    """Those of the stamps `times` that lie in the last hour, oldest first."""
+    parsed = sorted(moment for text in times or () if (moment := parse_time(text)) is not None)
+    return [moment for moment in parsed if now - moment < REPLACEMENT_WINDOW]

@@ -105,10 +105,10 @@ class Observed:
     max_gang_pods: int | None = None
     """The operator's limit on pods per job (`maxGangPods`); None: no limit."""
     network_policy: builders.NetworkPolicySettings | None = None
+    """The NetworkPolicy the operator gives each job; None: none (the chart's `networkPolicy.enabled` false)."""
     worker_lease_role: str | None = None
     """The ClusterRole bound to each job's workers for their heartbeat Leases (the chart's); None: the job's own
     Role grants them."""
-    """The NetworkPolicy the operator gives each job; None: none (the chart's `networkPolicy.enabled` false)."""
     admission: validation.Admission | None = None
     """What the operator lets a template have (host paths, service accounts); None: not judged."""
     create_batch: int | None = None
@@ -243,6 +243,11 @@ class _Builder:
                 and name not in self.plan.force_delete_pods
             ):
                 self.plan.delete_pods.append(name)
+
+    def wake_within(self, seconds: float) -> None:
+        """Reconcile again at the latest `seconds` from now (an earlier wake-up already planned stands)."""
+        wake = self.plan.wake_after
+        self.plan.wake_after = seconds if wake is None else min(wake, seconds)
 
     def mark_done(self, pod_name: str, uid: str | None, kept: bool = False) -> None:
         for track in self.status.tracking:
@@ -691,11 +696,9 @@ def _replacements_held(b: _Builder, missing: int) -> str | None:
     due = policy.next_replacement_at(times, b.now, pacing)
     if due is None:
         return None
-    wait = (due - b.now).total_seconds()
-    b.plan.wake_after = wait if b.plan.wake_after is None else min(b.plan.wake_after, wait)
-    recent = policy.recent_count(times, b.now)
+    b.wake_within((due - b.now).total_seconds())
     return (
-        f"{recent} replacements in the last hour did not spend maxRestarts (exits 3, 137 or 143, lost nodes, "
+        f"{len(policy.recent_times(times, b.now))} replacements in the last hour did not spend maxRestarts (exits 3, 137 or 143, lost nodes, "
         f"evictions; {pacing.free_per_hour} an hour are replaced at once, at most {pacing.cap_per_hour}): "
         f"the next {missing} pods are created at {format_time(due)}"
     )
@@ -1159,8 +1162,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         # pods' events wake the job; this wake-up only covers a quiet watch.
         missing_workers = min(missing_workers, batch)
         missing_spares = batch - missing_workers
-        wake = b.plan.wake_after
-        b.plan.wake_after = NEXT_BATCH_SECONDS if wake is None else min(wake, NEXT_BATCH_SECONDS)
+        b.wake_within(NEXT_BATCH_SECONDS)
     indices = _free_indices(b.observed.pods, job_name, missing_workers + missing_spares)
     roles: list[names.Role] = [names.ROLE_WORKER] * missing_workers + [names.ROLE_SPARE] * missing_spares
     # A spare refilling the pool goes where the failed worker was (its domain), so the group stays close.
