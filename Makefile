@@ -13,6 +13,9 @@ BIN := $(VENV)/bin
 PIP_FIND_LINKS ?= /opt/wheels
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
+PYTEST := $(BIN)/python -m pytest
+# After a pytest run: its exit 5 (no test collected) fails too, so that a selection matching nothing never passes.
+NONE_RAN = if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; rc=1; fi
 
 .PHONY: install deps control-plane real-node test test-compat test-bench test-peers unit e2e lint typecheck demo demo-real bench image clean
 
@@ -48,21 +51,20 @@ lint: install
 # Every test but the benchmarks' smoke: the peers' (`make test-peers`) measures the baselines (torchft, DLRover,
 # and two more controllers built from their Go modules), not Phalanx; Phalanx's own (`make test-bench`) takes
 # about 10 minutes of a stream. With either, CI would not fit its 90 minutes on two cores.
+# The tests that need no cluster (`make unit`, on two processes) and then the local cluster's (`make e2e`, one at
+# a time on the one cluster); with -k, a failure in the first still lets the second run, and fails the whole.
 test: lint typecheck real-node
-	$(BIN)/python -m pytest -m "not peers and not bench" $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	$(MAKE) --no-print-directory -k unit e2e
 
 # `phalanx bench --quick` for Phalanx's own cluster benchmarks (gang creation, operator scale, re-rendezvous,
 # recovery, goodput, hang detection, kills during saves).
 test-bench: control-plane
-	$(BIN)/python -m pytest -m bench tests/e2e $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	$(PYTEST) -m bench tests/e2e $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 # `phalanx bench --quick` for the peers beside Phalanx: torchft and DLRover, Kubeflow Trainer and JobSet (built
 # from their modules the first time).
 test-peers: control-plane
-	$(BIN)/python -m pytest -m peers tests/e2e $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	$(PYTEST) -m peers tests/e2e $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 # Type check (mypy; settings under [tool.mypy] in pyproject.toml) of operator/, worker/, devcluster/, bench/
 # and src/phalanx. pyproject's package-dir maps those folders into `phalanx`, which mypy cannot follow from the
@@ -78,19 +80,22 @@ typecheck: install
 	sed -E -e 's,^$(TYPECHECK_DIR)/phalanx/(operator|worker|devcluster|bench)/,\1/,' \
 		-e 's,^$(TYPECHECK_DIR)/phalanx/,src/phalanx/,' build/typecheck.out; exit $$rc
 
+# Every test that needs no cluster, on two processes (pytest-xdist); tests/conftest.py keeps those that start
+# training processes together on one of them.
 unit: install
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -m "not peers and not bench" -n 2 --dist loadgroup --ignore=tests/e2e --ignore=tests/chaos \
+		$(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
+# The local cluster's tests (tests/e2e, tests/chaos), one at a time on one cluster.
 e2e: real-node
-	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+	$(PYTEST) -m "not peers and not bench" tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 # The oldest Kubernetes minor still supported, as a second target (not in CI): its build (about 10 minutes the
 # first time), then the demo, the CRD and chart install and the end-to-end smoke tests (marker `compat`) on it.
 COMPAT_KUBE_VERSION ?= 1.35.8
 test-compat: install
 	PHALANX_KUBE_VERSION=$(COMPAT_KUBE_VERSION) $(BIN)/phalanx dev install
-	PHALANX_KUBE_VERSION=$(COMPAT_KUBE_VERSION) $(BIN)/python -m pytest -m compat tests/e2e $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	PHALANX_KUBE_VERSION=$(COMPAT_KUBE_VERSION) $(PYTEST) -m compat tests/e2e $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 demo: control-plane
 	$(BIN)/phalanx demo

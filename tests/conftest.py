@@ -206,6 +206,23 @@ def pytest_configure(config: pytest.Config) -> None:
     _session_config["config"] = config
 
 
+TEST_GROUPS = {
+    "launchers": ("tests/security/", "tests/unit/worker_runtime/", "tests/unit/bench/test_bench_harness.py"),
+    "checkpoint-processes": ("tests/unit/worker_checkpoint/",),
+}
+"""Tests that start training processes on this machine, by group. With `-n 2 --dist loadgroup` (`make unit`) a
+group's tests run one after another on one worker. The launchers' tests judge them by the clock (a spare must
+stand by while its pair still trains, a hang must be seen within seconds): two of them side by side on two
+cores were seen to miss their timing. The checkpoint tests' processes only need to finish."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for group, prefixes in TEST_GROUPS.items():
+            if item.nodeid.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _sessions.append(session)
 

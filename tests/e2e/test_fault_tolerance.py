@@ -34,7 +34,7 @@ from .test_operator import (
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 120
+STEPS = 80
 STEP_DELAY = 0.25
 HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 10}
 TRAINERS = "phalanx.dev/component=trainer"

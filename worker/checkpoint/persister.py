@@ -153,6 +153,10 @@ class PersistJob:
     submitted: float = field(default_factory=time.perf_counter)
 
 
+LIVENESS_CHECK_SECONDS = 1.0
+"""How often a wait for the saver's reply checks that the saver still runs."""
+
+
 class PersisterClient:
     """Starts and feeds the saver process; restarts it when it dies."""
 
@@ -269,13 +273,16 @@ class PersisterClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # The end of the saver's output is how its death is usually seen, but a process that inherited
+            # its pipe can keep that end from coming: a long wait looks at the process itself now and then.
+            wait = LIVENESS_CHECK_SECONDS if remaining is None else min(remaining, LIVENESS_CHECK_SECONDS)
             try:
-                reply = (
-                    self._replies.get(timeout=remaining) if remaining != 0.0 else self._replies.get_nowait()
-                )
+                reply = self._replies.get(timeout=wait) if wait > 0.0 else self._replies.get_nowait()
             except queue.Empty:
                 if not self.alive():
                     reply = {"id": self.in_flight.id, "ok": False, "error": "saver process died"}
+                elif remaining is None or remaining > wait:
+                    continue
                 else:
                     return None
             if "exited" in reply:

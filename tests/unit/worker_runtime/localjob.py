@@ -140,13 +140,17 @@ class LocalJob:
         return process
 
     def start_pair_with_spare(self, example_args: list[str], trained: int) -> None:
-        """Nodes `a` and `b` train; `spare` stands by; training has gone on to step `trained` since."""
+        """Nodes `a` and `b` train; `spare` stands by; training has gone on to step `trained` since.
+
+        The three start together: a spare never takes a slot of the first group (see
+        test_spare_started_first_leaves_both_slots_to_the_workers), and one started once the pair trained could
+        still be importing torch on a busy machine when the pair's few seconds of training are over."""
         self.start_node("a", example_args)
         self.start_node("b", example_args)
-        wait_for(lambda: self.last_step() >= 3, 90, "the group to train")
         self.start_node("spare", example_args, launcher_args=["--role", "spare"])
-        wait_for(lambda: "-> standby" in self.node_output("spare"), 60, "the spare to stand by")
+        wait_for(lambda: "-> standby" in self.node_output("spare"), 90, "the spare to stand by")
         wait_for(lambda: self.last_step() >= trained, 90, "training to go on while the spare stands by")
+        assert "group attempt" not in self.node_output("spare"), "the spare took a worker's slot"
 
     def assert_spare_finished_from_memory(self, steps: int, step_before_kill: int) -> None:
         """`a` and the spare trained to `steps` after `b` was lost; the survivor restored from its own memory,

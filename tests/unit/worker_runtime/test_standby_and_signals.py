@@ -23,8 +23,8 @@ def test_standby_replaces_a_killed_node_with_state_from_peers(job: LocalJob) -> 
 def test_spare_started_first_leaves_both_slots_to_the_workers(job: LocalJob) -> None:
     # 1:2 nodes: the first round forms with worker a alone, so a spare that joined then would take
     # worker b's slot when b arrives a little later.
-    # Enough steps that worker a is still training alone when b has started up.
-    example = ["--steps", "60", "--step-delay", "0.1", "--global-batch", "16"]
+    # Enough steps that worker a is still training alone when b has started up, on a busy machine too.
+    example = ["--steps", "150", "--step-delay", "0.1", "--global-batch", "16"]
     job.start_node("spare", example, nnodes="1:2", env={"PHALANX_ROLE": "spare"})
     wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
     job.start_node("a", example, nnodes="1:2")
@@ -39,7 +39,7 @@ def test_spare_started_first_leaves_both_slots_to_the_workers(job: LocalJob) -> 
     assert "group attempt" not in job.node_output("spare"), "the spare took a worker's slot"
     assert "stood by" in job.node_output("spare")
     summary = job.any_summary()
-    assert (summary["final_step"], summary["world_size"]) == (60, 2)
+    assert (summary["final_step"], summary["world_size"]) == (150, 2)
 
 
 @pytest.mark.parametrize(
