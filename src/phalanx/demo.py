@@ -356,26 +356,33 @@ def run(args: argparse.Namespace) -> int:
         raise UserFacingError(f"no worker pod of {name} to kill: `kubectl get pods -n {DEMO_NAMESPACE}`")
     victim_pod = max(workers["items"], key=lambda pod: str(pod["metadata"]["name"]))
     victim = victim_pod["metadata"]["name"]
-    step_at_kill = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step")
+    # The job's status lags its heartbeats: the killed group's own step comes later, with the incident.
+    status_step_at_kill = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step")
     trainer = job_manifest["spec"].get("trainerContainer") or names.TRAINER_CONTAINER
     kill = kill_worker(kube, victim_pod, trainer)
     killed_at = time.monotonic()
-    say(f"killed worker {victim} at step {step_at_kill} ({KILL_DESCRIPTIONS[kill.method]})")
+    say(
+        f"killed worker {victim} ({KILL_DESCRIPTIONS[kill.method]}; the job's status said step {status_step_at_kill})"
+    )
 
     resumed_after = None
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         job = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE)
-        step = job.get("status", {}).get("step") or 0
         sample_losses(kube, losses)
-        if resumed_after is None and step_at_kill is not None and step > step_at_kill:
+        incident = kill_incident(job, victim)
+        if resumed_after is None and incident is not None and incident.get("resumedAt"):
             resumed_after = time.monotonic() - killed_at
-            say(f"training resumed: step {step}, {resumed_after:.1f} s after the kill")
+            say(
+                f"training resumed at step {incident.get('resumeStep')}, {resumed_after:.1f} s after the kill "
+                f"(the group was at step {incident.get('detectedStep')} when it was killed)"
+            )
         if is_true(job, "Succeeded") or is_true(job, "Failed"):
             break
         time.sleep(0.5)
     else:
         raise UserFacingError(f"the TrainingJob did not finish within {args.timeout:.0f} s")
+    step_at_kill = killed_step(kill_incident(job, victim), status_step_at_kill)
 
     records = [{"step": step, "loss": loss} for step, loss in sorted(losses.items())]
     report_dir = args.report or layout.root / "demo"
@@ -407,6 +414,19 @@ def run(args: argparse.Namespace) -> int:
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(_format_summary(summary, layout))
     return 0 if is_true(job, "Succeeded") else 1
+
+
+def kill_incident(job: dict[str, Any], victim: str) -> dict[str, Any] | None:
+    """The job's incident for the demo's kill of `victim`: the first one recorded for that worker."""
+    incidents = (job.get("status") or {}).get("incidents") or []
+    return next((incident for incident in incidents if incident.get("worker") == victim), None)
+
+
+def killed_step(incident: dict[str, Any] | None, status_step: int | None) -> int | None:
+    """The step the killed group had reached: the incident's `detectedStep` (the group's own, from its
+    heartbeats), else what the job's status said when the worker was killed."""
+    detected = (incident or {}).get("detectedStep")
+    return int(detected) if detected is not None else status_step
 
 
 def _total_steps(job_manifest: dict[str, Any]) -> int:

@@ -132,6 +132,9 @@ def assert_demo_succeeded(result: subprocess.CompletedProcess[str], report: Path
     assert summary["steps"] == 300
     assert summary["preflight"]["state"] == "Passed", summary["preflight"]
     assert summary["killed_worker"].startswith("tinygpt-worker-")
+    # The kill is reported (and marked on the plot) at the killed group's own step, the incident's.
+    (incident, *_) = [i for i in summary["incidents"] if i.get("worker") == summary["killed_worker"]]
+    assert summary["killed_at_step"] == incident["detectedStep"], (summary["killed_at_step"], incident)
     assert summary["final_loss"] < summary["first_loss"]
     assert (report / "loss.png").stat().st_size > 0
     assert "=== Phalanx demo ===" in result.stdout

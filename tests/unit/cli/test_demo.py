@@ -215,3 +215,23 @@ def test_bad_input_for_a_real_node_is_one_line_before_anything_starts(
         2,
         ["phalanx: a real node needs these Debian packages: `apt-get install containerd runc`"],
     )
+
+
+def test_the_kill_step_is_the_killed_groups_own_from_its_incident() -> None:
+    """The job's status lags the heartbeats (it said 156 when the group was at 191): the report and the plot
+    mark the incident's `detectedStep`; without an incident for the victim, the status's step."""
+    job = {
+        "status": {
+            "step": 300,
+            "incidents": [
+                {"worker": "tinygpt-worker-0", "detectedStep": 40},
+                {"worker": "tinygpt-worker-1", "detectedStep": 191, "resumeStep": 191, "resumedAt": "t"},
+            ],
+        }
+    }
+    incident = demo.kill_incident(job, "tinygpt-worker-1")
+    assert incident is not None and demo.killed_step(incident, 156) == 191
+    assert demo.kill_incident(job, "tinygpt-worker-2") is None
+    assert demo.killed_step(None, 156) == 156
+    assert demo.killed_step({"worker": "tinygpt-worker-1"}, 156) == 156
+    assert demo.kill_incident({"status": {}}, "tinygpt-worker-1") is None
