@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from phalanx.devcluster.binaries import KUBERNETES_VERSION
-from phalanx.operator import builders, crd, names, viewclock
+from phalanx.operator import api, builders, crd, names, viewclock
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "phalanx"
@@ -213,10 +213,10 @@ def test_namespace_scope_has_a_role_per_namespace_and_peering_with_two_replicas(
     objects = _render({"scope": "namespace", "watchNamespaces": ["team-a", "team-b"], "replicaCount": 2})
     roles = [o for o in objects if o["kind"] == "Role"]
     assert sorted(o["metadata"]["namespace"] for o in roles) == ["team-a", "team-b"]
-    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"] == [
-        "phx-phalanx-cluster",
-        WORKER_ROLE,
-    ]
+    # Cluster-wide: what the operator reads of nodes, and the roles tenants get through namespaced bindings.
+    assert sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole") == sorted(
+        ["phx-phalanx-cluster", WORKER_ROLE, "phx-phalanx-edit", "phx-phalanx-view"]
+    )
     peerings = [o for o in objects if o["kind"] == "KopfPeering"]
     assert sorted(o["metadata"]["namespace"] for o in peerings) == ["team-a", "team-b"]
     container = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
@@ -324,3 +324,33 @@ def test_values_schema_refuses_bad_lease_policy_values() -> None:
         chart.validate_schema({"leasePolicy": {"enabled": "yes"}})
     with pytest.raises(helm_python.HelmValuesError):
         chart.validate_schema({"leasePolicy": {"namespaceSelector": {"team": "a"}}})
+
+
+def test_tenant_roles_fold_into_kubernetes_edit_and_view_and_can_be_left_out() -> None:
+    objects = _render()
+    edit = _one(objects, "ClusterRole", "phx-phalanx-edit")
+    view = _one(objects, "ClusterRole", "phx-phalanx-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" not in view["metadata"]["labels"]
+
+    def granted(role: dict[str, Any], resource: str) -> set[str]:
+        return {
+            verb
+            for rule in role["rules"]
+            if resource in rule["resources"] and rule["apiGroups"] == [api.GROUP]
+            for verb in rule["verbs"]
+        }
+
+    assert {"create", "update", "patch", "delete"} <= granted(edit, "trainingjobs")
+    assert {"update", "patch"} <= granted(edit, "trainingjobs/scale")
+    # The status is the operator's: tenants read it, never write it.
+    assert granted(edit, "trainingjobs/status") == {"get", "list", "watch"}
+    for resource in ("trainingjobs", "trainingjobs/status", "trainingjobs/scale"):
+        assert granted(view, resource) == {"get", "list", "watch"}
+    assert not [
+        o
+        for o in _render({"tenantRoles": {"enabled": False}})
+        if o["metadata"]["name"].endswith(("-edit", "-view"))
+    ]
