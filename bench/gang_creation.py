@@ -41,6 +41,7 @@ from phalanx.bench.watch import (
     running,
     thin,
 )
+from phalanx.operator import api
 
 NAME = "gang-creation"
 TITLE = "Gang creation at scale"
@@ -68,8 +69,8 @@ FULL = Sizes(workers=1000, spares=8, full_timeout=900, short_timeout=30, wait_se
 QUICK = Sizes(workers=50, spares=2, full_timeout=300, short_timeout=10, wait_seconds=240)
 POD_MEMORY = 8 * 2**20
 """Each gang pod requests 8 MiB and no CPU: memory is what the one-short run makes scarce."""
-RENDEZVOUS_CPU_MILLI = 50
-"""CPU the operator's rendezvous pod requests; blocked nodes keep less than this free."""
+RENDEZVOUS_CPU_MILLI = request_milli(api.RendezvousResources().requests["cpu"])
+"""CPU the operator's rendezvous pod requests by default; blocked nodes keep less than this free."""
 BACKOFF_SECONDS = 3600
 """After a gang timeout no new attempt starts while the benchmark watches."""
 THROTTLE_WORDS = ("429 ", "too many requests", "throttl", "rate limit")

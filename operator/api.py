@@ -18,14 +18,15 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from phalanx import contract
 from phalanx.operator import formats
 
-GROUP = "phalanx.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "TrainingJob"
+GROUP = contract.GROUP
+VERSION = contract.VERSION
+API_VERSION = contract.API_VERSION
+KIND = contract.KIND
 LIST_KIND = "TrainingJobList"
-PLURAL = "trainingjobs"
+PLURAL = contract.PLURAL
 SINGULAR = "trainingjob"
 SHORT_NAMES = ("tj",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -36,20 +37,7 @@ DATE_TIME: JsonDict = {"format": "date-time"}
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]
 PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
-JobState = Literal[
-    "Pending",
-    "Scheduling",
-    "Unschedulable",
-    "Backoff",
-    "Running",
-    "Finishing",
-    "Succeeded",
-    "Failed",
-    "Suspended",
-    "Queued",
-    "Invalid",
-]
-"""`status.state`, a closed set (the CRD's enum; the metric `phalanx_jobs{state}` has one series per value)."""
+JobState = contract.JobState
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 AUTO_INTERVAL = "auto"
 IntervalSteps = Annotated[int, Field(ge=1)] | Literal["auto"]
@@ -397,6 +385,16 @@ class GangSpec(ApiModel):
     """Queue for Kueue (`kueue.x-k8s.io/queue-name`) or Volcano (`PodGroup.spec.queue`)."""
 
 
+class RendezvousResources(ApiModel):
+    """Requests and limits of the rendezvous pod's container, as in a Pod's `resources`. Both are set by default,
+    so that a namespace whose ResourceQuota or LimitRange asks for limits admits the pod."""
+
+    requests: dict[str, Quantity] = Field(default_factory=lambda: {"cpu": "100m", "memory": "640Mi"})
+    """What the scheduler reserves for it: the store's process imports torch (about 500 MiB resident)."""
+    limits: dict[str, Quantity] = Field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
+    """The most it may use. A request above its limit is refused (`InvalidSpec`)."""
+
+
 class RendezvousSpec(ApiModel):
     """The job's rendezvous store: its own pod and headless Service, never inside a worker."""
 
@@ -422,6 +420,8 @@ class RendezvousSpec(ApiModel):
     """Seconds between rendezvous keep-alives (`PHALANX_RDZV_KEEPALIVE_INTERVAL`)."""
     keepalive_timeout_seconds: int = Field(default=5, ge=1)
     """Seconds without keep-alive before a worker leaves the rendezvous (`PHALANX_RDZV_KEEPALIVE_TIMEOUT`)."""
+    resources: RendezvousResources = Field(default_factory=RendezvousResources)
+    """Requests and limits of the rendezvous pod."""
 
 
 # ------------------------------------------------------------------------------------- training health
@@ -651,6 +651,15 @@ class TrainingJobSpec(ApiModel):
     """Rendezvous store and its timeouts."""
     suspend: bool = False
     """When true, all pods are removed and the status kept; setting it back to false recreates them."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Seconds the job may be active, as in Kubernetes' Job: counted from `status.startTime` (its first pods'
+    creation), or from its last resume (a suspended or queued job's time does not count). Past it, the workers
+    get SIGTERM (each saves a checkpoint), every pod goes, and the job fails with reason `DeadlineExceeded`.
+    Unset: no deadline."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Seconds a finished job (Succeeded, or Failed other than for an invalid spec) is kept after
+    `status.completionTime`, as in Kubernetes' Job: then the operator deletes the TrainingJob, and its pods and
+    other objects go with it. Unset: kept until someone deletes it; 0: deleted as soon as it finishes."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """Seconds a rank may sit in one collective before its watchdog ends it (`PHALANX_COLLECTIVE_TIMEOUT`)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)

@@ -336,7 +336,9 @@ def build_rendezvous_pod(
         "command": [*RENDEZVOUS_SERVER, "--host", "$(POD_IP)", "--port", str(port)],
         "env": [_field_env("POD_IP", "status.podIP")],
         "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        "resources": {
+            kind: dict(amounts) for kind, amounts in spec.rendezvous.resources.model_dump().items() if amounts
+        },
     }
     if trainer.get("imagePullPolicy"):
         container["imagePullPolicy"] = trainer["imagePullPolicy"]

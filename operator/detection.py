@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from phalanx import contract
 from phalanx.operator import api
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
@@ -32,7 +33,7 @@ DISRUPTION_TARGET = "DisruptionTarget"
 CONTAINER_RESTART = "ContainerRestart"
 NODE_LOST = "NodeLost"
 HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
-EXITING_PHASE = "exiting"
+EXITING_PHASE = contract.PHASE_EXITING
 EXITING_GRACE_SECONDS = 30
 """How much longer than the heartbeat timeout a pod whose launcher announced its exit may stay silent: the
 exit shows in the pod's status once the node reports it, normally within seconds."""
@@ -55,7 +56,7 @@ NODE_DRILL_CRASH = "DrillCrash"
 KILL_EXIT_CODES = (137, 143)
 OOM_REASON = "OOMKilled"
 # Heartbeat phases in which a step that does not move is expected, never a hang.
-TRAINING_PHASE = "training"
+TRAINING_PHASE = contract.PHASE_TRAINING
 
 
 @dataclass(frozen=True)
@@ -364,7 +365,7 @@ def next_heartbeat_deadline(
         key = (observe.pod_name(pod), pod["metadata"].get("uid"))
         track = judged.get(key)
         lease = heartbeat_of(pod, leases)
-        if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
+        if lease is None or lease.get("phase") == contract.PHASE_FINISHED or not observe.is_running(pod):
             continue
         if observe.is_terminating(pod) or track is None or track.done:
             continue  # already being handled: nothing to wake for
@@ -498,7 +499,7 @@ def _heartbeat_failure(
 ) -> Failure | None:
     """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time. Silence
     and stalls count only time outside `gaps`, when the operator's view was current."""
-    if lease is None or lease.get("phase") == "finished" or not observe.is_running(pod):
+    if lease is None or lease.get("phase") == contract.PHASE_FINISHED or not observe.is_running(pod):
         return None
     name = observe.pod_name(pod)
     base = {"pod": name, "uid": pod["metadata"].get("uid"), "node": track.node, "spare": spare, "alive": True}

@@ -247,6 +247,7 @@ class JobReconciler:
                 worker_lease_role=self.worker_lease_role,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
                 foreign=self._foreign.get(key, ()),
+                create_refused=self.creations.rejection(key),
                 workload=workload,
                 flavors=flavors,
                 priority=priority,
@@ -327,6 +328,10 @@ class JobReconciler:
     def _apply(
         self, job: dict[str, Any], plan: Plan, logger: Any, observed_pods: Iterable[dict[str, Any]] = ()
     ) -> None:
+        if plan.delete_job:
+            logger.info("the job finished longer than spec.ttlSecondsAfterFinished ago: deleting it")
+            self._guarded("delete", self.kube.delete_job, job)
+            return
         if plan.suspend and not self._suspend(job, logger):
             # A training-health Pause: without the suspension the status must not say it happened; the next
             # reconcile plans it again.
@@ -371,6 +376,9 @@ class JobReconciler:
                 created.add(pod["metadata"]["name"])
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
         rejections = [outcome for outcome in outcomes if isinstance(outcome, throttle.Rejection)]
+        if rejections:
+            # The next reconcile (when the pause ends) puts it in the job's conditions.
+            self.creations.rejected(key, rejections[0])
         # Grace 0 first: the survivors' connections to a frozen or lost worker close at once.
         self._each("delete", self.kube.delete_pod, [(namespace, pod, 0) for pod in plan.force_delete_pods])
         self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from phalanx import contract
 from phalanx.operator import api
 from phalanx.operator.timeutil import format_micro_time, parse_time
 
@@ -36,7 +37,7 @@ LOSS_STAGNATING = "LossStagnating"
 # Most urgent first: the condition's reason is the first active signal in this order.
 SIGNALS = (NON_FINITE_LOSS, LOSS_DIVERGING, GRAD_NORM_SPIKE, STEP_TIME_DRIFT, LOSS_STAGNATING)
 # Heartbeat phases whose figures describe the step they report.
-SAMPLED_PHASES = ("training", "saving")
+SAMPLED_PHASES = (contract.PHASE_TRAINING, contract.PHASE_SAVING)
 MAX_SAMPLES = 4096
 
 State = Literal["active", "clear", "unknown"]

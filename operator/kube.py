@@ -211,6 +211,18 @@ class Kube:
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"suspend": True}}
         return self._call("PATCH", path, patch, "application/merge-patch+json")
 
+    def delete_job(self, job: dict[str, Any]) -> None:
+        """Delete the TrainingJob (its `ttlSecondsAfterFinished` passed), its children in the background. Only
+        the object that was judged: another job created under the same name since is left alone."""
+        meta = job["metadata"]
+        path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}"
+        body = {"propagationPolicy": "Background", "preconditions": {"uid": meta["uid"]}}
+        try:
+            self._call("DELETE", path, body)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def _get_or_none(self, path: str) -> dict[str, Any] | None:
         """The object at `path`, None when there is none (404)."""
         try:

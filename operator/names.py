@@ -3,22 +3,22 @@ duplicate anything)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
+from phalanx import contract
 from phalanx.operator import api
 
-LABEL_JOB_NAME = "phalanx.dev/job-name"
-LABEL_ROLE = "phalanx.dev/role"
-LABEL_INDEX = "phalanx.dev/index"
-# Workers and spares share this value, so one headless Service gives both DNS names.
-LABEL_COMPONENT = "phalanx.dev/component"
+LABEL_JOB_NAME = contract.LABEL_JOB_NAME
+LABEL_ROLE = contract.LABEL_ROLE
+LABEL_INDEX = contract.LABEL_INDEX
+LABEL_COMPONENT = contract.LABEL_COMPONENT
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "phalanx-operator"
 
-Role = Literal["worker", "spare", "rendezvous"]
-ROLE_WORKER: Role = "worker"
-ROLE_SPARE: Role = "spare"
-ROLE_RENDEZVOUS: Role = "rendezvous"
+Role = contract.Role
+ROLE_WORKER = contract.ROLE_WORKER
+ROLE_SPARE = contract.ROLE_SPARE
+ROLE_RENDEZVOUS = contract.ROLE_RENDEZVOUS
 COMPONENT_TRAINER = "trainer"
 COMPONENT_RENDEZVOUS = "rendezvous"
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from phalanx import contract
 from phalanx.operator import (
     api,
     builders,
@@ -35,9 +36,9 @@ from phalanx.operator.timeutil import format_micro_time, format_time, parse_time
 
 MAX_INCIDENTS = incidents.MAX_INCIDENTS
 # Heartbeat phases of a worker that holds a slot in the training group.
-ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
+ACTIVE_PHASES = observe.ACTIVE_PHASES
 # Heartbeat phases of a worker inside a running group: its loss leaves that group broken.
-GROUP_PHASES = ("training", "saving", "restoring")
+GROUP_PHASES = contract.IN_GROUP_PHASES
 MAX_REGROUP_REASON = 256
 # Failure causes after which the failed pod's node is suspect: it went silent, and may be dead.
 SILENT_CAUSES = (detection.NODE_LOST, detection.HEARTBEAT_TIMEOUT, detection.RENDEZVOUS_LOST)
@@ -128,6 +129,10 @@ class Observed:
     foreign: tuple[str, ...] = ()
     """What the last apply found of the objects the job needs existing under their names and owned by someone
     else (each a sentence); while any is, the condition `ChildrenOwned` is False and no pod is created."""
+    create_refused: str | None = None
+    """The API server's answer to the job's latest refused pod creation (quota, LimitRange, admission: `pod X
+    refused: 403 Forbidden: ...`), until a creation of the job succeeds; while its gang forms, the condition
+    `GangScheduled` is False with reason `CreateRefused` and says it."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,9 @@ class Plan:
     wake_after: float | None = None
     """Seconds until a worker's heartbeat or progress timeout may expire: reconcile the job again then, not
     at the next periodic reconcile (a heartbeat that only renews wakes nothing)."""
+    delete_job: bool = False
+    """Delete the TrainingJob itself (its `ttlSecondsAfterFinished` has passed): its pods and other objects go
+    with it (owner references). Nothing else of the plan is applied."""
 
 
 class _Builder:
@@ -527,7 +535,7 @@ def _training_finished(b: _Builder, trainer: str) -> bool:
     if _completed(b, trainer)[0]:
         return True
     return any(
-        observe.is_trainer(pod) and (_heartbeat(pod, b) or {}).get("phase") == "finished"
+        observe.is_trainer(pod) and (_heartbeat(pod, b) or {}).get("phase") == contract.PHASE_FINISHED
         for pod in b.observed.pods
     )
 
@@ -557,9 +565,11 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         b.observed.view_gaps,
     )
     detection.sync_restarts(b.status.tracking, trainers, trainer)
-    b.plan.wake_after = detection.next_heartbeat_deadline(
+    heartbeat_deadline = detection.next_heartbeat_deadline(
         trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now, b.observed.view_gaps
     )
+    if heartbeat_deadline is not None:
+        b.wake_within(heartbeat_deadline)
     _delete_again(b, trainers, spec.heartbeat)
     disrupted = False
     pods = {observe.pod_name(pod): pod for pod in trainers}
@@ -652,7 +662,7 @@ def _standby_spare(pod: dict[str, Any] | None, b: _Builder) -> bool:
     """Whether a failed spare stood by, outside every worker group. A spare whose heartbeat says
     `rendezvous` is being taken into a group (torch promotes it): its loss breaks the group forming."""
     lease = _heartbeat(pod, b) if pod is not None else None
-    return (lease or {}).get("phase") != "rendezvous"
+    return (lease or {}).get("phase") != contract.PHASE_RENDEZVOUS
 
 
 def _replace_spare(
@@ -792,7 +802,7 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
         and observe.is_live(pod)
         and observe.pod_name(pod) not in doing
         and (lease := _heartbeat(pod, b)) is not None
-        and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, "standby")
+        and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, contract.PHASE_STANDBY)
         and (step := detection.lease_step(lease)) is not None
     ]
     progress = incidents.observe_progress(b.status.incidents, beats, b.now)
@@ -1204,7 +1214,12 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
                     f"; {exist} of its {expected + 1} pods (the rendezvous included) exist, held at the "
                     "scheduling gate until all do"
                 )
-            b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SCHEDULING, message)
+            if b.observed.create_refused:
+                # Waiting will not help: the server said no (quota, LimitRange, admission), and says why.
+                refused = f"{b.observed.create_refused} ({message})"
+                b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_CREATE_REFUSED, refused)
+            else:
+                b.condition(conditions.GANG_SCHEDULED, False, conditions.REASON_SCHEDULING, message)
             b.status.state = "Scheduling"
             return
 
@@ -1254,7 +1269,7 @@ def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
         and observe.is_running(pod)
         and (node := (pod.get("spec") or {}).get("nodeName"))
         and (lease := _heartbeat(pod, b)) is not None
-        and lease.get("phase") not in ("finished", detection.EXITING_PHASE)
+        and lease.get("phase") not in (contract.PHASE_FINISHED, detection.EXITING_PHASE)
         and (detection.heartbeat_age(lease, b.now, b.observed.view_gaps) or 0.0) > quiet_after
     }
     horizon = b.now - timedelta(seconds=SUSPECT_NODE_SECONDS)
@@ -1302,7 +1317,7 @@ def _promoted(lease: dict[str, Any]) -> bool:
     restores), or it finished training with a rank. A spare released when the job ended finishes too, with
     no rank: it never trained."""
     phase = lease.get("phase")
-    return phase in GROUP_PHASES or (phase == "finished" and bool(lease.get("rank")))
+    return phase in GROUP_PHASES or (phase == contract.PHASE_FINISHED and bool(lease.get("rank")))
 
 
 def _slot_freed_for(b: _Builder, lease: dict[str, Any]) -> str | None:
@@ -1325,7 +1340,7 @@ def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
     """Labels follow the heartbeats: torch promotes a standby spare on its own; the operator records it."""
     for pod in live:
         lease = _heartbeat(pod, b)
-        if lease is None or lease.get("phase") not in (*ACTIVE_PHASES, "standby"):
+        if lease is None or lease.get("phase") not in (*ACTIVE_PHASES, contract.PHASE_STANDBY):
             continue
         wanted = observe.observed_role(pod, lease)
         if observe.role(pod) == wanted:
@@ -1454,6 +1469,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         _clean_up_finished(b, succeeded)
         _not_degraded_once_finished(b)
         b.plan.health_reset = True
+        _follow_ttl(b, spec.ttl_seconds_after_finished if spec is not None else _raw_ttl(job))
         return b.finish()
 
     if spec is None:
@@ -1496,6 +1512,8 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     reason = conditions.REASON_RESUMED if was_suspended else conditions.REASON_NOT_SUSPENDED
     message = "the job was resumed" if was_suspended else "the job is not suspended"
     b.condition(conditions.SUSPENDED, False, reason, message, "Normal" if was_suspended else None)
+    if _deadline_exceeded(b, spec.active_deadline_seconds):
+        return b.finish()
     _follow_health(b, spec.health, was_suspended)
     if _follow_preflight(b, spec):
         return b.finish()
@@ -1520,6 +1538,54 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         b.plan.create_pods = [_on_admitted_flavor(pod, queue) for pod in b.plan.create_pods]
     _remember_rendezvous(b)
     return b.finish()
+
+
+def _active_since(b: _Builder) -> datetime | None:
+    """Since when the job has been active: its start, or its last resume after a suspension or a wait in
+    Kueue's queue (`Suspended` turned False), whichever is later. None: it has not started."""
+    started = parse_time(b.status.start_time)
+    if started is None:
+        return None
+    # `Suspended` last turned False at the resume (or, never suspended, at the job's first reconcile).
+    suspended = conditions.find(b.status.conditions, conditions.SUSPENDED)
+    resumed = None
+    if suspended is not None and suspended.status == "False":
+        resumed = parse_time(suspended.last_transition_time)
+    return max(started, resumed) if resumed is not None else started
+
+
+def _deadline_exceeded(b: _Builder, deadline: int | None) -> bool:
+    """`spec.activeDeadlineSeconds`: past it, the job fails (`DeadlineExceeded`) and its pods go; before it, a
+    reconcile is planned for the moment it passes. True when it has passed."""
+    since = _active_since(b) if deadline is not None else None
+    if deadline is None or since is None:
+        return False
+    left = (since + timedelta(seconds=deadline) - b.now).total_seconds()
+    if left > 0:
+        b.wake_within(left)
+        return False
+    message = f"the job was active for longer than spec.activeDeadlineSeconds ({deadline} s) since {format_time(since)}"
+    _finish_job(b, False, conditions.REASON_DEADLINE_EXCEEDED, message)
+    return True
+
+
+def _raw_ttl(job: dict[str, Any]) -> int | None:
+    """`spec.ttlSecondsAfterFinished` of a finished job whose spec no longer validates (edited since)."""
+    value = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _follow_ttl(b: _Builder, ttl: int | None) -> None:
+    """`spec.ttlSecondsAfterFinished` of a finished job: delete it once that long has passed since its
+    completion, else plan a reconcile for that moment."""
+    finished = parse_time(b.status.completion_time)
+    if ttl is None or finished is None:
+        return
+    left = (finished + timedelta(seconds=ttl) - b.now).total_seconds()
+    if left <= 0:
+        b.plan.delete_job = True
+    else:
+        b.wake_within(left)
 
 
 def _stop_gang(

@@ -10,11 +10,12 @@ import json
 from datetime import datetime
 from typing import Any
 
+from phalanx import contract
 from phalanx.operator import api, capacity, names, topology
 from phalanx.operator.timeutil import parse_time
 
 FINISHED_PHASES = ("Succeeded", "Failed")
-LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
+LEASE_ANNOTATION_PREFIX = contract.LEASE_ANNOTATION_PREFIX
 TERMINATION_MESSAGE_CHARS = 1024
 """What the operator keeps of a container's termination message (it goes into conditions and Events)."""
 
@@ -238,7 +239,7 @@ SIGNAL_FIELDS = (
 
 
 # A worker in a group flips between these with every step it snapshots: one state as far as waking goes.
-IN_GROUP_PHASES = ("training", "saving", "restoring")
+IN_GROUP_PHASES = contract.IN_GROUP_PHASES
 
 
 def heartbeat_signal(summary: dict[str, Any]) -> tuple[str | None, ...]:
@@ -320,8 +321,8 @@ def latest_step(trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]
     return max(known) if known else None
 
 
-ACTIVE_PHASES = ("training", "saving", "restoring", "finished")
-JOINING_PHASE = "rendezvous"
+ACTIVE_PHASES = (*contract.IN_GROUP_PHASES, contract.PHASE_FINISHED)
+JOINING_PHASE = contract.PHASE_RENDEZVOUS
 """The heartbeat phase of a launcher joining a round (not standing by: the round has room for it)."""
 
 PROGRESS_REPORTED = "Reported"
@@ -357,7 +358,7 @@ def progress_kind(
 def observed_role(pod: dict[str, Any], lease: dict[str, Any] | None) -> str:
     """The role the worker really plays: torch promotes a standby on its own, ahead of the pod's label."""
     heartbeat_phase = (lease or {}).get("phase")
-    if heartbeat_phase == "standby":
+    if heartbeat_phase == contract.PHASE_STANDBY:
         return names.ROLE_SPARE
     if heartbeat_phase in ACTIVE_PHASES:
         return names.ROLE_WORKER

@@ -114,6 +114,7 @@ class CreationThrottle:
         self.longest = longest
         self._clock = clock
         self._state: dict[tuple[str, str], _Pause] = {}
+        self._rejections: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
     def paused_for(self, key: tuple[str, str], generation: int | None = None) -> float:
@@ -144,11 +145,24 @@ class CreationThrottle:
             self._state[key] = _Pause(refusals, moment + pause, generation)
             return pause
 
+    def rejected(self, key: tuple[str, str], rejection: Rejection) -> None:
+        """Remember what the server answered the job's latest rejected pod (`rejection`), until a batch of its
+        creations goes through."""
+        with self._lock:
+            self._rejections[key] = f"pod {rejection.pod} refused: {rejection.answer}"
+
+    def rejection(self, key: tuple[str, str]) -> str | None:
+        """The job's latest rejected pod and the server's answer (`rejected`); None once creations succeed."""
+        with self._lock:
+            return self._rejections.get(key)
+
     def succeeded(self, key: tuple[str, str]) -> None:
         """A batch went through without refusal: the next refusal starts from the first pause again."""
         with self._lock:
             self._state.pop(key, None)
+            self._rejections.pop(key, None)
 
     def forget(self, key: tuple[str, str]) -> None:
         with self._lock:
             self._state.pop(key, None)
+            self._rejections.pop(key, None)

@@ -191,6 +191,7 @@ def _quantity_issues(spec: api.TrainingJobSpec) -> list[SpecIssue]:
     CRD cannot check them, and one the API server refuses would fail every pod creation."""
     pod_spec = spec.template.get("spec")
     issues = _empty_dir_issues("spec.checkpoint.volume", spec.checkpoint.volume)
+    issues += _resources_issues("spec.rendezvous.resources", spec.rendezvous.resources.model_dump())
     if not isinstance(pod_spec, dict):
         return issues
     for kind in ("initContainers", "containers"):

@@ -17,28 +17,22 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from phalanx import contract
 from phalanx.worker.checkpoint import skipped
 
-Phase = Literal["starting", "rendezvous", "standby", "training", "saving", "restoring", "finished", "exiting"]
-PHASES: tuple[Phase, ...] = (
-    "starting",
-    "rendezvous",
-    "standby",
-    "training",
-    "saving",
-    "restoring",
-    "finished",
-    "exiting",
-)
+Phase = contract.Phase
+PHASES = contract.PHASES
 # Phases the launcher itself knows better than any training process.
-LAUNCHER_PHASES: frozenset[str] = frozenset({"starting", "rendezvous", "standby", "exiting"})
+LAUNCHER_PHASES: frozenset[str] = frozenset(
+    {contract.PHASE_STARTING, contract.PHASE_RENDEZVOUS, contract.PHASE_STANDBY, contract.PHASE_EXITING}
+)
 
 STATUS_DIR_ENV = "PHALANX_STATUS_DIR"
 # Set by the launcher for each start of its worker group (1, 2, ...).
 GROUP_ATTEMPT_ENV = "PHALANX_GROUP_ATTEMPT"
-ANNOTATION_PREFIX = "phalanx.dev/"
+ANNOTATION_PREFIX = contract.LEASE_ANNOTATION_PREFIX
 MAX_MESSAGE = 512
 """The longest text a heartbeat carries in one annotation."""
 PREFLIGHT_RESTART_CAUSE = "preflight: restart from its checkpoint"

@@ -9,12 +9,12 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from phalanx import kubecredentials
+from phalanx import contract, kubecredentials
 
 logger = logging.getLogger(__name__)
 
-# The TrainingJob API (operator/api.py; the worker does not import the operator).
-TRAININGJOB_GROUP, TRAININGJOB_VERSION, TRAININGJOB_PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
+# The TrainingJob API (phalanx.contract: the worker does not import the operator).
+TRAININGJOB_GROUP, TRAININGJOB_VERSION, TRAININGJOB_PLURAL = contract.GROUP, contract.VERSION, contract.PLURAL
 
 
 def kubernetes_reachable(env: Mapping[str, str]) -> bool:

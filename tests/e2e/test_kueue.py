@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 KUEUE = "kueue.x-k8s.io/v1beta2"
 FLAVOR = "phalanx-e2e"
 GANG_CPU = "400m"
-"""One gang of `trainingjob(replicas=2, spares=1)`: three 100m pods and the 50m rendezvous pod."""
+"""One gang of `trainingjob(replicas=2, spares=1)`: three 100m pods and the 100m rendezvous pod."""
 TRAINERS = "phalanx.dev/component=trainer"
 
 

@@ -37,7 +37,7 @@ def test_blockers_leave_room_for_exactly_the_pods_wanted() -> None:
     for blocker, room in zip(blockers, rooms, strict=True):
         left_memory = room.memory - blocker.memory
         assert left_memory // (8 * MI) == blocker.leaves  # exactly `leaves` gang pods fit by memory
-        assert room.cpu_milli - blocker.cpu_milli == 49  # the 50m rendezvous pod does not fit
+        assert room.cpu_milli - blocker.cpu_milli == 49  # a 50m rendezvous pod would not fit
     assert sum(b.leaves for b in blockers) == 300
 
 

@@ -545,3 +545,35 @@ def test_the_trainer_s_metrics_port_is_named(make_job: MakeJob) -> None:
     job = make_job()
     trainer = builders.build_worker_pod(job, _spec(job), 0, "worker")["spec"]["containers"][0]
     assert "ports" not in trainer
+
+
+def test_the_rendezvous_pod_sets_requests_limits_and_a_restricted_container(make_job: MakeJob) -> None:
+    """A namespace whose quota or LimitRange asks for limits admits it; its requests are what it uses (the
+    store imports torch); its container meets Pod Security `restricted` as the workers' do."""
+    job = make_job()
+    (container,) = builders.build_rendezvous_pod(job, _spec(job))["spec"]["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "100m", "memory": "640Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    custom = make_job(
+        rendezvous={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "8Gi"}}}
+    )
+    (container,) = builders.build_rendezvous_pod(custom, _spec(custom))["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "8Gi"}}
+    unlimited = make_job(rendezvous={"resources": {"limits": {}}})
+    (container,) = builders.build_rendezvous_pod(unlimited, _spec(unlimited))["spec"]["containers"]
+    assert "limits" not in container["resources"]
+
+
+def test_a_rendezvous_request_above_its_limit_is_refused_naming_the_field(make_job: MakeJob) -> None:
+    job = make_job(rendezvous={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}})
+    spec, issues = check(job["spec"], job["metadata"]["name"])
+    assert spec is None
+    assert [issue.field for issue in issues] == ["spec.rendezvous.resources.requests.cpu"]
+    assert "above the limit" in str(issues[0])
+    job = make_job(rendezvous={"resources": {"requests": {"cpu": "lots"}}})
+    with pytest.raises(ValidationError):
+        api.TrainingJobSpec.model_validate(job["spec"])

@@ -1246,3 +1246,97 @@ def test_pacing_backs_off_doubling_and_caps_the_hour(now: datetime) -> None:
         format_time(now + timedelta(hours=2))
     ]
     assert policy.next_replacement_at(many, now + timedelta(hours=2), pacing) is None
+
+
+def test_an_active_deadline_fails_the_job_and_removes_its_pods_once_passed(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(activeDeadlineSeconds=600)
+    started = plan(job, Observed(pods=_running_gang(make_pod), now=now))
+    assert started.status["startTime"]
+    # Before the deadline: nothing happens, and a reconcile is planned for the moment it passes.
+    early = plan(
+        _with_status(job, started), Observed(pods=_running_gang(make_pod), now=now + timedelta(seconds=60))
+    )
+    assert early.status["state"] == "Running" and early.delete_pods == []
+    assert early.wake_after is not None and early.wake_after <= 600 - 60 + 60  # from the first pod's creation
+    late = plan(
+        _with_status(job, started), Observed(pods=_running_gang(make_pod), now=now + timedelta(seconds=700))
+    )
+    assert late.status["state"] == "Failed"
+    failed = _condition(late, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "DeadlineExceeded", failed
+    assert "activeDeadlineSeconds (600 s)" in failed["message"]
+    # The workers get SIGTERM (a graceful delete: each saves), the spare and the rendezvous go.
+    assert sorted(late.delete_pods) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert late.create_pods == []
+    assert "DeadlineExceeded" in {event.reason for event in late.events}
+
+
+def test_time_suspended_does_not_count_against_the_active_deadline(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    job = make_job(activeDeadlineSeconds=600)
+    running = plan(job, Observed(pods=_running_gang(make_pod), now=now))
+    suspended = plan(
+        _with_status(make_job(activeDeadlineSeconds=600, suspend=True), running),
+        Observed(pods=_running_gang(make_pod), now=now + timedelta(seconds=300)),
+    )
+    resumed_at = now + timedelta(seconds=3000)
+    resumed = plan(_with_status(job, suspended), Observed(pods=[], now=resumed_at))
+    assert resumed.status["state"] != "Failed" and resumed.create_pods
+    # 500 s after the resume: within the deadline, though 3,500 s after the start.
+    later = plan(
+        _with_status(job, resumed),
+        Observed(pods=_running_gang(make_pod), now=resumed_at + timedelta(seconds=500)),
+    )
+    assert later.status["state"] == "Running"
+    past = plan(
+        _with_status(job, resumed),
+        Observed(pods=_running_gang(make_pod), now=resumed_at + timedelta(seconds=601)),
+    )
+    assert _condition(past, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_a_finished_job_is_deleted_once_its_ttl_has_passed(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    pods = [
+        make_pod("demo-worker-0", phase="Succeeded", exit_code=0),
+        make_pod("demo-worker-1", phase="Succeeded", exit_code=0),
+    ]
+    job = make_job(ttlSecondsAfterFinished=100)
+    finished = plan(job, Observed(pods=pods, now=now))
+    assert finished.status["state"] == "Succeeded" and not finished.delete_job
+    kept = plan(_with_status(job, finished), Observed(pods=pods, now=now + timedelta(seconds=40)))
+    assert not kept.delete_job and kept.wake_after == pytest.approx(60)
+    gone = plan(_with_status(job, finished), Observed(pods=pods, now=now + timedelta(seconds=100)))
+    assert gone.delete_job
+    # Without a TTL a finished job stays; an invalid one is never deleted for it (it can still be fixed).
+    assert not plan(
+        _with_status(make_job(), finished), Observed(pods=pods, now=now + timedelta(days=9))
+    ).delete_job
+    invalid = plan(make_job(replicas=-1, ttlSecondsAfterFinished=0), Observed(pods=[], now=now))
+    assert invalid.status["state"] == "Invalid"
+    again = plan(
+        _with_status(make_job(replicas=-1, ttlSecondsAfterFinished=0), invalid), Observed(pods=[], now=now)
+    )
+    assert not again.delete_job
+
+
+def test_a_refused_creation_is_the_forming_gangs_condition_until_creations_succeed(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    refused = 'pod demo-rdzv refused: 403 Forbidden: pods "demo-rdzv" is forbidden: exceeded quota: q'
+    workers = [make_pod(f"demo-worker-{i}", node=None) for i in range(2)] + [
+        make_pod("demo-worker-2", role="spare", node=None)
+    ]
+    held = plan(make_job(), Observed(pods=workers, now=now, create_refused=refused))
+    condition = _condition(held, "GangScheduled")
+    assert (condition["status"], condition["reason"]) == ("False", "CreateRefused")
+    assert refused in condition["message"]
+    assert held.status["state"] == "Scheduling"
+    # The refused pod is asked for again (the handler sends it once the back-off ends).
+    assert _created(held) == ["demo-rdzv"]
+    again = plan(_with_status(make_job(), held), Observed(pods=workers, now=now))
+    assert _condition(again, "GangScheduled")["reason"] == "Scheduling"

@@ -104,3 +104,17 @@ def test_a_rejection_pause_doubles_and_ends_when_the_spec_changes() -> None:
     other = ("ml", "busy")
     throttle.refused(other)
     assert throttle.paused_for(other, 5) == 1.0
+
+
+def test_the_latest_rejection_is_remembered_until_a_batch_goes_through() -> None:
+    throttle = CreationThrottle()
+    key = ("ml", "demo")
+    assert throttle.rejection(key) is None
+    throttle.rejected(key, Rejection("demo-rdzv", "403 Forbidden: exceeded quota: pods", 1.0))
+    throttle.rejected(("ml", "other"), Rejection("other-worker-0", "422 Invalid", 1.0))
+    assert throttle.rejection(key) == "pod demo-rdzv refused: 403 Forbidden: exceeded quota: pods"
+    throttle.succeeded(key)
+    assert throttle.rejection(key) is None
+    assert throttle.rejection(("ml", "other")) == "pod other-worker-0 refused: 422 Invalid"
+    throttle.forget(("ml", "other"))
+    assert throttle.rejection(("ml", "other")) is None
