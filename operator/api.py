@@ -32,6 +32,8 @@ SHORT_NAMES = ("tj",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 PRESERVE_UNKNOWN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+POD_TEMPLATE_SCHEMA = "x-phalanx-pod-template-spec"
+"""Marks the field whose CRD schema is Kubernetes' PodTemplateSpec (`podschema.py`), not one made from its type."""
 DATE_TIME: JsonDict = {"format": "date-time"}
 
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
@@ -620,8 +622,9 @@ class TrainingJobSpec(ApiModel):
     """Hot-spare worker pods: scheduled, running and waiting in the rendezvous to replace a failed worker."""
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
     """Training processes per worker pod (usually the GPUs per node)."""
-    template: dict[str, Any] = Field(json_schema_extra=PRESERVE_UNKNOWN)
-    """Pod template of the workers. Its container named `trainerContainer` (`trainer` by default) runs the
+    template: dict[str, Any] = Field(json_schema_extra={POD_TEMPLATE_SCHEMA: True})
+    """Pod template of the workers, checked against Kubernetes' own PodTemplateSpec schema (a misspelt field is
+    refused at apply time). Its container named `trainerContainer` (`trainer` by default) runs the
     training command, which the operator wraps with the Phalanx launcher; a template without it is refused
     (`InvalidSpec`), as is a resource request, limit or `emptyDir` size that is not a quantity. The pods meet
     Pod Security `restricted` by default: where the template leaves them unset, the pod gets `runAsNonRoot:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from phalanx.checkout import find_checkout
 from phalanx.errors import UserFacingError
-from phalanx.operator import crd
+from phalanx.operator import crd, podschema
 from phalanx.operator.settings import settings_from
 
 
@@ -28,17 +28,30 @@ def _run(args: argparse.Namespace) -> int:
     return main.run(settings_from(os.environ, overrides))
 
 
+def _checkout_root(args: argparse.Namespace) -> Path:
+    root = Path(args.root) if args.root else find_checkout(Path.cwd())
+    if root is None:
+        raise UserFacingError(
+            "--write and --pod-schema update files of a Phalanx checkout: run it inside one or pass --root "
+            "(without either the CRD is printed)"
+        )
+    if not (root / "charts").is_dir():
+        raise UserFacingError(f"{root} is not a Phalanx checkout (no charts/): pass --root")
+    return root
+
+
 def _crd(args: argparse.Namespace) -> int:
-    if args.write:
-        root = Path(args.root) if args.root else find_checkout(Path.cwd())
-        if root is None:
+    if args.pod_schema:
+        openapi = Path(args.pod_schema)
+        if not openapi.is_file():
             raise UserFacingError(
-                "--write updates crds/ and charts/phalanx/crds/ of a Phalanx checkout: run it inside one "
-                "or pass --root (without --write the CRD is printed)"
+                f"{openapi} is not there: pass the core API's OpenAPI v3 document, {podschema.OPENAPI_FILE} of "
+                "the k8s.io/kubernetes module (under ~/.cache/phalanx/go/mod after `phalanx dev install`)"
             )
-        if not (root / "charts").is_dir():
-            raise UserFacingError(f"{root} is not a Phalanx checkout (no charts/): pass --root")
-        for path in crd.write_crd(root):
+        print(f"wrote {podschema.write(openapi, _checkout_root(args) / 'operator' / podschema.SCHEMA_FILE)}")
+        podschema.load.cache_clear()
+    if args.write or args.pod_schema:
+        for path in crd.write_crd(_checkout_root(args)):
             print(f"wrote {path}")
         return 0
     sys.stdout.write(crd.render_crd())
@@ -64,5 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--write", action="store_true", help="write it into crds/ and charts/phalanx/crds/")
     generate.add_argument(
         "--root", help="repository root for --write (default: the checkout around the working directory)"
+    )
+    generate.add_argument(
+        "--pod-schema",
+        metavar="OPENAPI_JSON",
+        help="regenerate the embedded PodTemplateSpec schema (operator/podtemplatespec.json) from a Kubernetes "
+        "release's OpenAPI v3 document of the core API (api/openapi-spec/v3/api__v1_openapi.json), and the CRD",
     )
     generate.set_defaults(handler=_crd)

@@ -225,6 +225,55 @@ def test_bad_combinations_are_refused_at_apply_time_by_the_crds_rules_naming_the
     assert _pods_of(cluster, namespace, "bad") == []
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            {"containers": [{"imagePullPolicyy": "Always"}]},
+            "spec.template.spec.containers[0].imagePullPolicyy",
+        ),
+        ({"nodeSelectr": {"zone": "a"}}, "spec.template.spec.nodeSelectr"),
+        (
+            {"containers": [{"ports": [{"containerPort": "http"}]}]},
+            "spec.template.spec.containers[0].ports[0].containerPort",
+        ),
+        ({"containers": [{"name": None}]}, "spec.template.spec.containers[0].name"),
+    ],
+    ids=["container-field-typo", "pod-field-typo", "port-not-a-number", "container-without-a-name"],
+)
+def test_a_pod_template_kubernetes_would_refuse_is_refused_at_apply_time_naming_the_field(
+    cluster: Cluster, operator: Operator, namespace: str, change: dict[str, Any], field: str
+) -> None:
+    """The template is checked against Kubernetes' own PodTemplateSpec: a misspelt field is refused by
+    `kubectl apply` (its strict field validation), not dropped without a word."""
+    job = trainingjob("typo", replicas=1)
+    pod = job["spec"]["template"]["spec"]
+    for key, value in change.items():
+        if key == "containers":
+            container = {k: v for k, v in {**pod["containers"][0], **value[0]}.items() if v is not None}
+            pod["containers"] = [container]
+        else:
+            pod[key] = value
+    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False)
+    assert result.returncode != 0, result.stdout
+    assert field in result.stderr, result.stderr
+    assert cluster.kubectl("get", "trainingjob", "typo", "-n", namespace, check=False).returncode != 0
+    assert _pods_of(cluster, namespace, "typo") == []
+    # The same template as Kubernetes spells it is accepted.
+    assert (
+        cluster.kubectl(
+            "apply",
+            "--dry-run=server",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=json.dumps(trainingjob("typo", replicas=1)),
+        ).returncode
+        == 0
+    )
+
+
 @pytest.mark.compat
 def test_names_pods_could_not_take_and_scaling_past_the_bounds_are_refused_at_apply_time(
     cluster: Cluster, operator: Operator, namespace: str
