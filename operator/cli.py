@@ -50,6 +50,13 @@ def _crd(args: argparse.Namespace) -> int:
             )
         print(f"wrote {podschema.write(openapi, _checkout_root(args) / 'operator' / podschema.SCHEMA_FILE)}")
         podschema.load.cache_clear()
+    if args.apply:
+        from phalanx import assets
+        from phalanx.operator import crdapply
+
+        for line in crdapply.apply_to_cluster(assets.crds_dir()):
+            print(line)
+        return 0
     if args.write or args.pod_schema:
         for path in crd.write_crd(_checkout_root(args)):
             print(f"wrote {path}")
@@ -77,6 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--write", action="store_true", help="write it into crds/ and charts/phalanx/crds/")
     generate.add_argument(
         "--root", help="repository root for --write (default: the checkout around the working directory)"
+    )
+    generate.add_argument(
+        "--apply",
+        action="store_true",
+        help="install or upgrade the CRDs on the cluster your kubeconfig points at (server-side apply, then wait "
+        "until served): run it before `helm upgrade`, which never upgrades a chart's CRDs",
     )
     generate.add_argument(
         "--pod-schema",

@@ -1,0 +1,113 @@
+"""Upgrading Phalanx under a running job: `phalanx crd --apply` upgrades the CRD (Helm never upgrades a chart's
+CRDs), then `helm upgrade` rolls the operator. The job keeps training on the same pods, and the field the new CRD
+adds works on it. The "older build" is the current CRD without `spec.activeDeadlineSeconds`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from phalanx import assets
+
+from .conftest import REPO_ROOT, Cluster, Operator, operator_ready, wait_for
+from .test_operator import condition, get_job, job_pods, trainingjob
+
+pytestmark = pytest.mark.e2e
+
+NEW_FIELD = "activeDeadlineSeconds"
+
+
+def current_crd() -> dict[str, Any]:
+    return yaml.safe_load((assets.crds_dir() / "trainingjobs.phalanx.dev.yaml").read_text())
+
+
+def older_crd() -> dict[str, Any]:
+    older = copy.deepcopy(current_crd())
+    spec = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    del spec["properties"][NEW_FIELD]
+    return older
+
+
+def crd_apply(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", "crd", "--apply"],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_crd_and_operator_upgrade_keeps_the_job_training_and_the_new_field_works(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    import helm_python
+
+    # The older build's CRD, as a `helm install` of it would have left it.
+    cluster.kubectl("replace", "-f", "-", input=json.dumps(older_crd()))
+    try:
+        cluster.apply(trainingjob("steady", replicas=2, spares=1, steps=100000, step_delay=0.05), namespace)
+        wait_for(lambda: (get_job(cluster, namespace, "steady").get("status") or {}).get("step", 0) >= 5, 180)
+        before = {pod.metadata.name: pod.metadata.uid for pod in job_pods(cluster, namespace, "steady")}
+        patch = json.dumps({"spec": {NEW_FIELD: 30}})
+        refused = cluster.kubectl(
+            "patch", "trainingjob", "steady", "-n", namespace, "--type=merge", "-p", patch, check=False
+        )
+        assert refused.returncode != 0 and NEW_FIELD in refused.stderr, refused.stdout + refused.stderr
+
+        applied = crd_apply(cluster)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        assert "applied trainingjobs.phalanx.dev (serving v1alpha1" in applied.stdout, applied.stdout
+        # A new operator pod, as a `helm upgrade` to a new build rolls it.
+        helm = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=operator.namespace)
+        old_operator = {pod.metadata.uid for pod in operator.pods(cluster)}
+        helm.upgrade(
+            str(REPO_ROOT / "charts" / "phalanx"),
+            operator.release,
+            {"podAnnotations": {"phalanx.dev/build": "next"}},
+            namespace=operator.namespace,
+            reuse_values=True,
+        )
+        wait_for(
+            lambda: (
+                operator_ready(cluster)
+                and not old_operator
+                & {p.metadata.uid for p in operator.pods(cluster) if p.metadata.deletion_timestamp is None}
+            ),
+            120,
+            message="the upgraded operator to run",
+        )
+        step = (get_job(cluster, namespace, "steady").get("status") or {}).get("step", 0)
+        wait_for(
+            lambda: (get_job(cluster, namespace, "steady").get("status") or {}).get("step", 0) > step + 20,
+            120,
+            message="training to go on under the upgraded operator",
+        )
+        status = get_job(cluster, namespace, "steady")["status"]
+        assert {
+            pod.metadata.name: pod.metadata.uid for pod in job_pods(cluster, namespace, "steady")
+        } == before
+        assert (status.get("restarts") or {}).get("total", 0) == 0, status.get("restarts")
+
+        # The new field is accepted now, and works on the running job.
+        cluster.kubectl("patch", "trainingjob", "steady", "-n", namespace, "--type=merge", "-p", patch)
+        assert get_job(cluster, namespace, "steady")["spec"][NEW_FIELD] == 30
+        failed = wait_for(
+            lambda: (
+                (found := condition(get_job(cluster, namespace, "steady"), "Failed"))
+                and found["status"] == "True"
+                and found
+            ),
+            90,
+            message="the job to end at its new deadline",
+        )
+        assert failed["reason"] == "DeadlineExceeded", failed
+    finally:
+        # Whatever happened, the other tests get the current CRD back.
+        restored = crd_apply(cluster)
+        assert restored.returncode == 0, restored.stdout + restored.stderr
