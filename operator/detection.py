@@ -189,12 +189,14 @@ def heartbeat_age(lease: dict[str, Any] | None, now: datetime, gaps: Sequence[Ga
 
 
 def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod's own Lease: one left by an earlier pod of the same name (not yet collected) is ignored."""
+    """The pod's own Lease: the one its launcher wrote, owned by this pod (`ownerUid`, from the Lease's owner
+    reference). A Lease that names another owner (an earlier pod of the same name, not yet collected) or none (not
+    written by the pod's launcher, which always sets it) is not the pod's heartbeat: its annotations could stop or
+    fail a job. A summary without the key at all (`status.summarize_lease` always sets it) is taken as the pod's."""
     lease = leases.get(observe.pod_name(pod))
     if lease is None:
         return None
-    owner = lease.get("ownerUid")
-    if owner and owner != pod["metadata"].get("uid"):
+    if "ownerUid" in lease and lease["ownerUid"] != pod["metadata"].get("uid"):
         return None
     created, renewed = (
         parse_time(pod["metadata"].get("creationTimestamp")),

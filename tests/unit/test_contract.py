@@ -62,6 +62,9 @@ def test_the_operator_reads_every_heartbeat_field_the_worker_writes(phase: contr
     # Through the operator's own readers: the pod's Lease is its own, and every figure comes back.
     assert detection.heartbeat_of(a_pod(), {"demo-worker-0": read}) is read
     assert detection.heartbeat_of(a_pod(uid="another-pod"), {"demo-worker-0": read}) is None
+    # A Lease its launcher did not write (no owner: one made by hand, say) is no heartbeat of the pod.
+    unowned = observe.summarize_lease({**body, "metadata": {**body["metadata"], "ownerReferences": []}})
+    assert unowned["ownerUid"] is None and detection.heartbeat_of(a_pod(), {"demo-worker-0": unowned}) is None
     assert read["phase"] == phase
     assert detection.lease_step(read) == 1234
     assert detection.lease_number(read, "checkpoint-step") == 1200
