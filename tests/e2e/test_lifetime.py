@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from phalanx.operator.timeutil import parse_time
+
 from .conftest import Cluster, Operator, wait_for
 from .test_operator import condition, events_for, get_job, job_pods, trainingjob, wait_succeeded
 
@@ -18,26 +20,22 @@ DEADLINE = 25
 def test_a_job_past_its_active_deadline_fails_and_its_pods_go(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    cluster.apply(
-        trainingjob(
-            "bounded", replicas=2, spares=1, steps=100000, step_delay=0.05, activeDeadlineSeconds=DEADLINE
-        ),
-        namespace,
-    )
-    wait_for(lambda: (get_job(cluster, namespace, "bounded").get("status") or {}).get("step", 0) >= 5, 120)
-    started = time.time()
+    job = trainingjob("bounded", replicas=2, spares=1, steps=100000, step_delay=0.05)
+    job["spec"]["activeDeadlineSeconds"] = DEADLINE
+    cluster.apply(job, namespace)
 
     def failed() -> dict | None:
         found = condition(get_job(cluster, namespace, "bounded"), "Failed")
         return found if found and found["status"] == "True" else None
 
-    verdict = wait_for(failed, DEADLINE + 60, message="the job to fail at its deadline")
+    verdict = wait_for(failed, DEADLINE + 120, message="the job to fail at its deadline")
     assert verdict["reason"] == "DeadlineExceeded", verdict
     assert f"activeDeadlineSeconds ({DEADLINE} s)" in verdict["message"], verdict
-    # Not before the deadline: the job trained when this test saw step 5, well after its start.
-    job = get_job(cluster, namespace, "bounded")
-    assert job["status"]["state"] == "Failed"
-    assert time.time() - started < DEADLINE + 30
+    status = get_job(cluster, namespace, "bounded")["status"]
+    assert status["state"] == "Failed"
+    # At the deadline, counted from the job's start (its first pods), not before it and not long after.
+    active = (parse_time(status["completionTime"]) - parse_time(status["startTime"])).total_seconds()
+    assert DEADLINE <= active <= DEADLINE + 15, (status["startTime"], status["completionTime"])
     # Every pod goes, the workers through SIGTERM (each saves a checkpoint on its way out).
     wait_for(lambda: job_pods(cluster, namespace, "bounded") == [], 60, message="the job's pods to go")
     assert "DeadlineExceeded" in {event["reason"] for event in events_for(cluster, namespace, "bounded")}

@@ -20,8 +20,11 @@ def as_user(cluster: Cluster, user: str, *args: str, input: str | None = None) -
     return result.returncode, result.stdout + result.stderr
 
 
-def allowed(cluster: Cluster, user: str, verb: str, resource: str, namespace: str) -> bool:
-    code, _ = as_user(cluster, user, "auth", "can-i", verb, resource, "-n", namespace)
+def allowed(
+    cluster: Cluster, user: str, verb: str, resource: str, namespace: str, subresource: str = ""
+) -> bool:
+    extra = [f"--subresource={subresource}"] if subresource else []
+    code, _ = as_user(cluster, user, "auth", "can-i", verb, resource, *extra, "-n", namespace)
     return code == 0
 
 
@@ -66,8 +69,9 @@ def test_a_namespace_editor_runs_trainingjobs_and_a_viewer_only_reads(
         code, said = as_user(cluster, VIEWER, *verb, "-n", namespace)
         assert code != 0 and "forbidden" in said.lower(), (verb, said)
     # Neither may write the status the operator owns.
-    assert not allowed(cluster, EDITOR, "update", "trainingjobs.phalanx.dev/status", namespace)
-    assert not allowed(cluster, VIEWER, "update", "trainingjobs.phalanx.dev/status", namespace)
+    assert not allowed(cluster, EDITOR, "update", "trainingjobs.phalanx.dev", namespace, "status")
+    assert not allowed(cluster, VIEWER, "update", "trainingjobs.phalanx.dev", namespace, "status")
+    assert allowed(cluster, VIEWER, "get", "trainingjobs.phalanx.dev", namespace, "status")
 
     code, said = as_user(cluster, EDITOR, "delete", "trainingjob/tenant", "-n", namespace, "--wait=true")
     assert code == 0, said
