@@ -17,7 +17,11 @@ from .test_operator import events_for, get_job, job_pods, trainingjob, wait_succ
 
 pytestmark = pytest.mark.e2e
 
-HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 10}
+# The progress timeout leaves room for what a recovery costs on this 2-core machine, where every pod shares the
+# same cores: the promoted spare starts its framework (Lightning, Transformers) while the replacement spare's
+# launcher and interpreters import torch beside it. These tests are about the callbacks resuming, not about
+# hang detection (tests/e2e/test_fault_tolerance.py judges that with 10 s).
+HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 5, "progressTimeoutSeconds": 30}
 STEP_DELAY = 0.1
 
 
