@@ -4,6 +4,7 @@
 #   make test   the type check, then every test: unit and end-to-end against the real control plane (built once, cached)
 #   make test-bench  the smoke of Phalanx's own benchmarks on the local cluster (not in CI)
 #   make test-peers  the smoke of the peers' benchmarks (torchft, DLRover, Kubeflow Trainer, JobSet; not in CI)
+#   make test-real-node  every real-node test, the two trainings in real containers included (root; those two not in CI)
 #   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
 #   make image  the operator and worker images without a registry (buildah; docs/images.md)
 PYTHON ?= python3.11
@@ -17,7 +18,7 @@ PYTEST := $(BIN)/python -m pytest
 # After a pytest run: its exit 5 (no test collected) fails too, so that a selection matching nothing never passes.
 NONE_RAN = if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; rc=1; fi
 
-.PHONY: install deps control-plane real-node test test-compat test-bench test-peers unit e2e lint typecheck demo demo-real bench image clean
+.PHONY: install deps control-plane real-node test test-compat test-bench test-peers test-real-node unit e2e lint typecheck demo demo-real bench image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -86,9 +87,16 @@ unit: install
 	$(PYTEST) -m "not peers and not bench" -n 2 --dist loadgroup --ignore=tests/e2e --ignore=tests/chaos \
 		$(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
-# The local cluster's tests (tests/e2e, tests/chaos), one at a time on one cluster.
+# The local cluster's tests (tests/e2e, tests/chaos), one at a time on one cluster; the real node's among them,
+# but for its two trainings through a failure in containers (`make test-real-node` runs them).
 e2e: real-node
-	$(PYTEST) -m "not peers and not bench" tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
+	$(PYTEST) -m "not peers and not bench and not real_training" tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; \
+	$(NONE_RAN); exit $$rc
+
+# Every real-node test (root): containerd, kubelet and kube-proxy on this host, the images, and the demo and the
+# example trained through a failure in real containers.
+test-real-node: real-node
+	$(PYTEST) -m realnode tests/e2e $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 # The oldest Kubernetes minor still supported, as a second target (not in CI): its build (about 10 minutes the
 # first time), then the demo, the CRD and chart install and the end-to-end smoke tests (marker `compat`) on it.

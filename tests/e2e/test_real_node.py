@@ -277,6 +277,7 @@ def test_the_operator_runs_from_its_image_as_the_chart_says(real: RealNodeCluste
     )
 
 
+@pytest.mark.real_training
 def test_the_demo_trains_through_a_sigkilled_container(
     real: RealNodeCluster, operator_pod: str, tmp_path: Path
 ) -> None:
@@ -308,6 +309,7 @@ def test_the_demo_trains_through_a_sigkilled_container(
     assert not any(line.split()[:1] == [container] and "RUNNING" in line for line in tasks.splitlines())
 
 
+@pytest.mark.real_training
 def test_the_example_trains_through_a_deleted_pod_whose_sigterm_save_lands(
     real: RealNodeCluster, operator_pod: str
 ) -> None:
