@@ -195,10 +195,16 @@ def pod_security_level(node: pytest.Item) -> str:
 
 
 def create_namespace(cluster: Cluster, name: str, level: str = DEFAULT_POD_SECURITY) -> None:
-    """Create namespace `name` enforcing Pod Security `level` from its first pod on."""
+    """Create namespace `name` enforcing Pod Security `level` from its first pod on, with its `default`
+    ServiceAccount: pods wait for that account, and the controller that makes it would add a moment to every
+    test (whichever of the two creates it first, the other finds it there)."""
     manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     manifest["metadata"]["labels"] = pod_security_labels(level)
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}}
+    items = {"apiVersion": "v1", "kind": "List", "items": [manifest, account]}
+    result = cluster.kubectl("create", "-f", "-", input=json.dumps(items), check=False)
+    if result.returncode != 0 and "AlreadyExists" not in result.stderr:
+        raise AssertionError(f"namespace {name} not created: {result.stderr}")
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
