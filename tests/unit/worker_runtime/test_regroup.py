@@ -267,8 +267,8 @@ def test_a_frozen_peer_no_longer_holds_the_survivor_in_a_collective(job: LocalJo
 
     assert job.wait_node("a", 180) == 0, job.node_output("a")
     assert job.wait_node("b", 180) == 0, job.node_output("b")
-    assert re.search(r"regroup 1 \(.*\): .* restarting it", job.node_output("a")), job.node_output("a")
-    # The survivor restarted for the request, not after its collective watchdog fired. (On a busy machine node
+    # The survivor restarted for the request, not after its collective watchdog fired (which of the launchers'
+    # followers claimed the request and said so depends on timing; the restart's cause does not). (On a busy machine node
     # b may join after node a started alone, which restarts the group before the freeze: that one is not it.)
     causes = [cause for cause in restarts(job.node_output("a")) if "waiting to join" not in cause]
     assert causes[0] == "restart-epoch 0->1", job.node_output("a")
