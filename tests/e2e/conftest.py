@@ -200,7 +200,11 @@ def create_namespace(cluster: Cluster, name: str, level: str = DEFAULT_POD_SECUR
     test (whichever of the two creates it first, the other finds it there)."""
     manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     manifest["metadata"]["labels"] = pod_security_labels(level)
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}}
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": name},
+    }
     items = {"apiVersion": "v1", "kind": "List", "items": [manifest, account]}
     result = cluster.kubectl("create", "-f", "-", input=json.dumps(items), check=False)
     if result.returncode != 0 and "AlreadyExists" not in result.stderr:
