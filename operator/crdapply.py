@@ -9,7 +9,6 @@ already use it. The stored TrainingJobs are untouched: a field the new schema ad
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,26 +74,19 @@ def apply_to_cluster(folder: Path) -> list[str]:
     """`apply` the CRDs of `folder` to the cluster Phalanx's credentials reach (kubecredentials)."""
     from kubernetes import client
 
+    from phalanx.operator.kube import Kube
+
     kubecredentials.load()
     api = client.ApiClient()
+    kube = Kube(api)
 
     def call(method: str, path: str, body: Any, content_type: str | None) -> dict[str, Any]:
-        resource, _, query = path.partition("?")
-        headers = {"Accept": "application/json", "Content-Type": content_type or "application/json"}
-        method, url, headers, payload, post = api.param_serialize(
-            method,
-            resource,
-            query_params=[tuple(pair.split("=", 1)) for pair in query.split("&") if pair],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(method, url, headers, payload, post)
-        data = response.read()
-        if not 200 <= response.status < 300:
-            answer = data.decode(errors="replace")
-            raise UserFacingError(f"{method} {resource}: {response.status} {response.reason}: {answer}")
-        found: dict[str, Any] = json.loads(data)
+        try:
+            found: dict[str, Any] = kube.request(method, path, body, content_type or "application/json")
+        except client.ApiException as error:
+            raise UserFacingError(
+                f"{method} {path.partition('?')[0]}: {error.status} {error.reason}: {error.body}"
+            ) from None
         return found
 
     try:

@@ -97,7 +97,10 @@ class Kube:
         self._events: OrderedDict[tuple[str, ...], _PostedEvent] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        """One API request (`path` may carry its query); the decoded JSON answer, an ApiException otherwise."""
         method, url, headers, payload, post = self.client.param_serialize(
             method,
             path,
@@ -122,7 +125,7 @@ class Kube:
     def create(self, obj: dict[str, Any]) -> bool:
         """Create `obj`; False when it already exists (deterministic names make that the idempotent case)."""
         try:
-            self._call("POST", _collection_path(obj), obj)
+            self.request("POST", _collection_path(obj), obj)
             return True
         except ApiException as error:
             if error.status == 409:
@@ -139,12 +142,12 @@ class Kube:
         if checked is not None and time.monotonic() - checked < self.recheck_seconds:
             return
         try:
-            existing = self._call("GET", key)
+            existing = self.request("GET", key)
         except ApiException as error:
             if error.status != 404:
                 raise
             if not self.create(obj):
-                existing = self._call("GET", key)  # made by someone else in between: whose is it?
+                existing = self.request("GET", key)  # made by someone else in between: whose is it?
                 _check_owner(obj, existing)
         else:
             _check_owner(obj, existing)
@@ -163,7 +166,7 @@ class Kube:
         """Delete a pod; `grace_seconds=0` removes it at once (its node is gone, or it is frozen)."""
         body = None if grace_seconds is None else {"gracePeriodSeconds": grace_seconds}
         try:
-            self._call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -172,7 +175,7 @@ class Kube:
         """Merge `labels` into a pod's labels."""
         patch = {"metadata": {"labels": labels}}
         try:
-            self._call(
+            self.request(
                 "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", patch, "application/merge-patch+json"
             )
         except ApiException as error:
@@ -183,7 +186,7 @@ class Kube:
         """Lift one scheduling gate of a pod, leaving any other (the template's own) in place."""
         patch = {"spec": {"schedulingGates": [{"$patch": "delete", "name": gate}]}}
         try:
-            self._call(
+            self.request(
                 "PATCH",
                 f"/api/v1/namespaces/{namespace}/pods/{name}",
                 patch,
@@ -198,18 +201,18 @@ class Kube:
         meta = lease["metadata"]
         path = f"/apis/coordination.k8s.io/v1/namespaces/{meta['namespace']}/leases/{meta['name']}"
         try:
-            self._call("PATCH", path, lease, "application/merge-patch+json")
+            self.request("PATCH", path, lease, "application/merge-patch+json")
         except ApiException as error:
             if error.status != 404:
                 raise
-            self._call("POST", path.rsplit("/", 1)[0], lease)
+            self.request("POST", path.rsplit("/", 1)[0], lease)
 
     def suspend_job(self, job: dict[str, Any]) -> dict[str, Any]:
         """Set the job's `spec.suspend` to true (a training-health `Pause`), guarded by its resourceVersion."""
         meta = job["metadata"]
         path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}"
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"suspend": True}}
-        return self._call("PATCH", path, patch, "application/merge-patch+json")
+        return self.request("PATCH", path, patch, "application/merge-patch+json")
 
     def delete_job(self, job: dict[str, Any]) -> None:
         """Delete the TrainingJob (its `ttlSecondsAfterFinished` passed), its children in the background. Only
@@ -218,7 +221,7 @@ class Kube:
         path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}"
         body = {"propagationPolicy": "Background", "preconditions": {"uid": meta["uid"]}}
         try:
-            self._call("DELETE", path, body)
+            self.request("DELETE", path, body)
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -226,7 +229,7 @@ class Kube:
     def _get_or_none(self, path: str) -> dict[str, Any] | None:
         """The object at `path`, None when there is none (404)."""
         try:
-            return self._call("GET", path)
+            return self.request("GET", path)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -276,7 +279,7 @@ class Kube:
         else:
             raise ValueError(f"not a write to an existing Workload: {op.kind}")
         try:
-            self._call("PATCH", path, patch, "application/merge-patch+json")
+            self.request("PATCH", path, patch, "application/merge-patch+json")
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -286,7 +289,7 @@ class Kube:
         meta = job["metadata"]
         path = f"/apis/{api.API_VERSION}/namespaces/{meta['namespace']}/{api.PLURAL}/{meta['name']}/status"
         body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "status": status}
-        return self._call("PUT", path, body)
+        return self.request("PUT", path, body)
 
     def post_event(self, job: dict[str, Any], event: Event) -> None:
         """Post `event` about `job`. The same Warning again (same job, reason and message) within
@@ -310,7 +313,7 @@ class Kube:
             path = f"/api/v1/namespaces/{meta['namespace']}/events/{seen.name}"
             try:
                 patch = {"count": seen.count + 1, "lastTimestamp": stamp}
-                self._call("PATCH", path, patch, "application/merge-patch+json")
+                self.request("PATCH", path, patch, "application/merge-patch+json")
             except ApiException as error:
                 if error.status != 404:
                     raise
@@ -339,7 +342,7 @@ class Kube:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        created = self._call("POST", _collection_path(body), body)
+        created = self.request("POST", _collection_path(body), body)
         if not aggregated:
             return
         with self._lock:

@@ -78,13 +78,16 @@ class Rejection:
     pause: float
     """Seconds the job's creations pause after it."""
 
+    def __str__(self) -> str:
+        return f"pod {self.pod} refused: {self.answer}"
+
 
 def rejection_message(rejections: Sequence[Rejection]) -> str:
     """The `FailedCreate` Event of one round of creations: the first pod refused and the server's answer,
     how many more were refused, and when the next attempt is."""
     first = rejections[0]
     others = f" ({len(rejections) - 1} more pods refused)" if len(rejections) > 1 else ""
-    return f"pod {first.pod} refused: {first.answer}{others}; next attempt in {first.pause:g}s"
+    return f"{first}{others}; next attempt in {first.pause:g}s"
 
 
 def pause_seconds(refusals: int, first: float, longest: float, retry_after: float | None = None) -> float:
@@ -149,7 +152,7 @@ class CreationThrottle:
         """Remember what the server answered the job's latest rejected pod (`rejection`), until a batch of its
         creations goes through."""
         with self._lock:
-            self._rejections[key] = f"pod {rejection.pod} refused: {rejection.answer}"
+            self._rejections[key] = str(rejection)
 
     def rejection(self, key: tuple[str, str]) -> str | None:
         """The job's latest rejected pod and the server's answer (`rejected`); None once creations succeed."""

@@ -935,7 +935,9 @@ class StoredObjects(Kube):
         super().__init__(client=None)  # type: ignore[arg-type]
         self.objects = existing
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
         if method == "GET":
             if path not in self.objects:
                 raise ApiException(status=404, reason="Not Found")
