@@ -106,7 +106,10 @@ def run_through_a_kill(
 def test_plain_torchrun_script_runs_with_progress_unknown(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    cluster.apply(example_job("plain", "plain_ddp", steps=200), namespace)
+    job = example_job("plain", "plain_ddp", steps=300)
+    # Unknown comes one progress timeout into training: well before the script ends, even on a fast machine.
+    job["spec"]["heartbeat"] = {**HEARTBEAT, "progressTimeoutSeconds": 10}
+    cluster.apply(job, namespace)
     wait_for(
         lambda: get_job(cluster, namespace, "plain").get("status", {}).get("progress") == "Unknown",
         300,
