@@ -59,6 +59,7 @@ from phalanx.worker.checkpoint import durable, lastsave, shm_store, tiers
 from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
+from phalanx.worker.forkserver import ForkServer
 from phalanx.worker.metrics import PodMetrics
 from phalanx.worker.torch_support import UnsupportedTorchError
 
@@ -1113,7 +1114,9 @@ class JobFollowing:
             ticker.stop()
 
 
-def run(settings: LaunchSettings) -> int:
+def run(settings: LaunchSettings, server: ForkServer | None = None) -> int:
+    """Supervise the pod's training until its work is over; returns the launcher's exit code. `server`: where
+    warm interpreters are forked from (it ends with this call)."""
     status_dir = _status_dir(settings)
     log_dir = tempfile.mkdtemp(prefix="phalanx-launch-logs-")
     _prepare_worker_environment(settings, status_dir)
@@ -1129,9 +1132,11 @@ def run(settings: LaunchSettings) -> int:
         if problem is not None:
             exit_code = _fail_preflight(reporter, preflight.REASON_STORAGE, problem)
             return exit_code
-        exit_code = _supervise(settings, reporter, log_dir)
+        exit_code = _supervise(settings, reporter, log_dir, server)
         return exit_code
     finally:
+        if server is not None:
+            server.close()
         reporter.finish(exit_code)
         shutil.rmtree(status_dir, ignore_errors=True)
         shutil.rmtree(log_dir, ignore_errors=True)
@@ -1165,7 +1170,9 @@ def _preflight_storage_problem(env: dict[str, str]) -> str | None:
     return problem if problem is not None or tier is None else tiers.probe(tier)
 
 
-def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) -> int:
+def _supervise(
+    settings: LaunchSettings, reporter: PodReporter, log_dir: str, server: ForkServer | None = None
+) -> int:
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
     close_rendezvous = False
     client: RendezvousClient | None = None
@@ -1211,7 +1218,7 @@ def _supervise(settings: LaunchSettings, reporter: PodReporter, log_dir: str) ->
         reporter.trainer_pids = agent.training_pids
         if settings.warm_start:
             warm_pool = warmstart.WarmPool(
-                settings.nproc_per_node, title_room=len(" ".join(settings.command))
+                settings.nproc_per_node, title_room=len(" ".join(settings.command)), server=server
             ).start()
         following.start_followers(client, agent)
         try:
@@ -1275,14 +1282,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def launch_from_args(args: argparse.Namespace) -> int:
-    _configure_logging(args.verbose)
     try:
         settings = settings_from_args(args, dict(os.environ))
     except SettingsError as error:
+        _configure_logging(args.verbose)
         logger.error("bad launcher configuration: %s", error)
         return int(LauncherExit.BAD_CONFIG)
+    # First, while this process runs no thread and has set nothing up of its own: the fork server starts as
+    # a copy of it as it is now, torch imported.
+    server = _start_fork_server() if settings.warm_start else None
     _configure_logging(args.verbose, settings)
-    return run(settings)
+    return run(settings, server)
+
+
+def _start_fork_server() -> ForkServer | None:
+    try:
+        return ForkServer.fork(warmstart.PRELOAD)
+    except OSError as error:
+        logger.warning("no fork server (%s): warm interpreters start as new processes", error)
+        return None
 
 
 def exit_now(code: int) -> NoReturn:

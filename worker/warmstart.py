@@ -11,7 +11,12 @@ interpreter), the launcher hands the waiting interpreter the process's arguments
 as one JSON line instead of starting a new process; the interpreter takes them over and runs the module or
 script as `__main__`, exactly as `python` would have. Anything else (another interpreter, interpreter
 options other than `-u`, a binary) starts cold, as before. A used interpreter is replaced a few seconds
-later, once the new group got going. Each waiting interpreter costs the memory of an idle `import torch`.
+later, once the new group got going.
+
+The launcher forks its waiting interpreters from a fork server (worker/forkserver.py) that it forked itself
+after importing torch: a replacement then costs milliseconds and shares its memory with the launcher's
+until written. Without a server (or once it is gone) each waiting interpreter is a new process that imports
+torch itself, costing the CPU and memory of an idle `import torch`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from phalanx.worker.forkserver import ForkServer, ForkServerGone
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -142,15 +149,37 @@ def main() -> int:
 # ------------------------------------------------------------------------------------- the launcher side
 
 
+class Waiting(Protocol):
+    """A waiting interpreter as the pool and torch's agent use it: a `Popen`, or a fork server's child."""
+
+    pid: int
+    stdin: Any
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 class WarmPool:
     """One waiting interpreter per local rank, handed out to torch's agent and replaced after use."""
 
-    def __init__(self, ranks: int, refill_delay: float = REFILL_DELAY, title_room: int = 0) -> None:
+    def __init__(
+        self,
+        ranks: int,
+        refill_delay: float = REFILL_DELAY,
+        title_room: int = 0,
+        server: ForkServer | None = None,
+    ) -> None:
         self.ranks = ranks
         self.refill_delay = refill_delay
         self.title_room = title_room
-        """Characters of command line to reserve for the training command's title (`take_over`)."""
-        self._waiting: dict[int, subprocess.Popen[bytes]] = {}
+        """Characters of command line to reserve for the training command's title (`take_over`) in an
+        interpreter started as a new process."""
+        self.server = server
+        """Where waiting interpreters are forked from; None (or once it is gone): each is a new process."""
+        self._waiting: dict[int, Waiting] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._refill: threading.Timer | None = None
@@ -170,15 +199,23 @@ class WarmPool:
             for rank in range(self.ranks):
                 waiting = self._waiting.get(rank)
                 if waiting is None or waiting.poll() is not None:
-                    room = [f"--title-room={'_' * self.title_room}"] if self.title_room else []
-                    self._waiting[rank] = subprocess.Popen(
-                        [sys.executable, "-m", "phalanx.worker.warmstart", *room],
-                        stdin=subprocess.PIPE,
-                        start_new_session=True,  # as torch starts its training processes
-                        env={**os.environ, "SPT_NOENV": "1"},
-                    )
+                    self._waiting[rank] = self._start_interpreter()
 
-    def take(self, rank: int, order: Mapping[str, Any]) -> subprocess.Popen[bytes] | None:
+    def _start_interpreter(self) -> Waiting:
+        if self.server is not None and self.server.alive:
+            try:
+                return self.server.start_interpreter()
+            except ForkServerGone as error:
+                logger.warning("warm interpreters start as new processes from now on: %s", error)
+        room = [f"--title-room={'_' * self.title_room}"] if self.title_room else []
+        return subprocess.Popen(
+            [sys.executable, "-m", "phalanx.worker.warmstart", *room],
+            stdin=subprocess.PIPE,
+            start_new_session=True,  # as torch starts its training processes
+            env={**os.environ, "SPT_NOENV": "1"},
+        )
+
+    def take(self, rank: int, order: Mapping[str, Any]) -> Waiting | None:
         """The waiting interpreter of `rank`, now running `order`; None when none waits (start cold)."""
         with self._lock:
             process = self._waiting.pop(rank, None)
@@ -234,7 +271,7 @@ def install(pool: WarmPool) -> Callable[[], None]:
             self._stderr_path = kwargs.get("stderr")
             super().__init__(*args, **kwargs)
 
-        def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        def _popen(self, args: tuple, env: dict[str, str]) -> Any:
             target = warm_target([str(arg) for arg in args], env.get("PATH"))
             if target is not None:
                 order = {

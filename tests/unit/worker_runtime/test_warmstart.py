@@ -1,16 +1,19 @@
 """Warm training processes: which commands a waiting interpreter can take over, and that it runs them as
-`python` would (arguments, environment, log files, exit code), also when torch's agent starts them."""
+`python` would (arguments, environment, log files, exit code), also when torch's agent starts them; each
+whether the interpreter is a new process or a fork server's child."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from phalanx.worker.warmstart import Target, WarmPool, warm_target
+from phalanx.worker.forkserver import ForkServer
+from phalanx.worker.warmstart import PRELOAD, Target, WarmPool, warm_target
 
 PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 PYTHON = os.path.basename(sys.executable)
@@ -30,6 +33,23 @@ def test_only_commands_of_this_interpreter_are_taken_over() -> None:
     assert warm_target(["no-such-python", "-m", "x"], PATH) is None
 
 
+TITLE_ROOM = 400
+
+
+@pytest.fixture(params=["new process", "fork server"])
+def server(request: pytest.FixtureRequest) -> Iterator[ForkServer | None]:
+    """Where the pool's interpreters come from. The launcher forks its server from itself; a test process runs
+    threads, so here the server is a new interpreter serving the same way."""
+    if request.param == "new process":
+        yield None
+        return
+    started = ForkServer.spawn(PRELOAD, title_room=TITLE_ROOM)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
 def wait_exit(process: object, timeout: float = 60) -> int:
     deadline = time.monotonic() + timeout
     while (code := process.poll()) is None and time.monotonic() < deadline:  # type: ignore[attr-defined]
@@ -39,7 +59,7 @@ def wait_exit(process: object, timeout: float = 60) -> int:
 
 
 def test_a_waiting_interpreter_becomes_the_script_with_its_environment_and_logs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: ForkServer | None
 ) -> None:
     monkeypatch.setenv("WARM_MARKER", "1")  # in the environment it started with: /proc keeps showing it
     script = tmp_path / "train.py"
@@ -52,7 +72,11 @@ def test_a_waiting_interpreter_becomes_the_script_with_its_environment_and_logs(
         "print(b'WARM_MARKER=1' in open('/proc/self/environ', 'rb').read().split(b'\\0'), file=sys.stderr)\n"
         "sys.exit(3)\n"
     )
-    pool = WarmPool(ranks=1, refill_delay=0.5, title_room=len(f"{PYTHON} {script} --steps 5"))
+    if server is not None:
+        # The server started before the marker was set: its interpreters show the environment it started with.
+        server.close()
+        server = ForkServer.spawn(PRELOAD, title_room=TITLE_ROOM)
+    pool = WarmPool(ranks=1, refill_delay=0.5, title_room=len(f"{PYTHON} {script} --steps 5"), server=server)
     pool.fill()
     try:
         order = {
@@ -80,11 +104,13 @@ def test_a_waiting_interpreter_becomes_the_script_with_its_environment_and_logs(
         assert 0 in pool._waiting
     finally:
         pool.close()
+        if server is not None:
+            server.close()
     assert not pool._waiting
 
 
-def test_a_module_runs_as_with_python_dash_m(tmp_path: Path) -> None:
-    pool = WarmPool(ranks=1)
+def test_a_module_runs_as_with_python_dash_m(tmp_path: Path, server: ForkServer | None) -> None:
+    pool = WarmPool(ranks=1, server=server)
     pool.fill()
     try:
         order = {
@@ -101,8 +127,10 @@ def test_a_module_runs_as_with_python_dash_m(tmp_path: Path) -> None:
         pool.close()
 
 
-@pytest.mark.parametrize("warm", [True, False])
-def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, warm: bool) -> None:
+@pytest.mark.parametrize("start", ["cold", "warm", "forked"])
+def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, start: str) -> None:
+    warm = start != "cold"
+    server = ForkServer.spawn(PRELOAD) if start == "forked" else None
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     script = tmp_path / "worker.py"
@@ -130,7 +158,7 @@ def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, 
         "    time.sleep(0.01)\n"
         "sys.exit(rank)\n"
     )
-    pool = WarmPool(ranks=2).start() if warm else None
+    pool = WarmPool(ranks=2, server=server).start() if warm else None
     try:
         context = start_processes(
             name="trainer",
@@ -153,6 +181,8 @@ def test_torch_agents_processes_start_warm_and_report_as_before(tmp_path: Path, 
     finally:
         if pool is not None:
             pool.close()
+        if server is not None:
+            server.close()
 
 
 def test_the_preload_leaves_a_training_script_nothing_heavy_to_import() -> None:
