@@ -402,7 +402,7 @@ class JobReconciler:
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
-            self.metrics.job_goodput(namespace, job["metadata"]["name"], plan.status.get("goodput"))
+            self.metrics.record_job(namespace, job["metadata"]["name"], plan.status)
             self.metrics.record_health(
                 namespace, job["metadata"]["name"], plan.status, plan.health_started, plan.health_rollbacks
             )
@@ -853,5 +853,5 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         namespace = namespaced(namespace)
         reconciler.forget(namespace, name, uid)
         wakeups.cancel((namespace, name))
-        reconciler.metrics.job_goodput(namespace, name, None)
+        reconciler.metrics.forget_job(namespace, name)
         reconciler.kube.forget(namespace, name)

@@ -1,4 +1,11 @@
-"""Prometheus metrics of the operator (`phalanx_` prefix, no per-pod labels)."""
+"""Prometheus metrics of the operator (`phalanx_` prefix, no per-pod labels).
+
+Per-job series (`namespace`, `trainingjob` labels: not `job`, which Prometheus sets on every series it scrapes
+to the scrape's own name) mirror what the job's stored status says, so a team's existing
+monitoring sees the numbers `kubectl get trainingjobs` shows: its state, step, restarts by cause, goodput and
+last recovery. They are set after each status write and dropped with the job. A node label appears only on
+failures (`phalanx_node_failures_total`): bounded by the nodes, for the repeated-failures alert.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from phalanx.operator import api
 from phalanx.operator.health import SIGNALS as HEALTH_SIGNALS
+from phalanx.operator.timeutil import parse_time
 
 STATES = api.JOB_STATES
 """Every job state: each has its series, 0 when no job is in it (a state with no series keeps a stale value)."""
@@ -60,20 +68,20 @@ class OperatorMetrics:
         self.goodput = Gauge(
             "phalanx_job_goodput_ratio",
             "Productive training time over wall time, per job.",
-            ["namespace", "job"],
+            ["namespace", "trainingjob"],
             registry=self.registry,
         )
         self.checkpoint_interval = Gauge(
             "phalanx_job_checkpoint_interval_steps",
             "Training steps between durable checkpoints in force, per job (`status.checkpoint.intervalSteps`: "
             "the spec's number, or the one chosen by `intervalSteps: auto`).",
-            ["namespace", "job", "mode"],
+            ["namespace", "trainingjob", "mode"],
             registry=self.registry,
         )
         self.health_signal = Gauge(
             "phalanx_job_health_signal",
             "Training-health signals on now (1) or off (0), per job and signal (`spec.health`).",
-            ["namespace", "job", "signal"],
+            ["namespace", "trainingjob", "signal"],
             registry=self.registry,
         )
         self.health_signals_started = Counter(
@@ -92,9 +100,53 @@ class OperatorMetrics:
         self.job_health_rollbacks = Gauge(
             "phalanx_job_health_rollbacks",
             "Rollbacks of a job over its life (`status.health.rollbacks`).",
-            ["namespace", "job"],
+            ["namespace", "trainingjob"],
             registry=self.registry,
         )
+        self.job_state_info = Gauge(
+            "phalanx_job_state",
+            "1 for a job's current state (`status.state`); a state it left has no series.",
+            ["namespace", "trainingjob", "state"],
+            registry=self.registry,
+        )
+        self.job_step = Gauge(
+            "phalanx_job_step",
+            "Latest training step the job's heartbeats reported (`status.step`); its rate is the step rate.",
+            ["namespace", "trainingjob"],
+            registry=self.registry,
+        )
+        self.job_restarts = Gauge(
+            "phalanx_job_restarts",
+            "Restarts over the job's life by failure cause (`status.restarts.byCause`; only grows).",
+            ["namespace", "trainingjob", "cause"],
+            registry=self.registry,
+        )
+        self.job_last_recovery = Gauge(
+            "phalanx_job_last_recovery_seconds",
+            "Seconds from the failure to training resumed, of the job's latest closed incident.",
+            ["namespace", "trainingjob"],
+            registry=self.registry,
+        )
+        self.job_recovery_seconds = Gauge(
+            "phalanx_job_recovery_seconds",
+            "Seconds spent recovering over the job's life (`status.recoverySeconds`; only grows).",
+            ["namespace", "trainingjob"],
+            registry=self.registry,
+        )
+        self.job_last_recovery_time = Gauge(
+            "phalanx_job_last_recovery_timestamp_seconds",
+            "When training resumed after the job's latest closed incident (Unix time).",
+            ["namespace", "trainingjob"],
+            registry=self.registry,
+        )
+        self.node_failures = Counter(
+            "phalanx_node_failures",
+            "Failures detected on a node (the node of the failed pod). Each node that ran a job's pod has its "
+            "series from then on, at 0 until its first failure, so that `increase()` counts that one too.",
+            ["node"],
+            registry=self.registry,
+        )
+        self._job_series: dict[tuple[str, str], dict[str, set[tuple[str, ...]]]] = {}
         self._states: dict[str, str] = {}
         self._lock = threading.Lock()
         for state in STATES:
@@ -120,6 +172,9 @@ class OperatorMetrics:
         of the standby spares lost, which open none, are failures too)."""
         for cause in [*(incident.cause for incident in detected), *spares_lost]:
             self.failures.labels(cause=cause).inc()
+        for incident in detected:
+            if incident.node:
+                self.node_failures.labels(node=incident.node).inc()
         for incident in recovered:
             if incident.seconds_to_recover is not None:
                 self.recovery_seconds.observe(incident.seconds_to_recover)
@@ -128,13 +183,66 @@ class OperatorMetrics:
         if swaps:
             self.spare_swaps.inc(swaps)
 
+    def record_job(self, namespace: str, job: str, status: dict[str, Any]) -> None:
+        """Set the job's per-job series from its stored status (as the API returns it: camelCase)."""
+        restarts = (status.get("restarts") or {}).get("byCause") or {}
+        recovered = [
+            incident
+            for incident in status.get("incidents") or []
+            if incident.get("secondsToRecover") is not None
+        ]
+        resumed = parse_time(recovered[-1].get("resumedAt")) if recovered else None
+        state, step = status.get("state"), status.get("step")
+        wanted: dict[str, dict[tuple[str, ...], float]] = {
+            "state": {(state,): 1.0} if state else {},
+            "step": {(): float(step)} if step is not None else {},
+            "restarts": {(cause,): float(count) for cause, count in restarts.items()},
+            "last_recovery": {(): float(recovered[-1]["secondsToRecover"])} if recovered else {},
+            "last_recovery_time": {(): resumed.timestamp()} if resumed is not None else {},
+            "recovery_seconds": {(): float(status.get("recoverySeconds") or 0.0)},
+        }
+        with self._lock:
+            known = self._job_series.setdefault((namespace, job), {})
+            for kind, values in wanted.items():
+                gauge = self._job_gauges()[kind]
+                for stale in known.get(kind, set()) - set(values):
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(namespace, job, *stale)
+                for labels, value in values.items():
+                    gauge.labels(namespace, job, *labels).set(value)
+                known[kind] = set(values)
+        self.job_goodput(namespace, job, status.get("goodput"))
+        for worker in status.get("workers") or []:
+            if worker.get("node"):
+                self.node_failures.labels(node=worker["node"])
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        """Drop a deleted job's per-job series."""
+        with self._lock:
+            known = self._job_series.pop((namespace, job), {})
+            for kind, series in known.items():
+                for labels in series:
+                    with contextlib.suppress(KeyError):
+                        self._job_gauges()[kind].remove(namespace, job, *labels)
+        self.job_goodput(namespace, job, None)
+
+    def _job_gauges(self) -> dict[str, Gauge]:
+        return {
+            "state": self.job_state_info,
+            "step": self.job_step,
+            "restarts": self.job_restarts,
+            "last_recovery": self.job_last_recovery,
+            "last_recovery_time": self.job_last_recovery_time,
+            "recovery_seconds": self.job_recovery_seconds,
+        }
+
     def job_goodput(self, namespace: str, job: str, value: float | None) -> None:
         """Set (or, with None, drop) a job's goodput."""
         if value is None:
             with contextlib.suppress(KeyError):
                 self.goodput.remove(namespace, job)
             return
-        self.goodput.labels(namespace=namespace, job=job).set(value)
+        self.goodput.labels(namespace=namespace, trainingjob=job).set(value)
 
     def job_checkpoint_interval(self, namespace: str, job: str, checkpoint: dict[str, Any] | None) -> None:
         """Set a job's interval from its stored `status.checkpoint` (None: drop it, the job is gone)."""
@@ -143,7 +251,9 @@ class OperatorMetrics:
                 with contextlib.suppress(KeyError):
                     self.checkpoint_interval.remove(namespace, job, mode)
         if checkpoint is not None and checkpoint.get("intervalSteps") is not None:
-            gauge = self.checkpoint_interval.labels(namespace=namespace, job=job, mode=checkpoint.get("mode"))
+            gauge = self.checkpoint_interval.labels(
+                namespace=namespace, trainingjob=job, mode=checkpoint.get("mode")
+            )
             gauge.set(checkpoint["intervalSteps"])
 
     def record_health(
@@ -160,9 +270,13 @@ class OperatorMetrics:
         on = {signal.get("reason") for signal in ((stored or {}).get("signals") or [])}
         if stored is not None:
             for signal in HEALTH_SIGNALS:
-                self.health_signal.labels(namespace=namespace, job=job, signal=signal).set(int(signal in on))
+                self.health_signal.labels(namespace=namespace, trainingjob=job, signal=signal).set(
+                    int(signal in on)
+                )
             if stored.get("rollbacks"):
-                self.job_health_rollbacks.labels(namespace=namespace, job=job).set(stored["rollbacks"])
+                self.job_health_rollbacks.labels(namespace=namespace, trainingjob=job).set(
+                    stored["rollbacks"]
+                )
         for signal in started:
             self.health_signals_started.labels(signal=signal).inc()
         for signal in rolled_back or []:

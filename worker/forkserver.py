@@ -308,13 +308,13 @@ def _serve_requests(channel: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     inherited = (channel.fileno(), wake_read, wake_write)
     while True:
-        ready, _, _ = select.select([channel, wake_read], [], [])
+        ready, _, _ = select.select([channel.fileno(), wake_read], [], [])
         if wake_read in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_read, 512):
                     pass
         _report_exits(channel)
-        if channel in ready:
+        if channel.fileno() in ready:
             request = channel.recv(MESSAGE_BYTES)
             if not request:
                 return

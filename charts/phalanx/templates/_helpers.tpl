@@ -62,3 +62,55 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "phalanx.leasePolicyName" -}}
 {{- printf "%s-worker-leases" (include "phalanx.fullname" . | trunc 49 | trimSuffix "-") }}
 {{- end }}
+
+{{/* The recording and alerting rules (a PrometheusRule's spec, and a rules file as it is): on the operator's
+per-job series, labelled `namespace` and `trainingjob`. */}}
+{{- define "phalanx.ruleGroups" -}}
+{{- $rule := .Values.metrics.prometheusRule -}}
+groups:
+  - name: phalanx.rules
+    rules:
+      - record: phalanx:job_steps_per_second:deriv5m
+        expr: deriv(phalanx_job_step[5m])
+  - name: phalanx.alerts
+    rules:
+      - alert: PhalanxTrainingJobStuck
+        # Running, its step known for the whole window and the same all along. A job whose script publishes no
+        # step (progress Unknown) has no step series: the operator judges it by its heartbeats instead.
+        expr: |
+          (phalanx_job_state{state="Running"} == 1)
+          and on (namespace, trainingjob) (changes(phalanx_job_step[{{ $rule.stuckFor }}]) == 0)
+          and on (namespace, trainingjob) (phalanx_job_step offset {{ $rule.stuckFor }})
+        for: 1m
+        labels:
+          severity: critical
+        annotations:
+          summary: TrainingJob {{ "{{ $labels.namespace }}/{{ $labels.trainingjob }}" }} has made no step for {{ $rule.stuckFor }}.
+          description: Its state is Running but its step has not moved. Look at `kubectl describe trainingjob` and its workers' logs.
+      - alert: PhalanxRecoverySlow
+        expr: |
+          (phalanx_job_last_recovery_seconds > {{ $rule.slowRecoverySeconds }})
+          and on (namespace, trainingjob) (time() - phalanx_job_last_recovery_timestamp_seconds < 1800)
+        labels:
+          severity: warning
+        annotations:
+          summary: TrainingJob {{ "{{ $labels.namespace }}/{{ $labels.trainingjob }}" }} took {{ "{{ $value | humanizeDuration }}" }} to recover.
+          description: Its latest recovery (failure to training resumed) took longer than {{ $rule.slowRecoverySeconds }} s. Its incidents in `kubectl describe trainingjob` say where the time went.
+      - alert: PhalanxGoodputLow
+        expr: |
+          (phalanx_job_goodput_ratio < {{ $rule.goodputBelow }})
+          and on (namespace, trainingjob) (phalanx_job_state{state="Running"} == 1)
+        for: 30m
+        labels:
+          severity: warning
+        annotations:
+          summary: TrainingJob {{ "{{ $labels.namespace }}/{{ $labels.trainingjob }}" }} trains only {{ "{{ $value | humanizePercentage }}" }} of its time.
+          description: Its goodput is under {{ $rule.goodputBelow }}; failures and recoveries take the rest.
+      - alert: PhalanxNodeFailingRepeatedly
+        expr: sum by (node) (increase(phalanx_node_failures_total[{{ $rule.nodeFailureWindow }}])) >= {{ $rule.nodeFailures }}
+        labels:
+          severity: warning
+        annotations:
+          summary: Node {{ "{{ $labels.node }}" }} had {{ "{{ $value }}" }} training failures in {{ $rule.nodeFailureWindow }}.
+          description: Failures keep landing on the same node. Cordon it and check its hardware.
+{{- end }}

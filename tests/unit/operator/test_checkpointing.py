@@ -404,7 +404,7 @@ def test_the_interval_gauge_follows_the_stored_status() -> None:
     metrics = OperatorMetrics()
     metrics.job_checkpoint_interval("ml", "demo", {"mode": "auto", "intervalSteps": 42})
     value = metrics.registry.get_sample_value
-    labels = {"namespace": "ml", "job": "demo"}
+    labels = {"namespace": "ml", "trainingjob": "demo"}
     assert value("phalanx_job_checkpoint_interval_steps", {**labels, "mode": "auto"}) == 42
     metrics.job_checkpoint_interval("ml", "demo", {"mode": "fixed", "intervalSteps": 100})
     assert value("phalanx_job_checkpoint_interval_steps", {**labels, "mode": "auto"}) is None

@@ -164,7 +164,7 @@ def test_recovery_metrics_and_goodput() -> None:
     assert metrics.registry.get_sample_value("phalanx_recovery_duration_seconds_count") == 1
     assert metrics.registry.get_sample_value("phalanx_lost_steps_total") == 1
     metrics.job_goodput("ml", "demo", 0.97)
-    labels = {"namespace": "ml", "job": "demo"}
+    labels = {"namespace": "ml", "trainingjob": "demo"}
     assert metrics.registry.get_sample_value("phalanx_job_goodput_ratio", labels) == 0.97
     metrics.job_goodput("ml", "demo", None)
     assert metrics.registry.get_sample_value("phalanx_job_goodput_ratio", labels) is None

@@ -459,7 +459,7 @@ def test_handler_suspends_before_the_status_write(make_job: Callable[..., Any], 
     assert kube.calls[:2] == ["suspend", "status"]
     assert "event LossDiverging" in kube.calls and "event HealthPause" in kube.calls
     value = metrics.registry.get_sample_value(
-        "phalanx_job_health_signal", {"namespace": "ml", "job": "demo", "signal": "LossDiverging"}
+        "phalanx_job_health_signal", {"namespace": "ml", "trainingjob": "demo", "signal": "LossDiverging"}
     )
     assert value == 1
     started = metrics.registry.get_sample_value(
@@ -467,13 +467,13 @@ def test_handler_suspends_before_the_status_write(make_job: Callable[..., Any], 
     )
     assert started == 1
     off = metrics.registry.get_sample_value(
-        "phalanx_job_health_signal", {"namespace": "ml", "job": "demo", "signal": "NonFiniteLoss"}
+        "phalanx_job_health_signal", {"namespace": "ml", "trainingjob": "demo", "signal": "NonFiniteLoss"}
     )
     assert off == 0
     # Once settled, heartbeats that keep the same state wake nothing.
     assert not reconciler.health.observe(("ml", "demo"), "demo-worker-0", lease(151, loss=6.0))
     reconciler.forget("ml", "demo", "uid-123")
     gone = metrics.registry.get_sample_value(
-        "phalanx_job_health_signal", {"namespace": "ml", "job": "demo", "signal": "LossDiverging"}
+        "phalanx_job_health_signal", {"namespace": "ml", "trainingjob": "demo", "signal": "LossDiverging"}
     )
     assert gone is None

@@ -117,3 +117,56 @@ def test_json_logs_are_one_object_per_line_with_the_record_s_fields(
     assert second["message"] == "failed" and "RuntimeError: boom" in second["exception"]
     with pytest.raises(UserFacingError, match="LOG_FORMAT"):
         settings_from({"PHALANX_OPERATOR_LOG_FORMAT": "xml"})
+
+
+def test_per_job_series_follow_the_stored_status_and_go_with_the_job() -> None:
+    metrics = OperatorMetrics()
+    status = {
+        "state": "Running",
+        "step": 120,
+        "restarts": {"total": 3, "byCause": {"Killed": 2, "NodeLost": 1}},
+        "incidents": [
+            {"cause": "Killed", "secondsToRecover": 4.5},
+            {"cause": "NodeLost", "secondsToRecover": 9.25, "resumedAt": "2026-11-27T10:00:00.500000Z"},
+            {"cause": "Killed"},  # still recovering: the last closed one counts
+        ],
+        "goodput": 0.97,
+        "recoverySeconds": 13.75,
+        "workers": [{"name": "llm-worker-0", "node": "node-1"}, {"name": "llm-worker-1"}],
+    }
+    metrics.record_job("team-a", "llm", status)
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        'phalanx_job_state{namespace="team-a",state="Running",trainingjob="llm"} 1.0',
+        'phalanx_job_step{namespace="team-a",trainingjob="llm"} 120.0',
+        'phalanx_job_restarts{cause="Killed",namespace="team-a",trainingjob="llm"} 2.0',
+        'phalanx_job_restarts{cause="NodeLost",namespace="team-a",trainingjob="llm"} 1.0',
+        'phalanx_job_last_recovery_seconds{namespace="team-a",trainingjob="llm"} 9.25',
+        'phalanx_job_recovery_seconds{namespace="team-a",trainingjob="llm"} 13.75',
+        'phalanx_job_goodput_ratio{namespace="team-a",trainingjob="llm"} 0.97',
+        'phalanx_job_last_recovery_timestamp_seconds{namespace="team-a",trainingjob="llm"} 1.7957736005e+09',
+        # The node has its failure counter from its first pod on.
+        'phalanx_node_failures_total{node="node-1"} 0.0',
+    ):
+        assert line in text, line
+    # A state left has no series (an alert on `state="Running"` stops at once).
+    metrics.record_job("team-a", "llm", {**status, "state": "Succeeded"})
+    text = generate_latest(metrics.registry).decode()
+    assert 'namespace="team-a",state="Running"' not in text
+    assert 'phalanx_job_state{namespace="team-a",state="Succeeded",trainingjob="llm"} 1.0' in text
+    metrics.forget_job("team-a", "llm")
+    text = generate_latest(metrics.registry).decode()
+    assert 'trainingjob="llm"' not in text
+
+
+def test_failures_are_counted_per_node_for_the_repeated_failures_alert() -> None:
+    metrics = OperatorMetrics()
+    incidents = [
+        api.Incident(cause="Killed", worker="w-0", node="node-3"),
+        api.Incident(cause="NodeLost", worker="w-1", node="node-3"),
+        api.Incident(cause="Killed", worker="w-2"),  # the node unknown: no node series
+    ]
+    metrics.record_recovery(incidents, [], swaps=0)
+    text = generate_latest(metrics.registry).decode()
+    assert 'phalanx_node_failures_total{node="node-3"} 2.0' in text
+    assert text.count("phalanx_node_failures_total{") == 1
