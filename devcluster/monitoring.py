@@ -64,13 +64,16 @@ def install() -> PrometheusBinaries:
         unpacked = Path(scratch) / "unpacked"
         subprocess.run(["dpkg-deb", "-x", str(package), str(unpacked)], check=True, capture_output=True)
         target = cache_dir() / f"{PACKAGE}-{version}"
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "bin").mkdir(parents=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        staging.chmod(0o755)
+        (staging / "bin").mkdir()
         for name in BINARIES:
             shutil.copy2(unpacked / "usr" / "bin" / name, staging / "bin" / name)
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)  # complete or absent: an interrupted fetch leaves no half of it
+        try:
+            staging.rename(target)  # complete or absent: an interrupted fetch leaves no half of it
+        except OSError:
+            shutil.rmtree(staging)  # another process (a second test worker) unpacked it first
     have = cached()
     assert have is not None
     return have
