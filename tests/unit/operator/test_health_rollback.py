@@ -321,12 +321,14 @@ def test_handler_restarts_the_history_once_the_rollback_is_stored(make_job: Call
         metrics.registry.get_sample_value("phalanx_health_rollbacks_total", {"signal": "NonFiniteLoss"}) == 1
     )
     count = metrics.registry.get_sample_value(
-        "phalanx_job_health_rollbacks", {"namespace": "ml", "job": "demo"}
+        "phalanx_job_health_rollbacks", {"namespace": "ml", "trainingjob": "demo"}
     )
     assert count == 1
     reconciler.forget("ml", "demo", "uid-123")
     assert (
-        metrics.registry.get_sample_value("phalanx_job_health_rollbacks", {"namespace": "ml", "job": "demo"})
+        metrics.registry.get_sample_value(
+            "phalanx_job_health_rollbacks", {"namespace": "ml", "trainingjob": "demo"}
+        )
         is None
     )
 
