@@ -42,6 +42,12 @@ BENCHMARKS: tuple[Entry, ...] = (
         "SIGKILL of the saver at random moments of a save, then a load: 0 corrupt loads in 200 trials",
     ),
     Entry(
+        "warm-start",
+        "phalanx.bench.warm_start",
+        False,
+        "a waiting training interpreter: fork of the launcher's fork server vs a new process importing torch",
+    ),
+    Entry(
         "gang-creation",
         "phalanx.bench.gang_creation",
         True,

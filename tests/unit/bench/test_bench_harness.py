@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_registered_benchmark_loads_with_its_name() -> None:
-    assert registry.names()[:5] == [
+    assert registry.names()[:6] == [
         "checkpoint-stall",
         "kill-during-save",
+        "warm-start",
         "gang-creation",
         "operator-scale",
         "rerendezvous",
