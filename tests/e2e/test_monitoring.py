@@ -4,7 +4,7 @@ whose training stops while its heartbeats go on (its progress timeout set long, 
 
 There is no Prometheus Operator here: its monitors are turned into the scrape configuration it would write
 (pods kept by the monitors' selectors and port names, then their relabelings), and the PrometheusRule's groups
-are the rules file as they are. Debian's Prometheus is built without Kubernetes discovery, so the test lists the
+are the rules file as they are (the stuck-job alert pending 4 s instead of a minute). Debian's Prometheus is built without Kubernetes discovery, so the test lists the
 pods itself every 2 s into a file Prometheus watches, with the labels Kubernetes discovery gives each pod's
 port. Timeouts: scrape and rule evaluation every 2 s, `stuckFor` 20 s.
 """
@@ -38,7 +38,7 @@ CHART_VALUES = {
     "metrics": {
         "serviceMonitor": {"enabled": True},
         "podMonitor": {"enabled": True},
-        "prometheusRule": {"enabled": True, "stuckFor": STUCK_FOR},
+        "prometheusRule": {"enabled": True, "stuckFor": STUCK_FOR, "stuckPendingFor": "4s"},
     }
 }
 

@@ -81,7 +81,7 @@ groups:
           (phalanx_job_state{state="Running"} == 1)
           and on (namespace, trainingjob) (changes(phalanx_job_step[{{ $rule.stuckFor }}]) == 0)
           and on (namespace, trainingjob) (phalanx_job_step offset {{ $rule.stuckFor }})
-        for: 1m
+        for: {{ $rule.stuckPendingFor }}
         labels:
           severity: critical
         annotations:

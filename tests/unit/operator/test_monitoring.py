@@ -68,6 +68,7 @@ def test_the_thresholds_come_from_the_values(promtool: Path, tmp_path: Path) -> 
             "prometheusRule": {
                 "enabled": True,
                 "stuckFor": "30m",
+                "stuckPendingFor": "5m",
                 "slowRecoverySeconds": 45,
                 "goodputBelow": 0.9,
                 "nodeFailures": 5,
@@ -76,7 +77,7 @@ def test_the_thresholds_come_from_the_values(promtool: Path, tmp_path: Path) -> 
         }
     }
     text = json.dumps(rule_groups(values))
-    for expected in ("[30m]", "offset 30m", "> 45", "< 0.9", "[6h]", ">= 5"):
+    for expected in ("[30m]", "offset 30m", '"for": "5m"', "> 45", "< 0.9", "[6h]", ">= 5"):
         assert expected in text, expected
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(values)))
     checked = subprocess.run(
