@@ -146,6 +146,16 @@ class OperatorMetrics:
             ["node"],
             registry=self.registry,
         )
+        self._per_job: dict[str, Gauge] = {
+            "state": self.job_state_info,
+            "step": self.job_step,
+            "restarts": self.job_restarts,
+            "last_recovery": self.job_last_recovery,
+            "last_recovery_time": self.job_last_recovery_time,
+            "recovery_seconds": self.job_recovery_seconds,
+            "goodput": self.goodput,
+        }
+        """The series `record_job` mirrors from a job's status, by the name it gives each."""
         self._job_series: dict[tuple[str, str], dict[str, set[tuple[str, ...]]]] = {}
         self._states: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -192,7 +202,7 @@ class OperatorMetrics:
             if incident.get("secondsToRecover") is not None
         ]
         resumed = parse_time(recovered[-1].get("resumedAt")) if recovered else None
-        state, step = status.get("state"), status.get("step")
+        state, step, goodput = status.get("state"), status.get("step"), status.get("goodput")
         wanted: dict[str, dict[tuple[str, ...], float]] = {
             "state": {(state,): 1.0} if state else {},
             "step": {(): float(step)} if step is not None else {},
@@ -200,18 +210,18 @@ class OperatorMetrics:
             "last_recovery": {(): float(recovered[-1]["secondsToRecover"])} if recovered else {},
             "last_recovery_time": {(): resumed.timestamp()} if resumed is not None else {},
             "recovery_seconds": {(): float(status.get("recoverySeconds") or 0.0)},
+            "goodput": {(): float(goodput)} if goodput is not None else {},
         }
         with self._lock:
             known = self._job_series.setdefault((namespace, job), {})
             for kind, values in wanted.items():
-                gauge = self._job_gauges()[kind]
+                gauge = self._per_job[kind]
                 for stale in known.get(kind, set()) - set(values):
                     with contextlib.suppress(KeyError):
                         gauge.remove(namespace, job, *stale)
                 for labels, value in values.items():
                     gauge.labels(namespace, job, *labels).set(value)
                 known[kind] = set(values)
-        self.job_goodput(namespace, job, status.get("goodput"))
         for worker in status.get("workers") or []:
             if worker.get("node"):
                 self.node_failures.labels(node=worker["node"])
@@ -223,26 +233,7 @@ class OperatorMetrics:
             for kind, series in known.items():
                 for labels in series:
                     with contextlib.suppress(KeyError):
-                        self._job_gauges()[kind].remove(namespace, job, *labels)
-        self.job_goodput(namespace, job, None)
-
-    def _job_gauges(self) -> dict[str, Gauge]:
-        return {
-            "state": self.job_state_info,
-            "step": self.job_step,
-            "restarts": self.job_restarts,
-            "last_recovery": self.job_last_recovery,
-            "last_recovery_time": self.job_last_recovery_time,
-            "recovery_seconds": self.job_recovery_seconds,
-        }
-
-    def job_goodput(self, namespace: str, job: str, value: float | None) -> None:
-        """Set (or, with None, drop) a job's goodput."""
-        if value is None:
-            with contextlib.suppress(KeyError):
-                self.goodput.remove(namespace, job)
-            return
-        self.goodput.labels(namespace=namespace, trainingjob=job).set(value)
+                        self._per_job[kind].remove(namespace, job, *labels)
 
     def job_checkpoint_interval(self, namespace: str, job: str, checkpoint: dict[str, Any] | None) -> None:
         """Set a job's interval from its stored `status.checkpoint` (None: drop it, the job is gone)."""

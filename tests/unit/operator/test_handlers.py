@@ -163,10 +163,10 @@ def test_recovery_metrics_and_goodput() -> None:
     metrics.record_recovery([recovered], [recovered], 0)
     assert metrics.registry.get_sample_value("phalanx_recovery_duration_seconds_count") == 1
     assert metrics.registry.get_sample_value("phalanx_lost_steps_total") == 1
-    metrics.job_goodput("ml", "demo", 0.97)
+    metrics.record_job("ml", "demo", {"goodput": 0.97})
     labels = {"namespace": "ml", "trainingjob": "demo"}
     assert metrics.registry.get_sample_value("phalanx_job_goodput_ratio", labels) == 0.97
-    metrics.job_goodput("ml", "demo", None)
+    metrics.record_job("ml", "demo", {})
     assert metrics.registry.get_sample_value("phalanx_job_goodput_ratio", labels) is None
 
 
