@@ -38,8 +38,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import IO, Any, NoReturn
+
+from phalanx.worker.trainerwatch import process_state
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -202,11 +203,8 @@ def _exit_code_without_server(pid: int) -> int | None:
         pass
     else:
         return os.waitstatus_to_exitcode(status) if done else None
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return UNKNOWN_EXIT
-    return UNKNOWN_EXIT if state in ("Z", "X") else None
+    state = process_state(pid)
+    return UNKNOWN_EXIT if state is None or state in ("Z", "X") else None
 
 
 def _reap(pid: int, timeout: float) -> None:
@@ -284,13 +282,13 @@ def _become_server(preload: Sequence[str]) -> None:
     # the launcher's end of the pair closes, which any end of the launcher does.
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
-    _set_title(SERVER_TITLE)
+    set_title(SERVER_TITLE)
     for name in preload:
         with contextlib.suppress(ImportError):
             __import__(name)
 
 
-def _set_title(title: str) -> None:
+def set_title(title: str) -> None:
     """What a process list shows for this process. Only the command line's own room is used (SPT_NOENV): the
     environment stays readable in /proc, where the node's runtime tells containers apart."""
     os.environ["SPT_NOENV"] = "1"
@@ -365,7 +363,7 @@ def _interpreter(order_read: int, ready_write: int) -> int:
     os.setsid()  # as torch starts its training processes: its killpg reaches this one and its children
     os.write(ready_write, b"r")
     os.close(ready_write)
-    _set_title(WAITING_TITLE)
+    set_title(WAITING_TITLE)
     _fresh_random_state()
     with os.fdopen(order_read, "rb") as orders:
         line = orders.readline()

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from phalanx.worker.forkserver import ForkServer, ForkServerGone
+from phalanx.worker.forkserver import ForkServer, ForkServerGone, set_title
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -105,13 +105,9 @@ def take_over(order: Mapping[str, Any]) -> None:
     """Become the training process `order` describes (its command line as `ps` shows it, environment,
     logs, `sys.argv`) and run it."""
     if order.get("argv"):
-        import setproctitle
-
         # What a process list shows must be the training command, not this module: operators (and tools
-        # that find trainers by their command line) look for the former. The title goes where the command
-        # line was (SPT_NOENV, set by the pool): the environment stays readable in /proc, which the node's
-        # runtime uses to tell which container a process belongs to; the pool reserves the room for it.
-        setproctitle.setproctitle(" ".join(order["argv"]))
+        # that find trainers by their command line) look for the former. The pool reserves the room for it.
+        set_title(" ".join(order["argv"]))
     _redirect(order.get("stdout"), 1)
     _redirect(order.get("stderr"), 2)
     if order.get("unbuffered"):
