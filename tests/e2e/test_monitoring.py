@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import threading
 import urllib.parse
@@ -26,7 +25,7 @@ import helm_python
 import pytest
 import yaml
 
-from phalanx.devcluster import monitoring
+from phalanx.devcluster import controlplane, monitoring
 
 from .conftest import OPERATOR_NAMESPACE, REPO_ROOT, Cluster, Operator, wait_for
 from .test_operator import get_job, trainingjob
@@ -142,12 +141,6 @@ class Discovery(threading.Thread):
                 self.refresh()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -202,7 +195,7 @@ def prometheus(cluster: Cluster, operator: Operator, tmp_path: Path) -> Iterator
     }
     (tmp_path / "prometheus.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
-    port = free_port()
+    port = controlplane.free_port(set())
     log = (tmp_path / "prometheus.log").open("w")
     process = subprocess.Popen(
         [
