@@ -25,8 +25,8 @@ PYTHON = os.path.basename(sys.executable)
 
 @pytest.fixture
 def server() -> Iterator[ForkServer]:
-    # numpy too: the server imports what the trainers use, and it is numpy's generator the forks share.
-    started = ForkServer.spawn(["numpy"], title_room=200)
+    # numpy.random itself (numpy imports it lazily): its global generator, made in the server, is what forks share.
+    started = ForkServer.spawn(["numpy.random"], title_room=200)
     try:
         yield started
     finally:
