@@ -4,6 +4,7 @@ installed from its chart) that the end-to-end and chaos suites share in a test s
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -161,6 +162,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     from a cluster or a machine that can no longer run pods."""
     if report.when == "call" and "e2e" in report.keywords:
         _note_cluster_outcome(report)
+    _timeline.append(
+        {
+            "test": report.nodeid,
+            "phase": report.when,
+            "start": round(report.start, 1),
+            "seconds": round(report.duration, 2),
+            "outcome": report.outcome,
+        }
+    )
     config = _session_config.get("config")
     terminal = config.pluginmanager.get_plugin("terminalreporter") if config else None
     if not isinstance(terminal, TerminalReporter):
@@ -225,6 +235,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _sessions.append(session)
+
+
+_timeline: list[dict[str, object]] = []
+"""Every phase of every test, for `timeline.jsonl` in the session's base temporary folder: where a run's time went,
+beyond the `--durations` table, kept after the run on the machine that ran it."""
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or hasattr(session.config, "workerinput"):  # an xdist worker: its controller writes it
+        return
+    with (factory.getbasetemp() / "timeline.jsonl").open("w") as out:
+        out.writelines(json.dumps(entry) + "\n" for entry in _timeline)
 
 
 def _note_cluster_outcome(report: pytest.TestReport) -> None:

@@ -92,7 +92,18 @@ def run_ranks(
     port = free_port()
     processes = []
     for rank in range(world_size):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            # DCP's background saving process (sharded saves) joins its gloo group through the group's own store
+            # under a prefix. Its default is a port that rank 0 finds free and that the background process binds
+            # seconds later, once its interpreter has started: on this host, shared with the other test process
+            # and its connections, that port was once taken in between (EADDRINUSE), and rank 1 waited forever.
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "DCP_USE_PREFIX_STORE": "1",
+        }
         env.update((env_per_rank or [{}] * world_size)[rank])
         out = workdir / f"result-{scenario}-{rank}.json"
         out.unlink(missing_ok=True)
