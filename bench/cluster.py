@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client, config
 
 from phalanx import assets
-from phalanx.bench.kubeobjects import custom_object, is_terminating, labels_of, uid_of
+from phalanx.bench.kubeobjects import custom_object, is_terminating, labels_of, name_of, uid_of
 from phalanx.devcluster import controlplane
 
 REAL_NODES = 3
@@ -28,6 +28,8 @@ SIMULATED_NODES = 5
 """Simulated nodes hold 250 pods each: room for the 1,000-worker gang and its spares."""
 OPERATOR_NAMESPACE = "phalanx-system"
 OPERATOR_RELEASE = "phalanx"
+LEADER_LEASE = f"{OPERATOR_RELEASE}-leader"
+"""The Lease the operator's replicas compete for (the chart's `<fullname>-leader`): its holder is the one acting."""
 OPERATOR_SELECTOR = "app.kubernetes.io/name=phalanx"
 OPERATOR_CONTAINER = "operator"
 OPERATOR_VALUES: dict[str, Any] = {"logLevel": "INFO"}
@@ -330,9 +332,23 @@ class BenchCluster:
             if not is_terminating(pod)
         ]
 
+    def leader_pod(self) -> client.V1Pod | None:
+        """The Ready operator pod that acts: the holder of the operator's Lease, or without leader election (no
+        Lease) the one Ready pod. None while that is not known yet."""
+        ready = [pod for pod in self.operator_pods() if is_ready(pod)]
+        try:
+            spec = self.coordination.read_namespaced_lease(LEADER_LEASE, OPERATOR_NAMESPACE).spec
+            holder = spec.holder_identity if spec is not None else None
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            return ready[0] if len(ready) == 1 else None
+        return next((pod for pod in ready if name_of(pod) == holder), None)
+
     def ensure_operator(self) -> OperatorInfo:
         """The running operator; installed from the chart with Helm's SDK when none runs."""
-        if self.operator is not None and any(uid_of(p) == self.operator.uid for p in self.operator_pods()):
+        leader = self.leader_pod()
+        if self.operator is not None and leader is not None and uid_of(leader) == self.operator.uid:
             return self.operator
         installed_here = False
         if not any(is_ready(pod) for pod in self.operator_pods()):
@@ -351,11 +367,7 @@ class BenchCluster:
                 create_namespace=True,
             )
             installed_here = True
-        pod = wait_for(
-            lambda: next((p for p in self.operator_pods() if is_ready(p)), None),
-            180,
-            message="the operator pod to be Ready",
-        )
+        pod = wait_for(self.leader_pod, 180, message="the operator's acting pod to be Ready")
         container = next(c for c in pod.spec.containers if c.name == OPERATOR_CONTAINER)
         settings = {env.name: env.value for env in container.env or [] if env.value is not None}
         settings = {key: value for key, value in settings.items() if key.startswith("PHALANX_OPERATOR_")}
@@ -370,6 +382,28 @@ class BenchCluster:
             # Ready means started (the agent runs no probes): wait until the operator serves its metrics.
             wait_for(self.operator_metrics, 120, message="the operator's metrics endpoint")
         return self.operator
+
+    def scale_operator(self, replicas: int) -> None:
+        """Run `replicas` operator replicas (`helm upgrade` of the installed release, its other values kept), and
+        wait until that many run, one of them holding the operator's Lease."""
+        self.ensure_operator()
+        self._helm().upgrade(
+            str(assets.chart_dir()),
+            OPERATOR_RELEASE,
+            {"replicaCount": replicas},
+            namespace=OPERATOR_NAMESPACE,
+            reuse_values=True,
+        )
+        wait_for(
+            lambda: (
+                len([p for p in self.operator_pods() if is_ready(p)]) == len(self.operator_pods()) == replicas
+                and self.leader_pod() is not None
+            ),
+            240,
+            message=f"{replicas} operator replicas, one holding the Lease",
+        )
+        self.operator = None
+        self.ensure_operator()
 
     def operator_process(self) -> psutil.Process:
         """The operator's process on this machine (the node agent runs pods as local processes)."""

@@ -60,6 +60,12 @@ BENCHMARKS: tuple[Entry, ...] = (
         "100 TrainingJobs: event -> action latency, operator RSS/CPU, API writes/s in steady state",
     ),
     Entry(
+        "operator-takeover",
+        "phalanx.bench.operator_takeover",
+        True,
+        "the operator's acting replica killed or stopped -> the standby holds the Lease and acts",
+    ),
+    Entry(
         "rerendezvous",
         "phalanx.bench.rerendezvous",
         True,

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -96,11 +97,23 @@ class Kube:
         self._verified: dict[str, float] = {}
         self._events: OrderedDict[tuple[str, ...], _PostedEvent] = OrderedDict()
         self._lock = threading.Lock()
+        self.fence: Callable[[], None] | None = None
+        """Called before every write (`LeaderElector.fence` under leader election); raises to refuse it."""
 
     def request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        *,
+        fenced: bool = True,
     ) -> Any:
-        """One API request (`path` may carry its query); the decoded JSON answer, an ApiException otherwise."""
+        """One API request (`path` may carry its query); the decoded JSON answer, an ApiException otherwise.
+        A write passes `fence` first (leader election: it raises unless this replica leads); the election's own
+        writes are not `fenced`."""
+        if fenced and method != "GET" and self.fence is not None:
+            self.fence()
         method, url, headers, payload, post = self.client.param_serialize(
             method,
             path,

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import secrets
+import signal
 import socket
+import threading
 from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import builders, handlers, logformat, policy, validation, viewclock
+from phalanx.operator import builders, handlers, leadership, logformat, policy, validation, viewclock
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
 from phalanx.operator.throttle import CreationThrottle
+
+LOGGER = logging.getLogger(__name__)
 
 
 def peering_priority(settings: OperatorSettings) -> int:
@@ -61,6 +67,12 @@ def run(settings: OperatorSettings) -> int:
         ),
         creations=CreationThrottle(settings.create_backoff_seconds, settings.create_max_backoff_seconds),
     )
+    elector = None
+    metrics.leader.set(1)
+    if settings.leader_election:
+        elector = elect(settings, kube, metrics)
+        if elector is None:  # stopped while standing by
+            return 0
     view = viewclock.OperatorView(settings.view_namespaces, settings.clusterwide, settings.view_lag_seconds)
     reconciler.view = view
     if view.namespaces:
@@ -96,8 +108,69 @@ def run(settings: OperatorSettings) -> int:
             reconciler.watch_stalled.set()
         return stalled
 
-    if asyncio.run(operate()):
+    try:
+        stalled = asyncio.run(operate())
+    finally:
+        if elector is not None:
+            elector.stop()
+            elector.release()
+    if stalled:
         # Its container restarts it, with every watch started afresh.
-        logging.getLogger(__name__).error("stopped: the pod watch had stopped delivering")
+        LOGGER.error("stopped: the pod watch had stopped delivering")
         return 1
     return 0
+
+
+def elect(
+    settings: OperatorSettings, kube: Kube, metrics: OperatorMetrics
+) -> leadership.LeaderElector | None:
+    """Stand by until this replica holds the operator's Lease (answering liveness probes meanwhile); every write
+    of `kube` is fenced by it from then on. None: SIGTERM or SIGINT came first."""
+    elector = leadership.LeaderElector(
+        functools.partial(kube.request, fenced=False),
+        settings.leader_election_namespace or settings.view_namespace or "default",
+        settings.leader_election_name,
+        settings.leader_identity or socket.gethostname(),
+        leadership.LeaseTiming(
+            settings.lease_duration_seconds,
+            settings.lease_renew_deadline_seconds,
+            settings.lease_retry_seconds,
+        ),
+        on_lost=_exit_lost,
+    )
+    kube.fence = elector.fence
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    health = (
+        leadership.StandbyHealth(settings.bind_host, settings.liveness_port)
+        if settings.liveness_port
+        else None
+    )
+    LOGGER.info(
+        "standing by for the operator's Lease %s/%s as %s", elector.namespace, elector.name, elector.identity
+    )
+    metrics.leader.set(0)
+    elector.start()
+    try:
+        while not elector.leading.wait(0.2):
+            if stop.is_set():
+                elector.stop()
+                return None
+    finally:
+        if health is not None:
+            health.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop.is_set():
+        elector.stop()
+        elector.release()
+        return None
+    metrics.leader.set(1)
+    return elector
+
+
+def _exit_lost(holder: str) -> None:
+    """Another replica holds the Lease: leave now, before any further write, and come back as a standby."""
+    LOGGER.error("exiting: another replica (%s) leads now", holder)
+    logging.shutdown()
+    os._exit(1)

@@ -30,6 +30,12 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.jobs = Gauge("phalanx_jobs", "TrainingJobs by state.", ["state"], registry=self.registry)
+        self.leader = Gauge(
+            "phalanx_operator_leader",
+            "1 while this replica acts (it holds the operator's Lease, or runs without leader election), 0 while "
+            "it stands by.",
+            registry=self.registry,
+        )
         self.reconcile_seconds = Histogram(
             "phalanx_reconcile_duration_seconds",
             "Time of one reconcile of one job, API calls included.",

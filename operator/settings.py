@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from phalanx.errors import UserFacingError
 
@@ -29,6 +29,25 @@ class OperatorSettings(BaseModel):
     priority: int | None = None
     """Peering priority of this replica; the highest live priority is the active one. Unset: a random
     priority, because kopf pauses every replica when two share the highest priority."""
+    leader_election: bool = False
+    """Of the replicas that share `leaderElectionName`, only the one holding that Lease acts; the others stand by
+    and take over when it stops renewing it (operator/leadership.py). The chart turns it on; off, this process
+    acts alone and must be the only one."""
+    leader_election_name: str = "phalanx-operator"
+    """Name of the Lease the replicas compete for."""
+    leader_election_namespace: str = ""
+    """Namespace of that Lease (the chart sets the operator's own); empty: `viewNamespace`, else `default`."""
+    leader_identity: str = ""
+    """This replica's name in the Lease (the chart sets the pod's name, so that a restarted container takes its
+    own Lease back at once); empty: the host's name."""
+    lease_duration_seconds: float = Field(default=8.0, gt=0, le=300)
+    """A standby takes over once the Lease has gone unrenewed this long (a leader that stops cleanly releases it
+    at once): a killed leader is replaced after about this, plus `leaseRetrySeconds` and the start."""
+    lease_renew_deadline_seconds: float = Field(default=6.0, gt=0, le=300)
+    """The leader acts only until this long after its last successful renewal began, then renews before its
+    next write (less than `leaseDurationSeconds`, so a paused leader stops before a standby starts)."""
+    lease_retry_seconds: float = Field(default=1.0, gt=0, le=60)
+    """Seconds between the leader's renewals and between the standbys' reads of the Lease."""
     reconcile_interval_seconds: float = Field(default=5.0, gt=0)
     """Seconds between periodic reconciles of each job (events trigger one at once as well)."""
     recheck_children_seconds: float = Field(default=60.0, gt=0)
@@ -124,6 +143,15 @@ class OperatorSettings(BaseModel):
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @model_validator(mode="after")
+    def _lease_times_in_order(self) -> OperatorSettings:
+        if not self.lease_retry_seconds < self.lease_renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                "leaseRetrySeconds < leaseRenewDeadlineSeconds < leaseDurationSeconds must hold (got "
+                f"{self.lease_retry_seconds}, {self.lease_renew_deadline_seconds}, {self.lease_duration_seconds})"
+            )
+        return self
 
     @property
     def clusterwide(self) -> bool:

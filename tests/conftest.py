@@ -142,7 +142,9 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
     helm.install(
         str(REPO_ROOT / "charts" / "phalanx"),
         release,
-        values={"reconcileIntervalSeconds": 2, "logLevel": "DEBUG"},
+        # One replica (leader election still on): the chaos tests freeze, kill and restart the operator's one
+        # process; tests/e2e/test_operator_ha.py scales it to the chart's two for the takeover tests.
+        values={"reconcileIntervalSeconds": 2, "logLevel": "DEBUG", "replicaCount": 1},
         namespace=OPERATOR_NAMESPACE,
         create_namespace=True,
     )

@@ -225,6 +225,50 @@ class Operator:
             self.namespace, label_selector="app.kubernetes.io/name=phalanx"
         ).items
 
+    @property
+    def lease(self) -> str:
+        """The Lease the replicas compete for (the chart's `<fullname>-leader`; the release's name is the
+        fullname here)."""
+        return f"{self.release}-leader"
+
+    def scale(self, cluster: Cluster, replicas: int) -> None:
+        """`helm upgrade` the release to `replicas` operator replicas, its other values kept; return once that
+        many run and one of them holds the Lease."""
+        import helm_python
+
+        helm = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=self.namespace)
+        helm.upgrade(
+            str(REPO_ROOT / "charts" / "phalanx"),
+            self.release,
+            {"replicaCount": replicas},
+            namespace=self.namespace,
+            reuse_values=True,
+        )
+
+        def settled() -> bool:
+            pods = [p for p in self.pods(cluster) if p.metadata.deletion_timestamp is None]
+            ready = [
+                p.metadata.name
+                for p in pods
+                if p.status.phase == "Running"
+                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            ]
+            return len(ready) == len(pods) == replicas and self.leader(cluster) in ready
+
+        wait_for(settled, 180, message=f"{replicas} operator replicas, one of them holding the Lease")
+
+    def leader(self, cluster: Cluster) -> str | None:
+        """The pod holding the operator's Lease (the one acting), None when none does."""
+        try:
+            lease = client.CoordinationV1Api(cluster.core.api_client).read_namespaced_lease(
+                self.lease, self.namespace
+            )
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return lease.spec.holder_identity or None
+
 
 def operator_ready(cluster: Cluster) -> bool:
     pods = cluster.core.list_namespaced_pod(

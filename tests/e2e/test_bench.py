@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.timeout(BENCH_SMOKE_TIMEOUT + 100),
 ]
 
-CLUSTER_BENCHMARKS = ["gang-creation", "operator-scale", "rerendezvous"]
+CLUSTER_BENCHMARKS = ["gang-creation", "operator-scale", "operator-takeover", "rerendezvous"]
 
 
 def metrics_of(result: dict) -> dict[str, dict]:
@@ -53,6 +53,11 @@ def test_cluster_benchmarks_in_smoke_mode(cluster: Cluster, operator: Operator, 
     assert results["operator-scale"]["details"]["absurd"]["skipped"] == 0
     assert min(scale["operator RSS"]["samples"]) > 0
     assert scale["operator API writes per second"]["samples"]
+
+    takeover = metrics_of(results["operator-takeover"])
+    for how in ("killed", "stopped"):
+        assert len(takeover[f"leader {how} -> standby acts"]["samples"]) == 1
+        assert takeover[f"leader {how} -> standby holds the Lease"]["samples"][0] > 0
 
     rendezvous = metrics_of(results["rerendezvous"])
     assert len(rendezvous["scale to 3 -> training at 3"]["samples"]) == 1

@@ -193,8 +193,14 @@ def test_auto_interval_grows_when_saves_get_costlier(
     print(f"cheap saves: {cheap}; costly saves: {costly}")
     assert costly["failuresSeen"] == cheap["failuresSeen"] == 0
     assert abs(costly["mtbfSeconds"] - cheap["mtbfSeconds"]) < 0.01 * cheap["mtbfSeconds"]
-    # Young/Daly: the interval grows with the square root of the save cost (the step time grew a little too).
-    assert costly["intervalSteps"] > cheap["intervalSteps"], (cheap, costly)
+
+    # Young/Daly: the interval in seconds grows with the square root of the save cost. In steps it is that over
+    # the step time, which the bigger state's persisting (and a busy machine) lengthens too: seen from 28 steps to
+    # 21 while the seconds grew.
+    def interval_seconds(found: dict[str, Any]) -> float:
+        return float(found["intervalSteps"]) * float(found["stepSeconds"])
+
+    assert interval_seconds(costly) > interval_seconds(cheap), (cheap, costly)
     changes = [
         e["message"] for e in events_for(cluster, namespace, name) if e["reason"] == "CheckpointInterval"
     ]

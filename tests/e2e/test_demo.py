@@ -83,22 +83,27 @@ def story_mismatch(reasons: list[str], story: list[tuple[str, ...]]) -> str | No
 
 @pytest.mark.compat
 def test_demo_trains_through_an_injected_failure(cluster: Cluster, operator: Operator, tmp_path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phalanx.cli",
-            "demo",
-            "--state-dir",
-            str(cluster.state_dir),
-            "--report",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "demo",
+                "--state-dir",
+                str(cluster.state_dir),
+                "--report",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    finally:
+        # The demo upgrades the release to the chart's defaults, two replicas among them; the tests after it
+        # act on the operator's one process.
+        operator.scale(cluster, 1)
     summary = assert_demo_succeeded(result, tmp_path)
     assert summary["kill_method"] == "agent"  # the node agent's fault injection: its nodes run processes
     # The story the Events tell is the run's, nothing more: no failure's Events for the preflight's planned

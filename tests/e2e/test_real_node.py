@@ -242,8 +242,10 @@ def operator_pod(real: RealNodeCluster) -> str:
     assert "imported into containerd" in build.stdout
 
     helm = helm_python.Config(kubeconfig_path=str(real.kubeconfig), namespace=OPERATOR_NAMESPACE)
-    helm.install(str(CHART), "phalanx", values={"reconcileIntervalSeconds": 2}, namespace=OPERATOR_NAMESPACE,
-                 create_namespace=True)  # fmt: skip
+    # One replica: these tests read the acting operator's logs and files (two replicas' takeover is tested on the
+    # agent's nodes, tests/e2e/test_operator_ha.py).
+    helm.install(str(CHART), "phalanx", values={"reconcileIntervalSeconds": 2, "replicaCount": 1},
+                 namespace=OPERATOR_NAMESPACE, create_namespace=True)  # fmt: skip
     operator = wait_for(
         lambda: [
             pod

@@ -55,7 +55,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* "true" when replicas must peer (asked for, or more than one replica). */}}
 {{- define "phalanx.peering" -}}
-{{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- if .Values.peering.enabled }}true{{ end }}
 {{- end }}
 
 {{/* The worker-Lease admission policy and its binding (cluster-scoped, one per release). */}}
@@ -113,4 +113,9 @@ groups:
         annotations:
           summary: Node {{ "{{ $labels.node }}" }} had {{ "{{ $value }}" }} training failures in {{ $rule.nodeFailureWindow }}.
           description: Failures keep landing on the same node. Cordon it and check its hardware.
+{{- end }}
+
+{{/* The Lease the operator's replicas compete for (leader election). */}}
+{{- define "phalanx.leaderLease" -}}
+{{- printf "%s-leader" (include "phalanx.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

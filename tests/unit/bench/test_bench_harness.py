@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_registered_benchmark_loads_with_its_name() -> None:
-    assert registry.names()[:6] == [
+    assert registry.names()[:7] == [
         "checkpoint-stall",
         "kill-during-save",
         "warm-start",
         "gang-creation",
         "operator-scale",
+        "operator-takeover",
         "rerendezvous",
     ]
     for entry in registry.BENCHMARKS:

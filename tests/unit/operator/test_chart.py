@@ -39,8 +39,14 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     "values",
     [
         {},
-        {"scope": "namespace", "watchNamespaces": ["a", "b"], "replicaCount": 2},
+        {
+            "scope": "namespace",
+            "watchNamespaces": ["a", "b"],
+            "replicaCount": 2,
+            "peering": {"enabled": True},
+        },
         {"metrics": {"enabled": False}},
+        {"replicaCount": 1, "leaderElection": {"enabled": False}},
     ],
 )
 def test_lint_reports_no_warning_or_error(values: dict[str, Any]) -> None:
@@ -209,9 +215,11 @@ def test_cluster_scope_rbac_is_enough_and_least_privilege(make_job: Any) -> None
     assert not _allows(rules, "", "nodes", "delete")
 
 
-def test_namespace_scope_has_a_role_per_namespace_and_peering_with_two_replicas() -> None:
-    objects = _render({"scope": "namespace", "watchNamespaces": ["team-a", "team-b"], "replicaCount": 2})
-    roles = [o for o in objects if o["kind"] == "Role"]
+def test_namespace_scope_has_a_role_per_namespace_and_peering_when_asked() -> None:
+    objects = _render(
+        {"scope": "namespace", "watchNamespaces": ["team-a", "team-b"], "peering": {"enabled": True}}
+    )
+    roles = [o for o in objects if o["kind"] == "Role" and not o["metadata"]["name"].endswith("-leader")]
     assert sorted(o["metadata"]["namespace"] for o in roles) == ["team-a", "team-b"]
     # Cluster-wide: what the operator reads of nodes, and the roles tenants get through namespaced bindings.
     assert sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole") == sorted(
@@ -354,3 +362,63 @@ def test_tenant_roles_fold_into_kubernetes_edit_and_view_and_can_be_left_out() -
         for o in _render({"tenantRoles": {"enabled": False}})
         if o["metadata"]["name"].endswith(("-edit", "-view"))
     ]
+
+
+def test_two_replicas_by_default_elect_a_leader_over_a_lease_of_their_own_with_a_disruption_budget() -> None:
+    objects = _render()
+    deployment = _one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    env = {entry["name"]: entry for entry in pod["containers"][0]["env"]}
+    assert env["PHALANX_OPERATOR_LEADER_ELECTION"]["value"] == "true"
+    assert env["PHALANX_OPERATOR_LEADER_ELECTION_NAME"]["value"] == "phx-phalanx-leader"
+    assert env["PHALANX_OPERATOR_LEADER_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["PHALANX_OPERATOR_LEADER_ELECTION_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.namespace"
+    )
+    # The chart's times are the operator's defaults, and pass its own check of their order.
+    from phalanx.operator.settings import settings_from
+
+    settings = settings_from({name: entry["value"] for name, entry in env.items() if "value" in entry})
+    assert (
+        settings.lease_duration_seconds,
+        settings.lease_renew_deadline_seconds,
+        settings.lease_retry_seconds,
+    ) == (
+        8,
+        6,
+        1,
+    )
+    assert not [o for o in objects if o["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+    assert "PHALANX_OPERATOR_PEERING" not in env
+    # The replicas spread over nodes where they can.
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
+    budget = _one(objects, "PodDisruptionBudget")
+    assert budget["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+    # The Lease's Role: create (which cannot be narrowed by name), then only that Lease.
+    role = _one(objects, "Role", "phx-phalanx-leader")
+    assert role["metadata"]["namespace"] == "phalanx-system"
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in role[
+        "rules"
+    ]
+    named = next(rule for rule in role["rules"] if rule.get("resourceNames"))
+    assert named["resourceNames"] == ["phx-phalanx-leader"] and set(named["verbs"]) == {"get", "update"}
+    binding = _one(objects, "RoleBinding", "phx-phalanx-leader")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "phx-phalanx", "namespace": "phalanx-system"}
+    ]
+
+
+def test_one_replica_has_no_disruption_budget_and_leader_election_can_be_turned_off() -> None:
+    one = _render({"replicaCount": 1})
+    assert not [o for o in one if o["kind"] == "PodDisruptionBudget"]
+    assert "affinity" not in _one(one, "Deployment")["spec"]["template"]["spec"]
+    off = _render({"replicaCount": 1, "leaderElection": {"enabled": False}})
+    env = {e["name"] for e in _one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "PHALANX_OPERATOR_LEADER_ELECTION" not in env
+    assert not [o for o in off if o["kind"] == "Role" and o["metadata"]["name"].endswith("-leader")]
