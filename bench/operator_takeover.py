@@ -71,13 +71,18 @@ def end_leader(cluster: BenchCluster, namespace: str, how: str) -> Takeover:
         message="two operator replicas, one acting",
     )
     leader = holder(cluster)
-    (standby,) = [name_of(p) for p in cluster.operator_pods() if name_of(p) != leader]
     reached = job_step(cluster, namespace)
     started = time.monotonic()
     cluster.core.delete_namespaced_pod(
         str(leader), OPERATOR_NAMESPACE, grace_period_seconds=0 if how == "killed" else None
     )
-    wait_for(lambda: holder(cluster) == standby, TAKEOVER_TIMEOUT, interval=0.1, message=f"{standby} to lead")
+    # The successor is the standby, or the Deployment's replacement pod when it reads a released Lease first.
+    wait_for(
+        lambda: holder(cluster) not in (None, leader),
+        TAKEOVER_TIMEOUT,
+        interval=0.1,
+        message=f"another replica than {leader} to lead",
+    )
     holds = time.monotonic() - started
     wait_for(
         lambda: job_step(cluster, namespace) > reached,
