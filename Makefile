@@ -85,16 +85,15 @@ typecheck: install
 
 # Every test that needs no cluster, on two processes (pytest-xdist); tests/conftest.py keeps those that start
 # training processes together on one of them.
-UNIT_PYTEST = $(PYTEST) -m "not peers and not bench" -n 2 --dist loadgroup --ignore=tests/e2e --ignore=tests/chaos \
-	$(PYTEST_ARGS)
 unit: install
-	$(UNIT_PYTEST); rc=$$?; $(NONE_RAN); exit $$rc
+	$(PYTEST) -m "not peers and not bench" -n 2 --dist loadgroup --ignore=tests/e2e --ignore=tests/chaos \
+		$(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 # The local cluster's tests (tests/e2e, tests/chaos), one at a time on one cluster; the real node's among them,
 # but for its two trainings through a failure in containers (`make test-real-node` runs them).
-E2E_PYTEST = $(PYTEST) -m "not peers and not bench and not real_training" tests/e2e tests/chaos $(PYTEST_ARGS)
 e2e: real-node
-	$(E2E_PYTEST); rc=$$?; $(NONE_RAN); exit $$rc
+	$(PYTEST) -m "not peers and not bench and not real_training" tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; \
+	$(NONE_RAN); exit $$rc
 
 # Every real-node test (root): containerd, kubelet and kube-proxy on this host, the images, and the demo and the
 # example trained through a failure in real containers.

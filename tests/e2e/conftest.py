@@ -231,6 +231,16 @@ class Operator:
         fullname here)."""
         return f"{self.release}-leader"
 
+    def ready_pods(self, cluster: Cluster) -> list[str]:
+        """The names of the operator's pods that run, are Ready and are not being deleted."""
+        return sorted(
+            pod.metadata.name
+            for pod in self.pods(cluster)
+            if pod.metadata.deletion_timestamp is None
+            and pod.status.phase == "Running"
+            and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+        )
+
     def scale(self, cluster: Cluster, replicas: int) -> None:
         """`helm upgrade` the release to `replicas` operator replicas, its other values kept; return once that
         many run and one of them holds the Lease."""
@@ -247,12 +257,7 @@ class Operator:
 
         def settled() -> bool:
             pods = [p for p in self.pods(cluster) if p.metadata.deletion_timestamp is None]
-            ready = [
-                p.metadata.name
-                for p in pods
-                if p.status.phase == "Running"
-                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-            ]
+            ready = self.ready_pods(cluster)
             return len(ready) == len(pods) == replicas and self.leader(cluster) in ready
 
         wait_for(settled, 180, message=f"{replicas} operator replicas, one of them holding the Lease")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from .conftest import Cluster, Operator, operator_ready, wait_for
-from .test_fault_tolerance import incidents_of
+from .test_fault_tolerance import incidents_of, step_of
 from .test_operator import get_job, job_pods, trainingjob
 
 pytestmark = pytest.mark.e2e
@@ -23,16 +23,6 @@ pytestmark = pytest.mark.e2e
 ACT_WITHIN_SECONDS = 30.0
 """A killed leader's successor acts within this: its 8 s lease, one retry and its start, with room for a busy
 machine. The 15 s target is judged by the benchmark (p95 of repeated takeovers), not by one timed test."""
-
-
-def live_pods(cluster: Cluster, operator: Operator) -> list[str]:
-    return sorted(
-        pod.metadata.name
-        for pod in operator.pods(cluster)
-        if pod.metadata.deletion_timestamp is None
-        and pod.status.phase == "Running"
-        and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-    )
 
 
 @pytest.fixture
@@ -48,12 +38,8 @@ def two_replicas(cluster: Cluster, operator: Operator) -> Iterator[None]:
 def training(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
     job = trainingjob(name, replicas=2, spares=1, steps=100000, step_delay=0.1)
     cluster.apply(job, namespace)
-    wait_for(lambda: step(cluster, namespace, name) >= 5, 240, message="step 5")
+    wait_for(lambda: step_of(cluster, namespace, name) >= 5, 240, message="step 5")
     return {pod.metadata.name: pod.metadata.uid for pod in job_pods(cluster, namespace, name)}
-
-
-def step(cluster: Cluster, namespace: str, name: str) -> int:
-    return int((get_job(cluster, namespace, name).get("status") or {}).get("step") or 0)
 
 
 def assert_untouched(cluster: Cluster, namespace: str, name: str, before: dict[str, str]) -> None:
@@ -70,7 +56,7 @@ def test_a_killed_leader_is_replaced_by_a_standby_that_acts_at_once(
 ) -> None:
     before = training(cluster, namespace, "ha")
     leader = operator.leader(cluster)
-    reached = step(cluster, namespace, "ha")
+    reached = step_of(cluster, namespace, "ha")
     # The leader's pod is gone at once, its process killed with it: no SIGTERM, so no release of the Lease.
     killed = time.monotonic()
     cluster.kubectl(
@@ -81,13 +67,13 @@ def test_a_killed_leader_is_replaced_by_a_standby_that_acts_at_once(
     successor = operator.leader(cluster)
     holding = time.monotonic() - killed
     # Acting: the new leader's reconcile writes the job's status with the step training reached since.
-    wait_for(lambda: step(cluster, namespace, "ha") > reached + 10, 60, message="the status to move on")
+    wait_for(lambda: step_of(cluster, namespace, "ha") > reached + 10, 60, message="the status to move on")
     acting = time.monotonic() - killed
     print(f"takeover: {successor} held the Lease {holding:.1f} s after the kill and acted at {acting:.1f} s")
     assert acting <= ACT_WITHIN_SECONDS, f"the successor acted {acting:.1f} s after the leader was killed"
     assert_untouched(cluster, namespace, "ha", before)
     # The Deployment's new pod stands by.
-    wait_for(lambda: len(live_pods(cluster, operator)) == 2, 120, message="a new standby")
+    wait_for(lambda: len(operator.ready_pods(cluster)) == 2, 120, message="a new standby")
     assert operator.leader(cluster) == successor
 
 
@@ -96,15 +82,17 @@ def test_a_leader_paused_past_its_lease_stops_acting_when_it_wakes(
 ) -> None:
     before = training(cluster, namespace, "paused")
     leader = str(operator.leader(cluster))
-    (standby,) = [pod for pod in live_pods(cluster, operator) if pod != leader]
+    (standby,) = [pod for pod in operator.ready_pods(cluster) if pod != leader]
     restarts = restart_count(cluster, operator, leader)
     cluster.kubectl(
         "annotate", "pod", leader, "-n", operator.namespace, "phalanx.dev/freeze=true", "--overwrite"
     )
     try:
         wait_for(lambda: operator.leader(cluster) == standby, 60, message=f"{standby} to take the Lease")
-        reached = step(cluster, namespace, "paused")
-        wait_for(lambda: step(cluster, namespace, "paused") > reached + 10, 60, message="the standby to act")
+        reached = step_of(cluster, namespace, "paused")
+        wait_for(
+            lambda: step_of(cluster, namespace, "paused") > reached + 10, 60, message="the standby to act"
+        )
     finally:
         cluster.kubectl(
             "annotate", "pod", leader, "-n", operator.namespace, "phalanx.dev/freeze=false", "--overwrite"
