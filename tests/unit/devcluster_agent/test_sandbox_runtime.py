@@ -18,6 +18,7 @@ from phalanx.devcluster.agent.runtime import (
     kill_orphans,
     marked_processes,
     probe_namespaces,
+    process_start_time,
 )
 
 NAMESPACED = probe_namespaces()
@@ -132,13 +133,18 @@ def wait_until(condition: object, patience: float = 10.0) -> bool:
 
 
 def left_the_group(marker: str, leader: int) -> list[int]:
-    """The container's processes in a session of their own (once `setsid` ran)."""
+    """The container's processes in a session of their own (once `setsid` ran and exec'd `sleep`)."""
     found = []
     for pid in marked_processes(marker):
         try:
-            if pid != leader and os.getsid(pid) == pid:
+            # Only once `sleep` runs: in the middle of its exec its environment may read as empty.
+            if (
+                pid != leader
+                and os.getsid(pid) == pid
+                and Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+            ):
                 found.append(pid)
-        except ProcessLookupError:
+        except (ProcessLookupError, FileNotFoundError):
             continue
     return found
 
@@ -167,6 +173,18 @@ def test_a_child_in_its_own_session_is_frozen_and_killed_with_its_container(tmp_
     assert wait_until(lambda: process_state(child) in (None, "Z"))
 
 
+def describe_container(marker: str, leader: int, run_dir: Path) -> str:
+    """What kill_orphans reads (pid files, the leader's start time, the marked processes), for a failure's message."""
+    pid_files = {path.name: path.read_text().strip() for path in run_dir.glob("*.pid")}
+    members = []
+    for pid in marked_processes(marker):
+        try:
+            members.append(f"{pid} pgid={os.getpgid(pid)} sid={os.getsid(pid)} state={process_state(pid)}")
+        except ProcessLookupError:
+            members.append(f"{pid} gone")
+    return f"pid files {pid_files}, leader {leader} started {process_start_time(leader)}, marked {members}"
+
+
 def test_orphans_that_left_the_group_are_killed_by_marker(tmp_path: Path) -> None:
     state = tmp_path / "state"
     run_dir = state / "pods" / "uid" / "run"
@@ -175,7 +193,10 @@ def test_orphans_that_left_the_group_are_killed_by_marker(tmp_path: Path) -> Non
     container_spec["env"][CONTAINER_MARKER] = marker
     process = ContainerProcess(container_spec, run_dir, tmp_path / "logs" / "0.log", False, lambda: None)
     assert wait_until(lambda: left_the_group(marker, process.pid))
-    assert kill_orphans(state) == 2
+    before = describe_container(marker, process.pid, run_dir)
+    assert kill_orphans(state) == 2, (
+        f"before: {before}; after: {describe_container(marker, process.pid, run_dir)}"
+    )
     assert process.wait(10)
     assert wait_until(lambda: all(process_state(pid) in (None, "Z") for pid in marked_processes(marker)))
 
