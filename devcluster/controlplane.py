@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from phalanx.devcluster import processes
+from phalanx.devcluster import podnetwork, processes
 from phalanx.devcluster.agent.volumes import shm_root
 from phalanx.devcluster.binaries import (
     DEBIAN_VERSION,
@@ -77,6 +77,13 @@ class ClusterConfig:
     before this field were all made by 1.20.2, built from Debian."""
     kueue: bool = False
     """Whether Kueue's controller runs with the cluster (`phalanx dev up --kueue`; devcluster/kueue)."""
+    pod_prefix: str = ""
+    """The first two octets of the pod network, routed to this host for the cluster (devcluster/podnetwork.py);
+    empty: 127.<cluster_octet>, which needs no route but cannot go into Endpoints."""
+
+    @property
+    def pod_network_prefix(self) -> str:
+        return self.pod_prefix or podnetwork.loopback_prefix(self.cluster_octet)
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,7 @@ def choose_config(
     node_ip: str = "",
     kubernetes_version: str = KUBERNETES_VERSION,
     kueue: bool = False,
+    pod_prefix: str = "",
 ) -> ClusterConfig:
     used: set[int] = set()
 
@@ -220,6 +228,7 @@ def choose_config(
         node_ip=node_ip,
         kubernetes_version=kubernetes_version,
         kueue=kueue,
+        pod_prefix=pod_prefix,
     )
 
 
@@ -330,6 +339,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             f"--nodes={config.nodes}",
             f"--simulated-nodes={config.simulated_nodes}",
             f"--cluster-octet={config.cluster_octet}",
+            f"--pod-prefix={config.pod_prefix}",
             f"--api-port={config.api_port}",
             f"--kubelet-version=v{config.kubernetes_version}",
         ]  # fmt: skip
@@ -608,6 +618,7 @@ def up(
         node_ip,
         kubernetes_version=version,
         kueue=with_kueue,
+        pod_prefix=podnetwork.choose_prefix(previous.pod_prefix if previous else ""),
     )
     layout.config_file.write_text(json.dumps(asdict(config), indent=2))
     write_kubeconfig(layout, pki, config.api_port)
@@ -666,6 +677,8 @@ def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:
             say(f"  stopped {name} (pid {record.pid})")
         layout.pid_file(name).unlink(missing_ok=True)
     processes.stop_processes([p for p in leftovers if p.is_running()], 5.0)
+    if config is not None and config.pod_prefix:
+        podnetwork.release(config.pod_prefix)
     # The pods' /dev/shm lives in memory outside the state dir; nothing runs that could use it any more.
     shutil.rmtree(shm_root(layout.root), ignore_errors=True)
     if purge and layout.root.exists():
@@ -692,7 +705,7 @@ def status(state_dir: Path) -> int:
         print(f"  {kueue_controller.COMPONENT:<24} {f'running (pid {kueue.pid})' if kueue else 'stopped'}")
     print(
         f"nodes: {config.nodes} + {config.simulated_nodes} simulated + {config.real_nodes} real; "
-        f"pod addresses 127.{config.cluster_octet}.0.0/16"
+        f"pod addresses {podnetwork.network(config.pod_network_prefix)}"
     )
     if config.real_nodes:
         alive = real_node.running(real_node.settings_for(layout.root, config.node_ip))

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from phalanx.worker import (
     autointerval,
     drillhook,
+    gloonet,
     heartbeat,
     jobwatch,
     livegroup,
@@ -1010,8 +1011,8 @@ def _prepare_worker_environment(settings: LaunchSettings, status_dir: Path) -> N
     os.environ[livegroup.LIVE_ENV] = "1" if settings.live_regroup else "0"
     if settings.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Pods with their own loopback address share the host's interfaces: gloo must use loopback.
-    if settings.local_addr.startswith("127."):
+    # Pods whose address is on no interface share the host's (the local cluster's): gloo must use loopback.
+    if gloonet.needs_loopback(settings.local_addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 

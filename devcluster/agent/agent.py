@@ -85,11 +85,11 @@ class Agent:
             stop=self.stop,
             nodes={spec.name: spec for spec in specs},
             heartbeats=heartbeats,
-            real_ips=ipam.real_pod_pool(config.cluster_octet),
-            dns_ip=ipam.dns_ip(config.cluster_octet),
+            real_ips=ipam.real_pod_pool(config.pod_network_prefix),
+            dns_ip=ipam.dns_ip(config.pod_network_prefix),
             namespaced=namespaced,
         )
-        self.simulated = SimulatedPods(self.ctx, ipam.simulated_pod_pool(config.cluster_octet))
+        self.simulated = SimulatedPods(self.ctx, ipam.simulated_pod_pool(config.pod_network_prefix))
         dns = DnsServer(self.dns, self.ctx.dns_ip, config.dns_port)
         dns.start()
         real_node_dns = None
@@ -112,10 +112,10 @@ class Agent:
             informer.start()
         threading.Thread(target=self._remove_stale_pod_dirs, args=(pods,), daemon=True).start()
         log.info(
-            "node agent up: %d real + %d simulated nodes, pod network 127.%d.0.0/16, DNS %s:%d, kubelet port %d",
+            "node agent up: %d real + %d simulated nodes, pod network %s.0.0/16, DNS %s:%d, kubelet port %d",
             config.nodes,
             config.simulated_nodes,
-            config.cluster_octet,
+            config.pod_network_prefix,
             self.ctx.dns_ip,
             dns.address[1],
             logs.port,

@@ -23,13 +23,18 @@ class AgentConfig(BaseModel):
     simulated_nodes: int = Field(default=0, ge=0)
     """Number of simulated nodes (`sim-0..M-1`), whose pods become Running without a process."""
     cluster_octet: int = Field(default=42, ge=1, le=254)
-    """X in 127.X.0.0/16, the pod network of this cluster; two clusters on one machine need different values."""
+    """X in 127.X.0.0/16, the pod network of this cluster when `pod_prefix` is empty; two clusters on one machine
+    need different values."""
+    pod_prefix: str = Field(default="", pattern=r"^(\d{1,3}\.\d{1,3})?$")
+    """The first two octets of the pod network when the control plane routed a /16 to this host for the cluster
+    (devcluster/podnetwork.py): its Services then get endpoints, which refuse 127.X addresses. Empty: 127.X."""
     api_port: int = Field(default=6443, ge=1, le=65535)
     """Port of the apiserver on 127.0.0.1, injected into pods as KUBERNETES_SERVICE_PORT."""
     kubelet_port: int = Field(default=0, ge=0, le=65535)
     """Port of the HTTPS log server advertised as every node's kubelet endpoint (0: pick a free one)."""
     dns_port: int = Field(default=53, ge=0, le=65535)
-    """Port of the cluster DNS server on 127.X.0.1 (pods' resolv.conf can only name port 53)."""
+    """Port of the cluster DNS server on the pod network's first address (pods' resolv.conf can only name port
+    53)."""
     node_cpu: str = "8"
     """CPU capacity of each node."""
     node_memory: str = "16Gi"
@@ -57,6 +62,10 @@ class AgentConfig(BaseModel):
     use_namespaces: bool | None = None
     """Force (True) or forbid (False) `unshare` mount/UTS namespaces; None: probe at start."""
 
+    @property
+    def pod_network_prefix(self) -> str:
+        return self.pod_prefix or f"127.{self.cluster_octet}"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m phalanx.devcluster.agent", description=__doc__)
@@ -65,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--simulated-nodes", type=int, default=0)
     parser.add_argument("--cluster-octet", type=int, default=42)
+    parser.add_argument("--pod-prefix", default="")
     parser.add_argument("--api-port", type=int, default=6443)
     parser.add_argument("--kubelet-port", type=int, default=0)
     parser.add_argument("--dns-port", type=int, default=53)

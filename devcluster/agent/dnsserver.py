@@ -1,4 +1,4 @@
-"""The cluster DNS server: UDP and TCP on 127.X.0.1:53, answering from a `DnsTable`.
+"""The cluster DNS server: UDP and TCP on the pod network's first address (P.0.1:53), answering from a `DnsTable`.
 
 With an upstream resolver (the real node's server), names outside the cluster domain are forwarded to it
 instead of refused, as cluster DNS does for containers that resolve public names."""

@@ -1,7 +1,8 @@
-"""Pod IP allocation from the cluster's loopback network 127.X.0.0/16.
+"""Pod IP allocation from the cluster's pod network P.0.0/16, all of it this host's addresses (P is 127.X, or a
+/16 the control plane routed to this host: devcluster/podnetwork.py).
 
-The /16 is split: 127.X.0.1 is the DNS server, 127.X.0.2 - 127.X.127.255 are real pods (reachable: all of
-127.0.0.0/8 is local on Linux), 127.X.128.0 - 127.X.255.254 are simulated pods (never reached).
+The /16 is split: P.0.1 is the DNS server, P.0.2 - P.127.255 are real pods (reachable: local addresses),
+P.128.0 - P.255.254 are simulated pods (never reached).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import ipaddress
 import threading
 
 
-def dns_ip(octet: int) -> str:
-    return f"127.{octet}.0.1"
+def dns_ip(prefix: str) -> str:
+    return f"{prefix}.0.1"
 
 
 class IpPool:
@@ -65,9 +66,9 @@ class IpPool:
             return len(self._used)
 
 
-def real_pod_pool(octet: int) -> IpPool:
-    return IpPool(f"127.{octet}.0.2", f"127.{octet}.127.255")
+def real_pod_pool(prefix: str) -> IpPool:
+    return IpPool(f"{prefix}.0.2", f"{prefix}.127.255")
 
 
-def simulated_pod_pool(octet: int) -> IpPool:
-    return IpPool(f"127.{octet}.128.0", f"127.{octet}.255.254")
+def simulated_pod_pool(prefix: str) -> IpPool:
+    return IpPool(f"{prefix}.128.0", f"{prefix}.255.254")

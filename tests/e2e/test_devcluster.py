@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.devcluster import controlplane
+from phalanx.devcluster import controlplane, podnetwork
 
 from .conftest import RESTRICTED_CONTAINER, Cluster, wait_for
+from .test_operator import endpoint_warnings, service_addresses
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +84,18 @@ def test_http_between_pods_by_ip_and_dns(cluster: Cluster, namespace: str) -> No
     cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=90s", timeout=100)
     (web_pod,) = pods_of(cluster, namespace, "app=web")
     assert web_pod.status.phase == "Running"
-    assert web_pod.status.pod_ip.startswith("127.")
+    config = controlplane.Layout(cluster.state_dir).load_config()
+    assert config is not None
+    assert web_pod.status.pod_ip.startswith(f"{config.pod_network_prefix}.")
+    if os.geteuid() == 0:  # the control plane routes a /16 of 198.18.0.0/15 to this host for the pods
+        assert podnetwork.is_routed(config.pod_network_prefix), config
+        # Such addresses go into Endpoints (loopback ones are refused, with FailedToUpdateEndpoint Warnings).
+        wait_for(
+            lambda: service_addresses(cluster, namespace, "web") == {web_pod.status.pod_ip},
+            30,
+            message="the Service's endpoint",
+        )
+        assert endpoint_warnings(cluster, namespace) == []
     ready = {c.type: c.status for c in web_pod.status.conditions}
     assert ready["Ready"] == "True"
 
@@ -526,8 +539,13 @@ def _down_leaves_no_process_or_port(tmp_path: Path) -> None:
     }
     listening = {c.laddr.port for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}
     assert not ports & listening
-    dns_address = f"127.{config.cluster_octet}.0.1"
+    dns_address = podnetwork.dns_address(config.pod_network_prefix)
     assert not [c for c in psutil.net_connections("inet") if c.laddr and c.laddr.ip == dns_address]
+    if config.pod_prefix:  # its route went with it
+        local_routes = subprocess.run(
+            ["ip", "route", "show", "table", "local"], capture_output=True, text=True
+        )
+        assert podnetwork.network(config.pod_prefix) not in local_routes.stdout, local_routes.stdout
 
 
 def test_each_pod_has_its_own_dev_shm_kept_across_container_restarts(

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from phalanx.operator import names
+
 from .conftest import REPO_ROOT, RESTRICTED_CONTAINER, Cluster, Operator, operator_ready, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -94,6 +96,29 @@ def events_for(cluster: Cluster, namespace: str, name: str) -> list[dict[str, An
     return events["items"]
 
 
+def service_addresses(cluster: Cluster, namespace: str, service: str) -> set[str]:
+    """The addresses the EndpointSlices of a Service list (ready or not)."""
+    slices = cluster.get_json(
+        "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={service}"
+    )
+    return {
+        address
+        for endpoint_slice in slices["items"]
+        for endpoint in endpoint_slice.get("endpoints") or []
+        for address in endpoint["addresses"]
+    }
+
+
+def endpoint_warnings(cluster: Cluster, namespace: str) -> list[str]:
+    """The endpoint controllers' Warnings in the namespace (they refuse addresses such as loopback ones)."""
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "type=Warning")["items"]
+    return [
+        f"{event['reason']}: {event.get('message')}"
+        for event in events
+        if event["reason"].startswith(("FailedToUpdateEndpoint", "FailedToCreateEndpoint"))
+    ]
+
+
 @pytest.mark.compat
 def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     cluster: Cluster, operator: Operator, namespace: str
@@ -117,6 +142,19 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
     assert len(spares) == 1
     rendezvous = job_pods(cluster, namespace, name, "phalanx.dev/role=rendezvous")
     assert len(rendezvous) == 1
+    # The job's headless Services list their pods (the local cluster's pod addresses can go into Endpoints).
+    wait_for(
+        lambda: (
+            service_addresses(cluster, namespace, names.rendezvous_name(name))
+            == {rendezvous[0].status.pod_ip}
+        ),
+        60,
+        message="the rendezvous Service's endpoint",
+    )
+    trainers = job_pods(cluster, namespace, name, "phalanx.dev/component=trainer")
+    assert service_addresses(cluster, namespace, names.workers_service_name(name)) >= {
+        pod.status.pod_ip for pod in trainers if pod.status.pod_ip
+    }
 
     job = wait_succeeded(cluster, namespace, name, timeout=600)
     status = job["status"]
@@ -138,6 +176,7 @@ def test_example_trains_to_succeeded_with_columns_and_heartbeats(
         60,
         message="spares and the rendezvous pod to be removed after success",
     )
+    assert endpoint_warnings(cluster, namespace) == []
 
 
 @pytest.mark.compat
