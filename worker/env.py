@@ -68,6 +68,12 @@ FRESHEST_KEY = "phalanx/freshest"
 # worker/rollback.py), claimed like the regroup epoch: the one winner restarts every launcher's group.
 ROLLBACK_EPOCH_KEY = "phalanx/rollback-epoch"
 
+# The key in the rendezvous store saying how the group ended, written by the launcher that closes the
+# rendezvous (worker/rendezvous.py, `GroupOutcome`): JSON `{"code": <launcher exit code>, "message": ...}`.
+# A launcher that finds the rendezvous closed leaves with that code: a spare released by a group that failed
+# must not report success.
+OUTCOME_KEY = "phalanx/outcome"
+
 
 class LaunchSettings(BaseModel):
     """Everything the launcher needs; defaults favour fast recovery over torch's conservative ones."""

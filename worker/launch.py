@@ -1176,6 +1176,7 @@ def _supervise(
 ) -> int:
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
     close_rendezvous = False
+    outcome: rendezvous.GroupOutcome | None = None
     client: RendezvousClient | None = None
     warm_pool: warmstart.WarmPool | None = None
     following = JobFollowing(settings, autointerval.interval_file(reporter.status_dir))
@@ -1222,21 +1223,26 @@ def _supervise(
                 settings.nproc_per_node, title_room=len(" ".join(settings.command)), server=server
             ).start()
         following.start_followers(client, agent)
+        node = settings.pod_name or settings.local_addr
         try:
             result = agent.run()
         except LauncherStop as stop:
             logger.error("%s", stop)
             termination.write(str(stop))
             close_rendezvous = stop.code != LauncherExit.RENDEZVOUS_UNREACHABLE
+            outcome = rendezvous.GroupOutcome(int(stop.code), f"{node}: {stop}")
             return int(stop.code)
         if result is None:  # a standby released because the job ended
-            logger.info("the job ended while this node stood by")
-            return int(LauncherExit.SUCCESS)
+            return _left_a_closed_rendezvous(client)
         close_rendezvous = True
         if result.is_failed():
             logger.error("worker group failed: %s", result.failures)
+            outcome = rendezvous.GroupOutcome(
+                int(LauncherExit.USER_CODE_FAILED), f"{node}: worker group failed: {result.failures}"
+            )
             return int(LauncherExit.USER_CODE_FAILED)
         logger.info("worker group finished")
+        outcome = rendezvous.GroupOutcome(int(LauncherExit.SUCCESS), f"{node}: worker group finished")
         return int(LauncherExit.SUCCESS)
     except SignalException as error:
         logger.warning("stopped by %s after the training processes saved", error.sigval.name)
@@ -1258,8 +1264,11 @@ def _supervise(
         )
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
     except RendezvousGracefulExitError:
-        return int(LauncherExit.SUCCESS)
+        return _left_a_closed_rendezvous(client)
     except RendezvousClosedError:
+        failed = _failed_outcome(client)
+        if failed is not None:
+            return _report_failed_group(failed)
         logger.error("the job's rendezvous is closed: the group already ended")
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)
     finally:
@@ -1267,8 +1276,39 @@ def _supervise(
         if warm_pool is not None:
             warm_pool.close()
         if close_rendezvous and client is not None:
+            # How it ended first: the launchers that find the rendezvous closed leave with the same verdict.
+            if outcome is not None:
+                with contextlib.suppress(Exception):
+                    rendezvous.publish_outcome(client.store, outcome)
             with contextlib.suppress(Exception):
                 client.handler.shutdown()
+
+
+def _failed_outcome(client: RendezvousClient | None) -> rendezvous.GroupOutcome | None:
+    """The group's failure, as the launcher that closed the rendezvous said it (None: no failure said)."""
+    if client is None:
+        return None
+    outcome = None
+    with contextlib.suppress(Exception):
+        outcome = rendezvous.read_outcome(client.store)
+    return outcome if outcome is not None and outcome.failed else None
+
+
+def _report_failed_group(outcome: rendezvous.GroupOutcome) -> int:
+    message = f"the job's group failed: {outcome.message}"
+    logger.error("%s", message)
+    termination.write(message)
+    return outcome.code
+
+
+def _left_a_closed_rendezvous(client: RendezvousClient | None) -> int:
+    """The exit code of a standby released by a closed rendezvous: success only when the group did not fail
+    (a spare leaving a failed group with 0 made the operator see the job as finished)."""
+    failed = _failed_outcome(client)
+    if failed is not None:
+        return _report_failed_group(failed)
+    logger.info("the job ended while this node stood by")
+    return int(LauncherExit.SUCCESS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

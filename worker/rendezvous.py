@@ -10,6 +10,7 @@ the death of any worker never takes the rendezvous down.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from phalanx.worker import safepickle
-from phalanx.worker.env import FRESHEST_KEY, MAX_NODES_KEY, RESTART_EPOCH_KEY
+from phalanx.worker.env import FRESHEST_KEY, MAX_NODES_KEY, OUTCOME_KEY, RESTART_EPOCH_KEY
 
 logger = logging.getLogger("phalanx.launch")
 
@@ -83,6 +84,48 @@ def read_restart_epoch(store: dist.Store) -> int:
 def request_restart(store: dist.Store) -> int:
     """Ask every launcher of the job to restart its worker group now; returns the new epoch."""
     return int(store.add(RESTART_EPOCH_KEY, 1))
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """How the group ended, as the launcher that closed the rendezvous said: its exit code and why."""
+
+    code: int
+    message: str
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0
+
+    def encode(self) -> str:
+        return json.dumps({"code": self.code, "message": self.message})
+
+    @classmethod
+    def parse(cls, raw: str) -> GroupOutcome | None:
+        """None for anything but the JSON `encode` writes (the store is not trusted further)."""
+        try:
+            fields = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(fields, dict):
+            return None
+        code, message = fields.get("code"), fields.get("message")
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+            return None
+        return cls(code, message[:2000] if isinstance(message, str) else "")
+
+
+def publish_outcome(store: dist.Store, outcome: GroupOutcome) -> None:
+    """Say how the group ended before closing its rendezvous; the first launcher to say it wins (a spare's
+    later "success" never hides a failure)."""
+    store.compare_set(OUTCOME_KEY, "", outcome.encode())
+
+
+def read_outcome(store: dist.Store) -> GroupOutcome | None:
+    """How the group ended (None: nobody said, or not in the expected form)."""
+    if not store.check([OUTCOME_KEY]):
+        return None
+    return GroupOutcome.parse(store.get(OUTCOME_KEY).decode(errors="replace"))
 
 
 def parse_max_nodes(raw: str) -> int | None:

@@ -274,6 +274,31 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
     )
 
 
+def test_a_job_whose_training_never_runs_fails_and_never_reports_success(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """Every worker's training command crashes before any step: each launcher gives up (exit 1) and closes the
+    rendezvous. The spare it releases leaves with that failure, not with 0 (read as training finished, that
+    once marked such a job Succeeded), and the job fails once `maxRestarts` is spent."""
+    job = trainingjob("crashloop", replicas=2, spares=1)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["command"], container["args"] = ["python", "-c", "raise SystemExit(7)"], []
+    job["spec"]["failurePolicy"] = {"maxRestarts": 2}
+    cluster.apply(job, namespace)
+    states: set[str | None] = set()
+
+    def failed() -> dict[str, Any] | None:
+        current = get_job(cluster, namespace, "crashloop")
+        states.add((current.get("status") or {}).get("state"))
+        return current if has_condition(current, "Failed") else None
+
+    final = wait_for(failed, 300, interval=0.3, message="the job to fail")
+    assert "Succeeded" not in states and not has_condition(final, "Succeeded"), states
+    assert final["status"]["restarts"]["counted"] >= 2, final["status"]["restarts"]
+    reasons = [event["reason"] for event in events_for(cluster, namespace, "crashloop")]
+    assert "TrainingFinished" not in reasons, reasons
+
+
 def test_permanent_user_error_fails_the_job_once(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

@@ -87,6 +87,18 @@ def test_user_error_exits_1(job: LocalJob) -> None:
     assert "without completing a step" in job.node_output("a")
 
 
+def test_a_spare_released_by_a_failed_group_does_not_report_success(job: LocalJob) -> None:
+    """The launcher that gives up closes the rendezvous; a spare standing by leaves then, with the group's
+    failure, not with 0 (from which the operator would count the job finished)."""
+    failing = [sys.executable, "-c", "import sys, time; time.sleep(5); sys.exit(7)"]
+    job.start_node("a", [], nnodes="1", command=failing)
+    job.start_node("spare", [], nnodes="1", command=failing, env={"PHALANX_ROLE": "spare"})
+    wait_for(lambda: "-> standby" in job.node_output("spare"), 60, "the spare to stand by")
+    assert job.wait_node("a", 120) == LauncherExit.USER_CODE_FAILED, job.node_output("a")
+    assert job.wait_node("spare", 60) == LauncherExit.USER_CODE_FAILED, job.node_output("spare")
+    assert "the job's group failed: a: " in job.node_output("spare"), job.node_output("spare")
+
+
 def test_bad_config_exits_2(job: LocalJob) -> None:
     job.start_node("a", [], nnodes="3:1")
     assert job.wait_node("a", 30) == LauncherExit.BAD_CONFIG, job.node_output("a")

@@ -98,3 +98,16 @@ def test_a_node_outside_a_full_round_stands_by_before_torch_lists_it() -> None:
     assert not client_for(state, C, 3).in_standby()
     state.complete = False
     assert not client_for(state, C, 2).in_standby()
+
+
+def test_the_first_outcome_said_stands_and_only_its_own_form_is_read() -> None:
+    server = rendezvous.serve("127.0.0.1", 0)
+    store = rendezvous.connect("127.0.0.1", server.port, timeout=5)
+    assert rendezvous.read_outcome(store) is None
+    failed = rendezvous.GroupOutcome(1, "a: the training command failed")
+    rendezvous.publish_outcome(store, failed)
+    rendezvous.publish_outcome(store, rendezvous.GroupOutcome(0, "spare: finished"))
+    assert rendezvous.read_outcome(store) == failed and failed.failed
+    for raw in ("not json", "[1]", '{"code": "1"}', '{"code": true}', '{"code": 999}'):
+        assert rendezvous.GroupOutcome.parse(raw) is None, raw
+    assert rendezvous.GroupOutcome.parse('{"code": 0}') == rendezvous.GroupOutcome(0, "")
