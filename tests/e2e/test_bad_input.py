@@ -471,11 +471,21 @@ def test_a_worker_that_exits_143_in_a_loop_is_replaced_ever_more_slowly(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     """Exit 143 is never charged to `maxRestarts` (it is how a pod killed from outside ends), so nothing ends a
-    job whose code exits 143 at once; the chart's pacing (10 replacements an hour at once, then a back-off from
-    10 s, doubling) keeps it from costing the API server a pod every few seconds forever."""
+    job whose pods exit 143 at once; the chart's pacing (10 replacements an hour at once, then a back-off from
+    10 s, doubling) keeps it from costing the API server a pod every few seconds forever. Here the training
+    command SIGTERMs its launcher, which then ends the pod with 143 (a training process that merely exits 143
+    is a failure of the training command, which the launcher gives up on and the restart budget counts)."""
     job = trainingjob("looping", replicas=1)
     container = job["spec"]["template"]["spec"]["containers"][0]
-    container["command"], container["args"] = ["python", "-c", "raise SystemExit(143)"], []
+    container["command"], container["args"] = (
+        [
+            "sh",
+            "-c",
+            # Again each second until it lands: a SIGTERM that comes while the launcher is still starting is lost.
+            "while kill -TERM $PPID; do sleep 1; done; sleep 60",
+        ],
+        [],
+    )
     cluster.apply(job, namespace)
     wait_for(
         lambda: has_condition(
@@ -488,8 +498,8 @@ def test_a_worker_that_exits_143_in_a_loop_is_replaced_ever_more_slowly(
     # (A pod may end otherwise now and then, e.g. exit 1 when the node is busy: counted, and not paced.)
     assert restarts["byRule"]["default-infrastructure"] >= 11, restarts
     assert _event(cluster, namespace, "looping", "ReplacementBackoff", "did not spend maxRestarts")
-    time.sleep(25)
+    time.sleep(15)
     later = get_job(cluster, namespace, "looping")["status"]
-    # The 11th waited 10 s, the 12th waits 20 s after it: at most two more in 25 s (at once: about ten).
+    # The 11th waited 10 s, the 12th waits 20 s after it: at most two more in 15 s (at once: about five).
     assert later["restarts"]["total"] - restarts["total"] <= 2, later["restarts"]
     assert not has_condition({"status": later}, "Failed")
