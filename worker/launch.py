@@ -1175,7 +1175,7 @@ def _supervise(
     settings: LaunchSettings, reporter: PodReporter, log_dir: str, server: ForkServer | None = None
 ) -> int:
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
-    close_rendezvous = False
+    # Set when this launcher closes the rendezvous: how the group ended, said in the store first.
     outcome: rendezvous.GroupOutcome | None = None
     client: RendezvousClient | None = None
     warm_pool: warmstart.WarmPool | None = None
@@ -1229,12 +1229,11 @@ def _supervise(
         except LauncherStop as stop:
             logger.error("%s", stop)
             termination.write(str(stop))
-            close_rendezvous = stop.code != LauncherExit.RENDEZVOUS_UNREACHABLE
-            outcome = rendezvous.GroupOutcome(int(stop.code), f"{node}: {stop}")
+            if stop.code != LauncherExit.RENDEZVOUS_UNREACHABLE:
+                outcome = rendezvous.GroupOutcome(int(stop.code), f"{node}: {stop}")
             return int(stop.code)
         if result is None:  # a standby released because the job ended
             return _left_a_closed_rendezvous(client)
-        close_rendezvous = True
         if result.is_failed():
             logger.error("worker group failed: %s", result.failures)
             outcome = rendezvous.GroupOutcome(
@@ -1275,11 +1274,10 @@ def _supervise(
         following.stop()
         if warm_pool is not None:
             warm_pool.close()
-        if close_rendezvous and client is not None:
+        if outcome is not None and client is not None:
             # How it ended first: the launchers that find the rendezvous closed leave with the same verdict.
-            if outcome is not None:
-                with contextlib.suppress(Exception):
-                    rendezvous.publish_outcome(client.store, outcome)
+            with contextlib.suppress(Exception):
+                rendezvous.publish_outcome(client.store, outcome)
             with contextlib.suppress(Exception):
                 client.handler.shutdown()
 

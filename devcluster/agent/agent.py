@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from phalanx.devcluster import podnetwork
 from phalanx.devcluster.agent import admission, ipam
 from phalanx.devcluster.agent.config import AgentConfig, parse_config
 from phalanx.devcluster.agent.context import AgentContext
@@ -86,7 +87,7 @@ class Agent:
             nodes={spec.name: spec for spec in specs},
             heartbeats=heartbeats,
             real_ips=ipam.real_pod_pool(config.pod_network_prefix),
-            dns_ip=ipam.dns_ip(config.pod_network_prefix),
+            dns_ip=podnetwork.dns_address(config.pod_network_prefix),
             namespaced=namespaced,
         )
         self.simulated = SimulatedPods(self.ctx, ipam.simulated_pod_pool(config.pod_network_prefix))

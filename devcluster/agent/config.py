@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from phalanx.devcluster import podnetwork
 from phalanx.devcluster.binaries import KUBERNETES_VERSION
 
 
@@ -64,7 +65,7 @@ class AgentConfig(BaseModel):
 
     @property
     def pod_network_prefix(self) -> str:
-        return self.pod_prefix or f"127.{self.cluster_octet}"
+        return self.pod_prefix or podnetwork.loopback_prefix(self.cluster_octet)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,10 +11,6 @@ import ipaddress
 import threading
 
 
-def dns_ip(prefix: str) -> str:
-    return f"{prefix}.0.1"
-
-
 class IpPool:
     """Hands out unique addresses of a range to keys (pod uids); thread-safe."""
 

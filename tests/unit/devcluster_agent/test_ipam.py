@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.devcluster.agent.ipam import IpPool, dns_ip, real_pod_pool, simulated_pod_pool
+from phalanx.devcluster.agent.ipam import IpPool, real_pod_pool, simulated_pod_pool
+from phalanx.devcluster.podnetwork import dns_address
 
 
 def test_real_pool_skips_network_and_dns_addresses() -> None:
@@ -12,7 +13,7 @@ def test_real_pool_skips_network_and_dns_addresses() -> None:
     assert pool.allocate("a") == "127.42.0.2"
     assert pool.allocate("b") == "127.42.0.3"
     assert "127.42.0.1" not in pool
-    assert dns_ip("127.42") == "127.42.0.1"
+    assert dns_address("127.42") == "127.42.0.1"
 
 
 def test_same_key_same_address_and_release_frees_it() -> None:
