@@ -45,7 +45,7 @@ GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
 TRAINER_SELECTOR = "phalanx.dev/component=trainer"
 JOB_LABEL = "phalanx.dev/job-name"
 OPERATOR_RESOURCES = frozenset(
-    {"trainingjobs", "pods", "services", "serviceaccounts", "roles", "rolebindings", "podgroups"}
+    {"trainingjobs", "pods", "services", "serviceaccounts", "secrets", "roles", "rolebindings", "podgroups"}
 )
 """What the operator writes besides Events (counted from the Events themselves: controllers post Events
 too). Leases (heartbeats, node agent) and nodes (node agent) are others' writes."""
@@ -557,7 +557,7 @@ def result(
         f"Steady window {steady['seconds']:.0f} s, apiserver scraped every {scale.scrape_every} s. Writes per "
         "second by resource (everyone's): "
         + (", ".join(f"{key} {value}" for key, value in by_resource.items()) or "none")
-        + ". Operator writes: trainingjobs, pods, services, serviceaccounts, roles, rolebindings, plus the "
+        + ". Operator writes: trainingjobs, pods, services, serviceaccounts, secrets, roles, rolebindings, plus the "
         "Events the operator posted; leases and nodes are the heartbeats' and the node agent's, endpoints the "
         "endpoints controller's.",
         f"TrainingJob updates in the window: {steady['job_updates']}; fields they changed: "

@@ -76,6 +76,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_COLLECTIVE_TIMEOUT": spec.collective_timeout_seconds,
         "PHALANX_PREFLIGHT_STEPS": preflight_steps(job, spec),
         "PHALANX_PREFLIGHT_TOLERANCE": spec.preflight.tolerance,
+        "PHALANX_STORE_SECRET_FILE": names.STORE_SECRET_FILE,
     }
     return [
         *copy.deepcopy(DOWNWARD_ENV),
@@ -162,10 +163,43 @@ def _mounts_shared_memory(container: dict[str, Any]) -> bool:
     )
 
 
-def _trainer_volumes(spec: api.TrainingJobSpec, own_shm: bool) -> list[tuple[dict[str, Any], str]]:
-    """The volumes the operator adds to a trainer pod and where each is mounted: the checkpoint volumes
-    and, unless the user mounts their own (`own_shm`), a memory-backed /dev/shm."""
-    volumes = _checkpoint_volumes(spec)
+def _mount(container: dict[str, Any], volumes: list[tuple[dict[str, Any], str]]) -> None:
+    """Mount the operator's `volumes` into `container`, in place of the user's mounts of the same names."""
+    ours = {volume["name"] for volume, _ in volumes}
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
+    container["volumeMounts"] = [
+        *mounts,
+        *(
+            {"name": v["name"], "mountPath": path, **({"readOnly": True} if "secret" in v else {})}
+            for v, path in volumes
+        ),
+    ]
+
+
+def _add_volumes(pod_spec: dict[str, Any], volumes: list[tuple[dict[str, Any], str]]) -> None:
+    """Add the operator's `volumes` to `pod_spec`, in place of the user's volumes of the same names."""
+    ours = {volume["name"] for volume, _ in volumes}
+    pod_spec["volumes"] = [
+        *(v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours),
+        *(volume for volume, _ in volumes),
+    ]
+
+
+def store_secret_volume(job_name: str) -> tuple[dict[str, Any], str]:
+    """The job's store secret as a volume, and where it is mounted (its rendezvous pod and its trainers)."""
+    volume = {
+        "name": names.STORE_SECRET_VOLUME,
+        "secret": {"secretName": names.store_secret_name(job_name)},
+    }
+    return volume, names.STORE_SECRET_DIR
+
+
+def _trainer_volumes(
+    job_name: str, spec: api.TrainingJobSpec, own_shm: bool
+) -> list[tuple[dict[str, Any], str]]:
+    """The volumes the operator adds to a trainer pod and where each is mounted: the store secret, the
+    checkpoint volumes and, unless the user mounts their own (`own_shm`), a memory-backed /dev/shm."""
+    volumes = [store_secret_volume(job_name), *_checkpoint_volumes(spec)]
     shared = spec.shared_memory
     if shared.enabled and not own_shm:
         source: dict[str, Any] = {"medium": "Memory"}
@@ -176,7 +210,10 @@ def _trainer_volumes(spec: api.TrainingJobSpec, own_shm: bool) -> list[tuple[dic
 
 
 def _wrap_trainer(
-    container: dict[str, Any], env: list[dict[str, Any]], spec: api.TrainingJobSpec, own_shm: bool
+    container: dict[str, Any],
+    env: list[dict[str, Any]],
+    volumes: list[tuple[dict[str, Any], str]],
+    spec: api.TrainingJobSpec,
 ) -> None:
     user_command = [*container.get("command", []), *container.get("args", [])]
     container["command"] = [*LAUNCHER, *user_command]
@@ -184,17 +221,7 @@ def _wrap_trainer(
     ours = {entry["name"] for entry in env}
     # The contract's variables win over the user's: the launcher must see what the operator decided.
     container["env"] = [entry for entry in container.get("env") or [] if entry.get("name") not in ours] + env
-    volumes = _trainer_volumes(spec, own_shm)
-    if volumes:
-        ours = {volume["name"] for volume, _ in volumes}
-        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
-        container["volumeMounts"] = [
-            *mounts,
-            *(
-                {"name": v["name"], "mountPath": path, **({"readOnly": True} if "secret" in v else {})}
-                for v, path in volumes
-            ),
-        ]
+    _mount(container, volumes)
     if spec.metrics_port:
         # Named, so that a PodMonitor (or a Service) can select it by name whatever the port number.
         ports = [
@@ -297,14 +324,9 @@ def build_worker_pod(
 
     trainer = pod_spec["containers"][_trainer_index(spec)]
     own_shm = _mounts_shared_memory(trainer)
-    _wrap_trainer(trainer, contract_env(job, spec, role), spec, own_shm)
-    volumes = [volume for volume, _ in _trainer_volumes(spec, own_shm)]
-    if volumes:
-        ours = {volume["name"] for volume in volumes}
-        pod_spec["volumes"] = [
-            *(v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours),
-            *volumes,
-        ]
+    volumes = _trainer_volumes(job_name, spec, own_shm)
+    _wrap_trainer(trainer, contract_env(job, spec, role), volumes, spec)
+    _add_volumes(pod_spec, volumes)
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = names.workers_service_name(job_name)
     # The operator replaces failed pods itself (with a spare first); the kubelet must not restart them.
@@ -334,7 +356,10 @@ def build_rendezvous_pod(
         "image": spec.rendezvous.image or trainer["image"],
         # $(POD_IP) is expanded by the kubelet: the store binds to the pod's own address.
         "command": [*RENDEZVOUS_SERVER, "--host", "$(POD_IP)", "--port", str(port)],
-        "env": [_field_env("POD_IP", "status.podIP")],
+        "env": [
+            _field_env("POD_IP", "status.podIP"),
+            {"name": "PHALANX_STORE_SECRET_FILE", "value": names.STORE_SECRET_FILE},
+        ],
         "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
         "resources": {
             kind: dict(amounts) for kind, amounts in spec.rendezvous.resources.model_dump().items() if amounts
@@ -350,8 +375,11 @@ def build_rendezvous_pod(
     if identity:
         # The trainer's image, run as the trainer is: a root image the template lets run as root still runs.
         container["securityContext"] = copy.deepcopy(identity)
+    secret = [store_secret_volume(job_name)]
+    _mount(container, secret)
     pod_spec: dict[str, Any] = {
         "containers": [container],
+        "volumes": [volume for volume, _ in secret],
         # In place restarts keep the pod (and its DNS name); the operator recreates it when it is deleted.
         "restartPolicy": "Always",
         "serviceAccountName": names.worker_account_name(job_name),
@@ -496,6 +524,13 @@ def build_network_policy(
     }
 
 
+def build_store_secret(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's store secret (worker/storegate.py). It carries no value here: the value is drawn when the
+    Secret is created (`kube.Kube.create`), never by a plan, and a Secret that exists is never changed."""
+    name = names.store_secret_name(job["metadata"]["name"])
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(job, name), "type": "Opaque"}
+
+
 def build_fixed_children(
     job: dict[str, Any],
     spec: api.TrainingJobSpec,
@@ -503,9 +538,10 @@ def build_fixed_children(
     lease_role: str | None = None,
 ) -> list[dict[str, Any]]:
     """Children that exist once per job whatever its state (before any pod): RBAC (`lease_role`: see
-    `build_worker_rbac`), Services, PodGroup, and the NetworkPolicy when the operator makes one (`network`)."""
+    `build_worker_rbac`), the store secret, Services, PodGroup, and the NetworkPolicy when the operator makes one (`network`)."""
     children = [
         *build_worker_rbac(job, spec, lease_role),
+        build_store_secret(job),
         build_rendezvous_service(job, spec),
         build_workers_service(job),
     ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -15,7 +17,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from phalanx import kubecredentials
-from phalanx.operator import api, queueing
+from phalanx.operator import api, names, queueing
 from phalanx.operator import status as observe
 from phalanx.operator.reconcile import Event
 from phalanx.operator.timeutil import format_time, now
@@ -25,11 +27,15 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Pod": ("/api/v1", "pods"),
     "Service": ("/api/v1", "services"),
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Secret": ("/api/v1", "secrets"),
     "Event": ("/api/v1", "events"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
 }
+
+STORE_SECRET_BYTES = 32
+"""Random bytes in a job's store secret (before encoding)."""
 
 _WORKLOADS = f"/apis/{queueing.WORKLOAD_API_VERSION}"
 """Kueue's API: Workloads, ResourceFlavors, WorkloadPriorityClasses."""
@@ -54,6 +60,15 @@ def _check_owner(wanted: dict[str, Any], existing: dict[str, Any] | None) -> Non
         return
     owner = f"controlled by {theirs.get('kind')} {theirs.get('name')}" if theirs else "it has no controller"
     raise ForeignObject(str(wanted.get("kind")), str(wanted["metadata"]["name"]), owner)
+
+
+def with_drawn_secret(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Secret the operator makes without a value (the job's store secret) gets a random one as it is
+    created; anything else is returned as it is."""
+    if obj.get("kind") != "Secret" or obj.get("data") or obj.get("stringData"):
+        return obj
+    value = base64.b64encode(secrets.token_urlsafe(STORE_SECRET_BYTES).encode()).decode()
+    return {**obj, "data": {names.STORE_SECRET_KEY: value}}
 
 
 def _collection_path(obj: dict[str, Any]) -> str:
@@ -138,7 +153,7 @@ class Kube:
     def create(self, obj: dict[str, Any]) -> bool:
         """Create `obj`; False when it already exists (deterministic names make that the idempotent case)."""
         try:
-            self.request("POST", _collection_path(obj), obj)
+            self.request("POST", _collection_path(obj), with_drawn_secret(obj))
             return True
         except ApiException as error:
             if error.status == 409:

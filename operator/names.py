@@ -30,6 +30,11 @@ SHARED_MEMORY_VOLUME = "phalanx-shm"
 OBJECT_STORE_CREDENTIALS_VOLUME = "phalanx-object-store-credentials"
 OBJECT_STORE_CREDENTIALS_PATH = "/var/run/secrets/phalanx/object-store"
 """Where the trainer finds the object store's credentials (`checkpoint.objectStore.secretName`), as files."""
+STORE_SECRET_VOLUME = "phalanx-store-secret"
+STORE_SECRET_KEY = "secret"
+STORE_SECRET_DIR = "/var/run/secrets/phalanx/store"
+STORE_SECRET_FILE = f"{STORE_SECRET_DIR}/{STORE_SECRET_KEY}"
+"""Where the job's rendezvous store and its launchers find the store's secret (worker/storegate.py)."""
 
 # Pod hostnames are DNS labels: the job name plus "-worker-NNNN" must fit in 63 characters.
 MAX_HOSTNAME = 63
@@ -43,6 +48,11 @@ def worker_pod_name(job_name: str, index: int) -> str:
 def rendezvous_name(job_name: str) -> str:
     """Name of the rendezvous pod and of its headless Service."""
     return f"{job_name}-rdzv"
+
+
+def store_secret_name(job_name: str) -> str:
+    """The Secret whose value the job's rendezvous store requires of every client (worker/storegate.py)."""
+    return f"{job_name}-store"
 
 
 def network_policy_name(job_name: str) -> str:

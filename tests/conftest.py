@@ -218,14 +218,27 @@ def pytest_configure(config: pytest.Config) -> None:
     _session_config["config"] = config
 
 
+UNTIMED_LAUNCHER_TESTS = (
+    "tests/security/",
+    "tests/unit/bench/test_bench_harness.py",
+    "tests/unit/worker_runtime/test_ddp_equivalence.py",
+    "tests/unit/worker_runtime/test_metrics_endpoint.py",
+    "tests/unit/worker_runtime/test_rollback_follower.py",
+    "tests/unit/worker_runtime/test_session.py",
+    "tests/unit/worker_runtime/test_warmstart.py",
+)
+"""Launcher tests whose processes only need to finish, judged by no clock."""
+
 TEST_GROUPS = {
-    "launchers": ("tests/security/", "tests/unit/worker_runtime/", "tests/unit/bench/test_bench_harness.py"),
-    "checkpoint-processes": ("tests/unit/worker_checkpoint/",),
+    "processes": ("tests/unit/worker_checkpoint/", *UNTIMED_LAUNCHER_TESTS),
+    "timed-launchers": ("tests/unit/worker_runtime/",),
 }
-"""Tests that start training processes on this machine, by group. With `-n 2 --dist loadgroup` (`make unit`) a
-group's tests run one after another on one worker. The launchers' tests judge them by the clock (a spare must
-stand by while its pair still trains, a hang must be seen within seconds): two of them side by side on two
-cores were seen to miss their timing. The checkpoint tests' processes only need to finish."""
+"""Tests that start training processes on this machine, by group (the first group that names a test wins). With
+`-n 2 --dist loadgroup` (`make unit`) a group's tests run one after another on one worker. The timed launchers'
+tests judge them by the clock (a spare must stand by while its pair still trains, a hang must be seen within
+seconds): two of them side by side on two cores were seen to miss their timing. The other group's processes only
+need to finish; its launcher tests are there so that the two workers end together (the timed group alone took
+ten minutes, the other worker idled for five)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -233,6 +246,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for group, prefixes in TEST_GROUPS.items():
             if item.nodeid.startswith(prefixes):
                 item.add_marker(pytest.mark.xdist_group(group))
+                break
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -37,6 +37,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_WARM_START": "warm_start",
     "PHALANX_LIVE_REGROUP": "live_regroup",
     "PHALANX_LIVE_LEAVE_TIMEOUT": "live_leave_timeout",
+    "PHALANX_STORE_SECRET_FILE": "store_secret_file",
     "POD_NAME": "pod_name",
     "POD_UID": "pod_uid",
     "POD_NAMESPACE": "pod_namespace",
@@ -122,6 +123,9 @@ class LaunchSettings(BaseModel):
     """Seconds training processes get to save after SIGTERM before they are killed."""
     local_addr: str = "127.0.0.1"
     """Address this launcher advertises and binds to (the pod IP)."""
+    store_secret_file: str = ""
+    """The file holding the job's store secret, which the rendezvous store's gate requires (worker/storegate.py);
+    empty: the store is reached without one (a store that no operator set up)."""
     pod_name: str = ""
     """Pod name: names the heartbeat Lease."""
     pod_uid: str = ""

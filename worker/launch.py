@@ -51,6 +51,7 @@ from phalanx.worker import (
     rollback,
     safepickle,
     scaling,
+    storegate,
     termination,
     trainerwatch,
     warmstart,
@@ -111,6 +112,9 @@ class RendezvousClient:
 
     def __init__(self, settings: LaunchSettings) -> None:
         self.settings = settings
+        self._secret = (
+            storegate.read_secret(settings.store_secret_file) if settings.store_secret_file else None
+        )
         self.new_store_hooks: list[Callable[[dist.TCPStore], None]] = []
         """Called with each new store connection after a reconnect, before anyone uses it."""
         deadline = time.monotonic() + settings.join_timeout
@@ -181,11 +185,6 @@ class RendezvousClient:
         backend = torch_elastic.state_backend(self.handler)
         return rendezvous.forget_departed(self.store, backend, pod_keys)
 
-    def _connect_once(self) -> dist.TCPStore:
-        return rendezvous.connect(
-            self.settings.rdzv_host, self.settings.rdzv_port, timeout=self.settings.store_timeout
-        )
-
     @property
     def round_wait(self) -> float:
         """Seconds the members of a new round wait for each other's first words (at least 2)."""
@@ -198,7 +197,8 @@ class RendezvousClient:
                 return rendezvous.connect(
                     self.settings.rdzv_host,
                     self.settings.rdzv_port,
-                    timeout=min(wanted, max(deadline - time.monotonic(), 1.0)),
+                    min(wanted, max(deadline - time.monotonic(), 1.0)),
+                    self._secret,
                 )
             except (RuntimeError, dist.DistError) as error:
                 if time.monotonic() >= deadline:
@@ -212,8 +212,8 @@ class RendezvousClient:
         """One quick attempt to reach the store again; on success every later call uses the new client."""
         host, port = self.settings.rdzv_host, self.settings.rdzv_port
         try:
-            store = rendezvous.connect(host, port, timeout=2.0)
-            round_store = rendezvous.connect(host, port, timeout=self.round_wait)
+            store = rendezvous.connect(host, port, 2.0, self._secret)
+            round_store = rendezvous.connect(host, port, self.round_wait, self._secret)
             backend = CheckedBackend(store, self.settings.run_id)
         except (RuntimeError, dist.DistError, RendezvousConnectionError):
             return False
@@ -1249,6 +1249,10 @@ def _supervise(
             # A trainer that lost a peer to the same stop exited before its own SIGTERM came, unsaved.
             lastsave.save_unsaved()
         return 128 + int(error.sigval)
+    except storegate.SecretError as error:
+        logger.error("bad launcher configuration: %s", error)
+        termination.write(str(error))
+        return int(LauncherExit.BAD_CONFIG)
     except StoreUnreachableError as error:
         logger.error("rendezvous failed: %s", error)
         return int(LauncherExit.RENDEZVOUS_UNREACHABLE)

@@ -4,7 +4,9 @@
 
 runs in its own pod; it prints one line `phalanx-rendezvous ready host=H port=P` once it accepts
 connections and exits 0 on SIGTERM or SIGINT. Launchers connect to it as clients (`is_host=false`), so
-the death of any worker never takes the rendezvous down.
+the death of any worker never takes the rendezvous down. With the job's secret (`PHALANX_STORE_SECRET_FILE`,
+mounted by the operator) the store itself listens on loopback only, behind the authenticating gate of
+worker/storegate.py on H:P, and clients pass the gate (`connect(..., secret=...)`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.worker import safepickle
+from phalanx.worker import safepickle, storegate
 from phalanx.worker.env import FRESHEST_KEY, MAX_NODES_KEY, OUTCOME_KEY, RESTART_EPOCH_KEY
 
 logger = logging.getLogger("phalanx.launch")
 
 READY_PREFIX = "phalanx-rendezvous ready"
+SECRET_FILE_ENV = "PHALANX_STORE_SECRET_FILE"
+"""The file holding the job's store secret (a Secret the operator makes per job and mounts into its pods)."""
 
 
 def libuv_transport() -> bool:
@@ -63,8 +67,42 @@ def serve(host: str, port: int) -> dist.TCPStore:
     )
 
 
-def connect(host: str, port: int, timeout: float) -> dist.TCPStore:
-    """A client of the rendezvous store; raises (RuntimeError/DistError) if it is not reachable in `timeout`."""
+@dataclass
+class GatedServer:
+    """A store on loopback and the gate that admits the job's pods to it (see worker/storegate.py)."""
+
+    store: dist.TCPStore
+    gate: storegate.Gate
+
+    @property
+    def port(self) -> int:
+        """The gate's port: the one clients connect to."""
+        return self.gate.port
+
+
+def serve_gated(host: str, port: int, secret: bytes) -> GatedServer:
+    """The store on a loopback port of its own, reached only through a gate on host:port that requires
+    `secret`."""
+    listener = socket.create_server((host, port), backlog=1024)
+    try:
+        store = serve("127.0.0.1", 0)
+    except BaseException:
+        listener.close()
+        raise
+    return GatedServer(store, storegate.Gate(listener, ("127.0.0.1", store.port), secret))
+
+
+def connect(host: str, port: int, timeout: float, secret: bytes | None = None) -> dist.TCPStore:
+    """A client of the rendezvous store; raises (RuntimeError/DistError) if it is not reachable in `timeout`.
+
+    With `secret`, through this process's forwarder to the store's gate: the gate is asked first, so that
+    a secret it refuses is said as such (`storegate.GateRefused`, a RuntimeError)."""
+    if secret is not None:
+        try:
+            storegate.check_reachable(host, port, secret, min(timeout, storegate.HANDSHAKE_TIMEOUT))
+        except OSError as error:
+            raise dist.DistNetworkError(f"the rendezvous store's gate at {host}:{port}: {error}") from None
+        host, port = "127.0.0.1", storegate.forwarder_for(host, port, secret).port
     return dist.TCPStore(
         host_name=host,
         port=port,
@@ -192,12 +230,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    secret_file = os.environ.get(SECRET_FILE_ENV)
     try:
-        store = serve(args.host, args.port)
+        secret = storegate.read_secret(secret_file) if secret_file else None
+    except storegate.SecretError as error:
+        print(f"phalanx-rendezvous: {error}", file=sys.stderr)
+        return 2
+    try:
+        server = serve(args.host, args.port) if secret is None else serve_gated(args.host, args.port, secret)
     except Exception as error:
         print(f"phalanx-rendezvous: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 3
-    print(f"{READY_PREFIX} host={args.host} port={store.port}", flush=True)
+    gated = " gated" if secret is not None else ""
+    print(f"{READY_PREFIX} host={args.host} port={server.port}{gated}", flush=True)
     while not stop.wait(1.0):
         pass
     print("phalanx-rendezvous stopping", flush=True)

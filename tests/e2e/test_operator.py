@@ -508,7 +508,7 @@ def test_suspend_resume_and_delete(cluster: Cluster, operator: Operator, namespa
 
     def nothing_owned_left() -> bool:
         selector = "phalanx.dev/job-name=pausable"
-        kinds = "pods,services,serviceaccounts,roles,rolebindings,leases"
+        kinds = "pods,services,serviceaccounts,secrets,roles,rolebindings,leases"
         return not cluster.get_json(kinds, "-n", namespace, "-l", selector)["items"]
 
     wait_for(nothing_owned_left, 90, message="everything the job owned to be deleted")

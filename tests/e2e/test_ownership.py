@@ -1,6 +1,7 @@
 """A job's pods and objects are those it owns (their controller ownerReference), never those that merely carry
 its name or its label: a pod labelled as the job's that fails does not fail it, and a Service squatting the
-job's rendezvous name is refused, with a condition, until it is gone."""
+job's rendezvous name or a Secret squatting its store secret's is refused, with a condition, until it is
+gone."""
 
 from __future__ import annotations
 
@@ -56,16 +57,25 @@ def test_a_failing_pod_labelled_as_the_jobs_neither_fails_it_nor_is_deleted(
     assert cluster.core.read_namespaced_pod("victim-worker-9", namespace).metadata.deletion_timestamp is None
 
 
-def test_a_squatted_rendezvous_service_holds_the_job_until_it_is_gone(
+def test_a_squatted_rendezvous_service_and_store_secret_hold_the_job_until_they_are_gone(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
+    """Whoever made the Secret would know the store's secret; whoever made the Service would get the workers'
+    connections."""
     squatter = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "held-rdzv"},
         "spec": {"selector": {"app": "elsewhere"}, "ports": [{"port": 29400}]},
     }
+    known_secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "held-store"},
+        "stringData": {"secret": "a value the squatter knows, long enough"},
+    }
     cluster.apply(squatter, namespace)
+    cluster.apply(known_secret, namespace)
     cluster.apply(trainingjob("held", steps=20), namespace)
 
     def refused() -> dict[str, Any] | None:
@@ -76,12 +86,17 @@ def test_a_squatted_rendezvous_service_holds_the_job_until_it_is_gone(
     print(f"condition: {owned}")
     assert owned["reason"] == "ForeignObject", owned
     assert "Service held-rdzv exists and is not this job's (it has no controller)" in owned["message"], owned
+    assert "Secret held-store exists and is not this job's (it has no controller)" in owned["message"], owned
     assert not job_pods(cluster, namespace, "held")
     assert "ForeignObject" in [event["reason"] for event in events_for(cluster, namespace, "held")]
 
     cluster.kubectl("delete", "service", "held-rdzv", "-n", namespace)
+    cluster.kubectl("delete", "secret", "held-store", "-n", namespace)
     final = wait_succeeded(cluster, namespace, "held", timeout=300)
     owned = condition(final, "ChildrenOwned")
     assert owned is not None and (owned["status"], owned["reason"]) == ("True", "AllOwned"), owned
     service = cluster.core.read_namespaced_service("held-rdzv", namespace)
     assert service.metadata.owner_references[0].uid == final["metadata"]["uid"]
+    secret = cluster.core.read_namespaced_secret("held-store", namespace)
+    assert secret.metadata.owner_references[0].uid == final["metadata"]["uid"]
+    assert secret.data["secret"] != known_secret["stringData"]["secret"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from phalanx.operator import api, builders
+from phalanx.operator import api, builders, kube
 from phalanx.operator.validation import check
 
 MakeJob = Callable[..., dict[str, Any]]
@@ -323,7 +324,7 @@ def test_fixed_children_are_all_owned_by_the_job(make_job: MakeJob) -> None:
     job = make_job(gang={"podGroup": "Volcano", "queueName": "q"})
     children = builders.build_fixed_children(job, _spec(job))
     kinds = sorted(child["kind"] for child in children)
-    assert kinds == ["PodGroup", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"]
+    assert kinds == ["PodGroup", "Role", "RoleBinding", "Secret", "Service", "Service", "ServiceAccount"]
     for child in children:
         assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
         assert child["metadata"]["labels"]["phalanx.dev/job-name"] == "demo"
@@ -360,10 +361,13 @@ def test_trainers_get_a_memory_backed_dev_shm_unless_they_mount_their_own(make_j
     trainer["volumeMounts"] = [{"name": "mine", "mountPath": "/dev/shm/"}]
     own["spec"]["template"]["spec"]["volumes"] = [{"name": "mine", "emptyDir": {"medium": "Memory"}}]
     pod = builders.build_worker_pod(own, _spec(own), 0, "worker")
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["mine"]
-    assert [m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == ["mine"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["mine", "phalanx-store-secret"]
+    assert [m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == [
+        "mine",
+        "phalanx-store-secret",
+    ]
     rendezvous = builders.build_rendezvous_pod(job, _spec(job))
-    assert "volumes" not in rendezvous["spec"]  # the store keeps no snapshots
+    assert [v["name"] for v in rendezvous["spec"]["volumes"]] == ["phalanx-store-secret"]  # no snapshots
 
 
 def _every_pod(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -577,3 +581,33 @@ def test_a_rendezvous_request_above_its_limit_is_refused_naming_the_field(make_j
     job = make_job(rendezvous={"resources": {"requests": {"cpu": "lots"}}})
     with pytest.raises(ValidationError):
         api.TrainingJobSpec.model_validate(job["spec"])
+
+
+def test_the_rendezvous_pod_and_every_trainer_get_the_job_s_store_secret(make_job: MakeJob) -> None:
+    job = make_job()
+    spec = _spec(job)
+    volume = {"name": "phalanx-store-secret", "secret": {"secretName": "demo-store"}}
+    mount = {"name": "phalanx-store-secret", "mountPath": "/var/run/secrets/phalanx/store", "readOnly": True}
+    for pod in (
+        builders.build_rendezvous_pod(job, spec),
+        builders.build_worker_pod(job, spec, 0, "worker"),
+        builders.build_worker_pod(job, spec, 3, "spare"),
+    ):
+        assert volume in pod["spec"]["volumes"]
+        container = pod["spec"]["containers"][0]
+        assert mount in container["volumeMounts"]
+        env = {entry["name"]: entry.get("value") for entry in container["env"]}
+        assert env["PHALANX_STORE_SECRET_FILE"] == "/var/run/secrets/phalanx/store/secret"
+
+
+def test_the_store_secret_is_drawn_when_it_is_created_never_by_a_plan(make_job: MakeJob) -> None:
+    job = make_job()
+    secret = builders.build_store_secret(job)
+    assert secret == builders.build_store_secret(job)  # plans stay deterministic
+    assert "data" not in secret and secret["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
+    first, second = kube.with_drawn_secret(secret), kube.with_drawn_secret(secret)
+    values = [base64.b64decode(drawn["data"]["secret"]) for drawn in (first, second)]
+    assert values[0] != values[1] and min(len(value) for value in values) >= 32
+    assert "data" not in secret  # the plan's object is left as it was
+    service = builders.build_rendezvous_service(job, _spec(job))
+    assert kube.with_drawn_secret(service) is service

@@ -40,7 +40,13 @@ def test_a_new_job_creates_the_rendezvous_workers_and_spares(make_job: MakeJob, 
     assert _created(result) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
     roles = [pod["metadata"]["labels"]["phalanx.dev/role"] for pod in result.create_pods]
     assert roles == ["rendezvous", "worker", "worker", "spare"]
-    assert {child["kind"] for child in result.ensure} == {"ServiceAccount", "Role", "RoleBinding", "Service"}
+    assert {child["kind"] for child in result.ensure} == {
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "Service",
+    }
     status = result.status
     assert status["state"] == "Scheduling" and status["startTime"] == "2026-01-01T12:00:00Z"
     assert status["readyWorkers"] == "0/2" and status["observedGeneration"] == 1

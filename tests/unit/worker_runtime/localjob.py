@@ -48,9 +48,16 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 class LocalJob:
     """Rendezvous store + launcher "nodes", each node with its own snapshot directory (its /dev/shm)."""
 
-    def __init__(self, root: Path, run_id: str = "job") -> None:
+    def __init__(self, root: Path, run_id: str = "job", secret: bytes | None = None) -> None:
         self.root = root
         self.run_id = run_id
+        self.secret_env: dict[str, str] = {}
+        """The store secret's file for the store and every node, when the job has one (as the operator
+        mounts it)."""
+        if secret is not None:
+            secret_file = root / "store-secret"
+            secret_file.write_bytes(secret)
+            self.secret_env["PHALANX_STORE_SECRET_FILE"] = str(secret_file)
         self.store: subprocess.Popen[str] | None = None
         self.port = 0
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
@@ -64,6 +71,7 @@ class LocalJob:
             [PYTHON, "-m", "phalanx.worker.rendezvous", "--host", "127.0.0.1", "--port", str(port)],
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **self.secret_env},
         )
         assert self.store.stdout is not None
         line = self.store.stdout.readline()
@@ -102,6 +110,7 @@ class LocalJob:
         )
         node_env.pop("KUBERNETES_SERVICE_HOST", None)
         node_env.pop("KUBECONFIG", None)
+        node_env.update(self.secret_env)
         node_env.update(env or {})
         (self.root / f"shm-{name}").mkdir(parents=True, exist_ok=True)
         training = command or [
@@ -229,9 +238,10 @@ class LocalJob:
 
 
 @contextlib.contextmanager
-def running_job(root: Path, test_name: str) -> Iterator[LocalJob]:
-    """A rendezvous store process, and launcher nodes the test starts; everything is killed afterwards."""
-    local_job = LocalJob(root, run_id=f"job-{test_name}"[:60])
+def running_job(root: Path, test_name: str, secret: bytes | None = None) -> Iterator[LocalJob]:
+    """A rendezvous store process (behind its gate when the job has a `secret`), and launcher nodes the test
+    starts; everything is killed afterwards."""
+    local_job = LocalJob(root, run_id=f"job-{test_name}"[:60], secret=secret)
     local_job.start_store()
     try:
         yield local_job

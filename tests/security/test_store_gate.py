@@ -1,0 +1,176 @@
+"""The rendezvous store requires the job's secret: a client without it reads and writes nothing, a client with a
+wrong one is told so, a squatter's store is not taken for the job's, and launchers train through the gate.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from localjob import running_job
+
+from phalanx.worker import rendezvous, storegate
+from phalanx.worker.env import RESTART_EPOCH_KEY
+
+SECRET = b"s" * 43
+OTHER_SECRET = b"o" * 43
+
+
+@pytest.fixture
+def gated() -> Iterator[rendezvous.GatedServer]:
+    server = rendezvous.serve_gated("127.0.0.1", 0, SECRET)
+    yield server
+    server.gate.close()
+
+
+def test_a_client_with_the_secret_reads_and_writes_through_the_gate(gated: rendezvous.GatedServer) -> None:
+    first = rendezvous.connect("127.0.0.1", gated.port, 10, SECRET)
+    second = rendezvous.connect("127.0.0.1", gated.port, 10, SECRET)
+    first.set("key", b"value")
+    assert second.get("key") == b"value"
+    assert rendezvous.request_restart(second) == 1
+    assert gated.store.get(RESTART_EPOCH_KEY) == b"1"  # the store behind the gate holds what they wrote
+
+
+def test_torch_s_own_client_without_the_secret_gets_nothing_and_changes_nothing(
+    gated: rendezvous.GatedServer,
+) -> None:
+    gated.store.set("phalanx/max-nodes", b"2")
+    with pytest.raises((RuntimeError, dist.DistError)):
+        client = dist.TCPStore(
+            "127.0.0.1", gated.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=3)
+        )
+        client.add(RESTART_EPOCH_KEY, 1)
+        client.set("phalanx/max-nodes", b"1")
+    assert not gated.store.check([RESTART_EPOCH_KEY])
+    assert gated.store.get("phalanx/max-nodes") == b"2"
+    assert gated.gate.refused >= 1
+
+
+def test_raw_bytes_sent_to_the_gate_reach_no_store(gated: rendezvous.GatedServer) -> None:
+    """Whatever a stranger writes before proving itself is read as a (wrong) proof, never as a store request."""
+    with socket.create_connection(("127.0.0.1", gated.port), timeout=5) as sock:
+        challenge = sock.recv(64)
+        assert challenge.startswith(storegate.MAGIC)
+        sock.sendall(b"\x00" * (storegate.NONCE_BYTES + storegate.MAC_BYTES) + b"more bytes for the store")
+        assert sock.recv(64) == b""  # dropped
+    assert gated.gate.refused == 1
+
+
+def test_a_wrong_secret_is_said_as_such(gated: rendezvous.GatedServer) -> None:
+    with pytest.raises(storegate.GateRefused, match="secret does not match"):
+        rendezvous.connect("127.0.0.1", gated.port, 5, OTHER_SECRET)
+
+
+def test_a_squatter_s_gate_is_not_taken_for_the_job_s_store() -> None:
+    """A store that does not know the job's secret (a squatted Service) cannot pose as the job's: it cannot
+    answer the client's half of the challenge, whatever it lets through."""
+    squatter = rendezvous.serve_gated("127.0.0.1", 0, OTHER_SECRET)
+    try:
+        challenge = b""
+        with socket.create_connection(("127.0.0.1", squatter.port), timeout=5) as sock:
+            challenge = sock.recv(len(storegate.MAGIC) + storegate.NONCE_BYTES)
+        proof = storegate.client_proof(SECRET, challenge, b"n" * storegate.NONCE_BYTES)
+        forged_answer = storegate.check_client(OTHER_SECRET, challenge[len(storegate.MAGIC) :], proof)
+        assert forged_answer is None  # it cannot even tell the job's proof from a stranger's
+        with pytest.raises(storegate.GateRefused, match="not this job's store"):
+            storegate.check_gate(SECRET, challenge, proof, b"\x00" * storegate.MAC_BYTES)
+    finally:
+        squatter.gate.close()
+
+
+def test_a_peer_that_is_no_gate_is_refused_before_any_store_request() -> None:
+    plain = rendezvous.serve("127.0.0.1", 0)  # a store without a gate: it does not open with a challenge
+    with pytest.raises((storegate.GateRefused, OSError, RuntimeError)):
+        rendezvous.connect("127.0.0.1", plain.port, 3, SECRET)
+    assert not plain.check([RESTART_EPOCH_KEY])
+
+
+def test_a_silent_connection_is_dropped_after_the_handshake_timeout(
+    gated: rendezvous.GatedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storegate, "HANDSHAKE_TIMEOUT", 0.5)
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", gated.port), timeout=10) as sock:
+        sock.recv(64)
+        assert sock.recv(64) == b""
+    assert time.monotonic() - started < 5
+
+
+def test_the_forwarder_serves_only_its_own_process(gated: rendezvous.GatedServer) -> None:
+    """On a host whose pods share one loopback, another process must not borrow a launcher's forwarder."""
+    mine = rendezvous.connect("127.0.0.1", gated.port, 10, SECRET)
+    mine.set("mine", b"1")
+    forwarder = storegate.forwarder_for("127.0.0.1", gated.port, SECRET)
+    code = (
+        "import sys, datetime, torch.distributed as dist\n"
+        f"s = dist.TCPStore('127.0.0.1', {forwarder.port}, is_master=False, wait_for_workers=False,"
+        " timeout=datetime.timedelta(seconds=3))\n"
+        "s.set('borrowed', b'1')\n"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert other.returncode != 0, other.stdout + other.stderr
+    assert not gated.store.check(["borrowed"])
+    assert mine.get("mine") == b"1"  # the launcher's own connections go on
+
+
+def test_the_rendezvous_server_reads_its_secret_and_refuses_a_short_one(tmp_path: Path) -> None:
+    short = tmp_path / "short"
+    short.write_bytes(b"abc")
+    result = subprocess.run(
+        [sys.executable, "-m", "phalanx.worker.rendezvous", "--host", "127.0.0.1", "--port", "0"],
+        env={"PHALANX_STORE_SECRET_FILE": str(short), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "holds 3 bytes; at least 16" in result.stderr
+
+
+def test_launchers_train_through_the_gate_and_a_stranger_cannot_restart_them(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    with running_job(tmp_path, request.node.name, secret=SECRET) as job:
+        with pytest.raises((RuntimeError, dist.DistError)):
+            stranger = dist.TCPStore(
+                "127.0.0.1", job.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=3)
+            )
+            stranger.add(RESTART_EPOCH_KEY, 1)
+        job.start_node("a", ["--steps", "20"])
+        job.start_node("b", ["--steps", "20"])
+        assert job.wait_node("a", 180) == 0, job.node_output("a")
+        assert job.wait_node("b", 180) == 0, job.node_output("b")
+        assert job.last_step() == 20
+
+
+def test_a_launcher_with_the_wrong_secret_never_joins(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with running_job(tmp_path, request.node.name, secret=SECRET) as job:
+        wrong = tmp_path / "wrong-secret"
+        wrong.write_bytes(OTHER_SECRET)
+        job.start_node(
+            "a",
+            ["--steps", "5"],
+            nnodes="1",
+            launcher_args=["--join-timeout", "4"],
+            env={"PHALANX_STORE_SECRET_FILE": str(wrong)},
+        )
+        assert job.wait_node("a", 90) == 3, job.node_output("a")
+        assert "secret does not match" in job.node_output("a")
+        assert not job.steps()
+
+
+def test_a_launcher_whose_secret_file_is_missing_stops_with_a_configuration_error(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    with running_job(tmp_path, request.node.name, secret=SECRET) as job:
+        job.start_node("a", ["--steps", "5"], nnodes="1", env={"PHALANX_STORE_SECRET_FILE": "/nonexistent"})
+        assert job.wait_node("a", 90) == 2, job.node_output("a")
+        assert "cannot read the job's store secret /nonexistent" in job.node_output("a")
