@@ -108,6 +108,18 @@ def node_problem(node: str | None, nodes: dict[str, dict[str, Any]] | None) -> s
 # etcd away) it reports them for nodes that never stopped.
 INFERRED_NODE_PROBLEMS = (NODE_NOT_READY, NODE_UNREACHABLE, NODE_NO_EXECUTE)
 
+LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+"""The NoExecute taints the node controller puts on a node it stopped hearing from, and lifts once the node
+says Ready again (at its next look, seconds later)."""
+
+
+def lifting(health: dict[str, Any]) -> bool:
+    """Whether a node's only NoExecute taints are the node controller's silence taints while the node says
+    Ready: it spoke after the controller gave up on it, and the taints are on their way off. Seen after every
+    outage of the control plane, when the controller had called every node lost."""
+    keys = set(health.get("noExecute") or ())
+    return health.get("ready") == "True" and bool(keys) and keys <= LIFECYCLE_TAINTS
+
 
 def confirmed_nodes(
     nodes: dict[str, dict[str, Any]] | None,
@@ -122,7 +134,7 @@ def confirmed_nodes(
     from it for its grace period. After the control plane itself was away (the API server or etcd hung, a
     watch that stalled) it does so for every node at once, although none stopped. So a node's problem counts
     only when (1) no pod of the job on it renewed its heartbeat after the problem began (a pod that still talks
-    vouches for its node), and (2) the problem has lasted at least as long as the stale stretches of the
+    vouches for its node) and the node itself has not said Ready since (`lifting`), and (2) the problem has lasted at least as long as the stale stretches of the
     operator's own view since the node was last heard from (`gaps`): a real crash is judged at once, a silence
     that fell inside an outage only once it outlasts it (by then the node has long reported Ready again).
     Deleted nodes and drills are always believed."""
@@ -143,7 +155,7 @@ def confirmed_nodes(
         if since is None:
             continue
         heard = parse_time(health.get("readyHeartbeat")) or since
-        vouched = any(renewed > since for renewed in renewed_on.get(name, ()))
+        vouched = lifting(health) or any(renewed > since for renewed in renewed_on.get(name, ()))
         outlasted = (now - since).total_seconds() >= unseen_seconds(min(heard, since), now, gaps)
         if vouched or not outlasted:
             confirmed[name] = {**health, "ready": "True", "noExecute": [], "unconfirmed": problem}

@@ -245,6 +245,25 @@ def test_nodes_the_control_plane_called_lost_after_its_own_outage_are_not_believ
     assert detection.node_problem("node-a", detection.confirmed_nodes(nodes, pods, leases, later, outage))
 
 
+def test_a_node_that_said_ready_after_the_controller_gave_up_on_it_is_not_lost(make_pod: MakePod) -> None:
+    """The rendezvous pod sends no heartbeat to vouch for its node: after an outage the node controller's
+    silence taint stays a few seconds on a node that already said Ready, and no pod may be replaced for it."""
+    pods = [make_pod("demo-worker-2", node="node-a")]  # no Lease given: nothing vouches for node-a
+    lifting = {**unreachable(since=T0 + seconds(22), heard=T0 + seconds(23)), "ready": "True"}
+    now = T0 + seconds(30)
+    confirmed = detection.confirmed_nodes({"node-a": lifting}, pods, {}, now)
+    assert detection.node_problem("node-a", confirmed) is None
+    assert confirmed is not None and confirmed["node-a"]["unconfirmed"] == "NoExecuteTaint"
+    # Before: the same taint believed at once (what replaced the rendezvous pod after an outage).
+    assert detection.node_problem("node-a", {"node-a": lifting}) == "NoExecuteTaint"
+    # A NoExecute taint of anyone else's (a drain, a maintenance taint) is acted on, Ready or not.
+    drained = {**lifting, "noExecute": ["node.kubernetes.io/unreachable", "example.com/maintenance"]}
+    assert detection.node_problem("node-a", detection.confirmed_nodes({"node-a": drained}, pods, {}, now))
+    # A node still silent (Unknown) is judged as before: at once when the view had no gap.
+    silent = unreachable(since=T0 + seconds(22), heard=T0 + seconds(14))
+    assert detection.node_problem("node-a", detection.confirmed_nodes({"node-a": silent}, pods, {}, now))
+
+
 def test_a_pod_that_still_renews_its_heartbeat_vouches_for_its_node(make_pod: MakePod) -> None:
     pods = [make_pod("demo-worker-0", node="node-a")]
     nodes = {"node-a": unreachable(since=T0, heard=T0 - seconds(8))}
