@@ -1177,6 +1177,9 @@ def _supervise(
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
     # Set when this launcher closes the rendezvous: how the group ended, said in the store first.
     outcome: rendezvous.GroupOutcome | None = None
+    """How the group ended, when this launcher ends it (see `ends_the_group`)."""
+    left_alone = False
+    """This launcher gives up alone: the group goes on without it."""
     client: RendezvousClient | None = None
     warm_pool: warmstart.WarmPool | None = None
     following = JobFollowing(settings, autointerval.interval_file(reporter.status_dir))
@@ -1230,15 +1233,21 @@ def _supervise(
             logger.error("%s", stop)
             termination.write(str(stop))
             if stop.code != LauncherExit.RENDEZVOUS_UNREACHABLE:
-                outcome = rendezvous.GroupOutcome(int(stop.code), f"{node}: {stop}")
+                if ends_the_group(settings, stop.code):
+                    outcome = rendezvous.GroupOutcome(int(stop.code), f"{node}: {stop}")
+                else:
+                    left_alone = True
             return int(stop.code)
         if result is None:  # a standby released because the job ended
             return _left_a_closed_rendezvous(client)
         if result.is_failed():
             logger.error("worker group failed: %s", result.failures)
-            outcome = rendezvous.GroupOutcome(
-                int(LauncherExit.USER_CODE_FAILED), f"{node}: worker group failed: {result.failures}"
-            )
+            if ends_the_group(settings, LauncherExit.USER_CODE_FAILED):
+                outcome = rendezvous.GroupOutcome(
+                    int(LauncherExit.USER_CODE_FAILED), f"{node}: worker group failed: {result.failures}"
+                )
+            else:
+                left_alone = True
             return int(LauncherExit.USER_CODE_FAILED)
         logger.info("worker group finished")
         outcome = rendezvous.GroupOutcome(int(LauncherExit.SUCCESS), f"{node}: worker group finished")
@@ -1284,6 +1293,31 @@ def _supervise(
                 rendezvous.publish_outcome(client.store, outcome)
             with contextlib.suppress(Exception):
                 client.handler.shutdown()
+        if left_alone and client is not None:
+            # Out of the group at once: the others re-form now instead of after this node's keep-alive lapses.
+            with contextlib.suppress(Exception):
+                torch_elastic.stop_keep_alives(client.handler)
+                client.forget_departed((settings.pod_uid or settings.pod_name,))
+
+
+REPLACEABLE_EXITS = frozenset(
+    {LauncherExit.USER_CODE_FAILED, LauncherExit.RESTART_BUDGET_EXHAUSTED, LauncherExit.OOM_KILLED}
+)
+"""Give-ups that another pod in this one's place could get past: the training failing on this node only,
+again and again, or the kernel killing it for memory."""
+
+
+def ends_the_group(settings: LaunchSettings, code: int) -> bool:
+    """Whether a launcher leaving with `code` ends the whole group: it says so in the store and closes the
+    job's rendezvous, so every other launcher leaves too (torchrun's rule).
+
+    Success always does, and so does a failure that restarting cannot help (bad configuration, a diverged
+    loss, a failed preflight). A replaceable failure under the operator (`settings.job_name`) does not: the
+    group re-forms without this pod, with a spare in its place, and the operator's failure policy decides
+    about the pod (replaced and counted by default; the job fails once `maxRestarts` is spent). Closing the
+    rendezvous there made every replacement find it closed and fail too, so one node's crash loop or OOM
+    ended the whole job."""
+    return not (settings.job_name and code in REPLACEABLE_EXITS)
 
 
 def _failed_outcome(client: RendezvousClient | None) -> rendezvous.GroupOutcome | None:

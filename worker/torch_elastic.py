@@ -81,6 +81,7 @@ __all__ = [
     "set_sync_delay",
     "state_backend",
     "state_holder",
+    "stop_keep_alives",
     "subprocess_handler_factory",
     "swap_store",
     "sync_delay",
@@ -130,6 +131,12 @@ class CheckedBackend(C10dRendezvousBackend):
 def node_of(handler: DynamicRendezvousHandler) -> Any:
     """This launcher's node in the rendezvous (torch's `_NodeDesc`: addr, pid, local_id)."""
     return handler._this_node
+
+
+def stop_keep_alives(handler: DynamicRendezvousHandler) -> None:
+    """Stop the handler's keep-alive thread (torch's `_stop_heartbeats`): a node leaving the group must not
+    refresh its place in it after it was expired."""
+    handler._stop_heartbeats()
 
 
 def state_holder(handler: DynamicRendezvousHandler) -> Any:

@@ -277,9 +277,9 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
 def test_a_job_whose_training_never_runs_fails_and_never_reports_success(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    """Every worker's training command crashes before any step: each launcher gives up (exit 1) and closes the
-    rendezvous. The spare it releases leaves with that failure, not with 0 (read as training finished, that
-    once marked such a job Succeeded), and the job fails once `maxRestarts` is spent."""
+    """Every worker's training command crashes before any step: each launcher gives up (exit 1), and every
+    pod that takes a place in the group does the same. No pod leaves with 0 (a spare released with 0, read as
+    training finished, once marked such a job Succeeded), and the job fails once `maxRestarts` is spent."""
     job = trainingjob("crashloop", replicas=2, spares=1)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["command"], container["args"] = ["python", "-c", "raise SystemExit(7)"], []
@@ -297,6 +297,40 @@ def test_a_job_whose_training_never_runs_fails_and_never_reports_success(
     assert final["status"]["restarts"]["counted"] >= 2, final["status"]["restarts"]
     reasons = [event["reason"] for event in events_for(cluster, namespace, "crashloop")]
     assert "TrainingFinished" not in reasons, reasons
+
+
+# The example, except in the pod named by CRASHING_POD, whose training crashes before any step.
+CRASHES_ON_ONE_POD = (
+    "import os, sys, time\n"
+    "if os.environ['POD_NAME'] == os.environ['CRASHING_POD']:\n"
+    "    time.sleep(1)\n"
+    "    sys.exit(7)\n"
+    "from phalanx.worker.examples import tinygpt\n"
+    "sys.exit(tinygpt.main(sys.argv[1:]))\n"
+)
+
+
+def test_a_pod_whose_training_crashes_in_a_loop_is_replaced_and_the_job_trains_on(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """One pod's training crashes before any step, again and again (a broken node, a bad device), and no
+    spare stands by (with one, the spare takes its place in the group at its first crash): its launcher
+    gives up (exit 1), and the operator replaces it, counted. The job trains to the end. When the launcher
+    that gave up closed the rendezvous, every replacement found it closed and failed as well, and the job
+    failed once `maxRestarts` was spent."""
+    job = trainingjob("onebad", replicas=2, spares=0, steps=STEPS, step_delay=0.05)
+    job["spec"]["heartbeat"] = HEARTBEAT
+    job["spec"]["failurePolicy"] = {"maxRestarts": 4}
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = ["python", "-c", CRASHES_ON_ONE_POD]
+    container["env"] = [{"name": "CRASHING_POD", "value": "onebad-worker-1"}]
+    cluster.apply(job, namespace)
+    final = wait_succeeded(cluster, namespace, "onebad", timeout=400)
+    assert final["status"]["step"] == STEPS, final["status"]
+    restarts = final["status"]["restarts"]
+    assert 1 <= restarts["counted"] <= 4, restarts
+    crashed = incidents_of(final, "onebad-worker-1")
+    assert crashed and crashed[0]["action"] == "ReplaceWorker", final["status"].get("incidents")
 
 
 def test_permanent_user_error_fails_the_job_once(

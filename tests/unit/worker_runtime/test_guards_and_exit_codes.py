@@ -88,8 +88,9 @@ def test_user_error_exits_1(job: LocalJob) -> None:
 
 
 def test_a_spare_released_by_a_failed_group_does_not_report_success(job: LocalJob) -> None:
-    """The launcher that gives up closes the rendezvous; a spare standing by leaves then, with the group's
-    failure, not with 0 (from which the operator would count the job finished)."""
+    """The launcher that gives up without an operator closes the rendezvous (torchrun's rule); a spare
+    standing by leaves then, with the group's failure, not with 0 (from which the operator would count the
+    job finished)."""
     failing = [sys.executable, "-c", "import sys, time; time.sleep(5); sys.exit(7)"]
     job.start_node("a", [], nnodes="1", command=failing)
     job.start_node("spare", [], nnodes="1", command=failing, env={"PHALANX_ROLE": "spare"})
@@ -97,6 +98,39 @@ def test_a_spare_released_by_a_failed_group_does_not_report_success(job: LocalJo
     assert job.wait_node("a", 120) == LauncherExit.USER_CODE_FAILED, job.node_output("a")
     assert job.wait_node("spare", 60) == LauncherExit.USER_CODE_FAILED, job.node_output("spare")
     assert "the job's group failed: a: " in job.node_output("spare"), job.node_output("spare")
+
+
+# tinygpt, except on the pod named "a", where the command fails before any step (a node whose training
+# crashes while the others' would not).
+FAILS_ON_A = (
+    "import os, sys, time\n"
+    "if os.environ['POD_NAME'] == 'a':\n"
+    "    time.sleep(2)\n"
+    "    sys.exit(7)\n"
+    "from phalanx.worker.examples import tinygpt\n"
+    "sys.exit(tinygpt.main(sys.argv[1:]))\n"
+)
+
+
+def test_under_the_operator_a_launcher_that_gives_up_leaves_the_rendezvous_to_its_replacement(
+    job: LocalJob, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Under the operator (PHALANX_JOB_NAME) a replaceable give-up (exit 1) does not close the rendezvous: the
+    pod that takes the failed one's place (a spare, a replacement) joins and trains, and the operator decides
+    about the pod that left. Closed, it took every spare and replacement down with it: one node's crash loop
+    ended the job."""
+    supervised = {"PHALANX_JOB_NAME": "demo"}
+    args = [
+        "--steps", "15", "--checkpoint-dir", str(job.checkpoint_dir), "--log-file", str(job.log_file),
+        "--summary-file", str(tmp_path / "summary-b.json"),
+    ]  # fmt: skip
+    command = [sys.executable, "-c", FAILS_ON_A, *args]
+    job.start_node("a", [], nnodes="1", command=command, env=supervised)
+    assert job.wait_node("a", 120) == LauncherExit.USER_CODE_FAILED, job.node_output("a")
+    assert "without completing a step" in job.node_output("a")
+    job.start_node("b", [], nnodes="1", command=command, env=supervised)
+    assert job.wait_node("b", 120) == 0, job.node_output("b")
+    assert job.last_step() == 15
 
 
 def test_bad_config_exits_2(job: LocalJob) -> None:

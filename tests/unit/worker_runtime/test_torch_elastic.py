@@ -206,6 +206,7 @@ def test_replaced_settings_reach_every_part_that_reads_them(store: dist.Store) -
     assert torch_elastic.handler_settings(handler) is marker
     assert handler._op_executor._settings is marker  # type: ignore[attr-defined]
     assert torch_elastic.state_holder(handler)._settings is marker
+    torch_elastic.stop_keep_alives(handler)  # torch's own call, found where the launcher reaches for it
 
 
 def test_the_join_the_launcher_guards_is_where_it_reaches(
