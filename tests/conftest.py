@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pytest import nodes as pytest_nodes
 from _pytest.terminal import TerminalReporter
 from kubernetes import config
 
@@ -237,8 +238,8 @@ TEST_GROUPS = {
 `-n 2 --dist loadgroup` (`make unit`) a group's tests run one after another on one worker. The timed launchers'
 tests judge them by the clock (a spare must stand by while its pair still trains, a hang must be seen within
 seconds): two of them side by side on two cores were seen to miss their timing. The other group's processes only
-need to finish; its launcher tests are there so that the two workers end together (the timed group alone took
-ten minutes, the other worker idled for five)."""
+need to finish; its launcher tests are there so that the two groups take about as long (about ten minutes each of
+test time), and the rest of the unit tests fill in beside them."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -247,6 +248,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.nodeid.startswith(prefixes):
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_name_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """What pytest-xdist's `--dist loadgroup` does in each worker, done for pytest 9: xdist (3.8) appends a
+    test's group to `item._nodeid`, which pytest 9 no longer reads (a node's id is `item._id`), so the ids the
+    worker reports carried no group and every group's tests were spread over both workers."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
+        if names and "@" not in item.nodeid:
+            item._id = pytest_nodes.coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

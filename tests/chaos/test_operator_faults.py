@@ -89,7 +89,7 @@ def assert_untouched(
 def test_a_paused_operator_replaces_no_healthy_pod(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    """The operator frozen for 20 s, then for 90 s, mid-training (both far past every heartbeat and progress
+    """The operator frozen for 20 s, then for 45 s, mid-training (both far past every heartbeat and progress
     timeout of the job): training goes on throughout, and on
     resume nothing is replaced, no incident is recorded, and the status catches up with the heartbeats."""
     job = trainingjob("paused", replicas=2, spares=1, steps=5000, step_delay=0.2)
@@ -97,7 +97,7 @@ def test_a_paused_operator_replaces_no_healthy_pod(
     cluster.apply(job, namespace)
     wait_for(lambda: (get_job(cluster, namespace, "paused").get("status") or {}).get("step", 0) >= 10, 240)
     before = pod_uids(cluster, namespace, "paused")
-    for pause in (20, 90):
+    for pause in (20, 45):
         steps_before = heartbeat_steps(cluster, namespace, "paused")
         freeze_operator(cluster, operator, pause)
         steps_after = heartbeat_steps(cluster, namespace, "paused")
