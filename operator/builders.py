@@ -538,7 +538,8 @@ def build_fixed_children(
     lease_role: str | None = None,
 ) -> list[dict[str, Any]]:
     """Children that exist once per job whatever its state (before any pod): RBAC (`lease_role`: see
-    `build_worker_rbac`), the store secret, Services, PodGroup, and the NetworkPolicy when the operator makes one (`network`)."""
+    `build_worker_rbac`), the store secret, Services, PodGroup, and the NetworkPolicy when the operator makes
+    one (`network`)."""
     children = [
         *build_worker_rbac(job, spec, lease_role),
         build_store_secret(job),

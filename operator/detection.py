@@ -134,9 +134,10 @@ def confirmed_nodes(
     from it for its grace period. After the control plane itself was away (the API server or etcd hung, a
     watch that stalled) it does so for every node at once, although none stopped. So a node's problem counts
     only when (1) no pod of the job on it renewed its heartbeat after the problem began (a pod that still talks
-    vouches for its node) and the node itself has not said Ready since (`lifting`), and (2) the problem has lasted at least as long as the stale stretches of the
-    operator's own view since the node was last heard from (`gaps`): a real crash is judged at once, a silence
-    that fell inside an outage only once it outlasts it (by then the node has long reported Ready again).
+    vouches for its node) and the node itself has not said Ready since (`lifting`), and (2) the problem has
+    lasted at least as long as the stale stretches of the operator's own view since the node was last heard
+    from (`gaps`): a real crash is judged at once, a silence that fell inside an outage only once it outlasts
+    it (by then the node has long reported Ready again).
     Deleted nodes and drills are always believed."""
     if nodes is None:
         return None

@@ -1175,11 +1175,10 @@ def _supervise(
     settings: LaunchSettings, reporter: PodReporter, log_dir: str, server: ForkServer | None = None
 ) -> int:
     """Run the elastic agent until the pod's work is over; returns the launcher's exit code."""
-    # Set when this launcher closes the rendezvous: how the group ended, said in the store first.
+    # Set when this launcher closes the rendezvous (see `ends_the_group`): how the group ended, said in the
+    # store first. `left_alone`: it gives up alone, and the group goes on without it.
     outcome: rendezvous.GroupOutcome | None = None
-    """How the group ended, when this launcher ends it (see `ends_the_group`)."""
     left_alone = False
-    """This launcher gives up alone: the group goes on without it."""
     client: RendezvousClient | None = None
     warm_pool: warmstart.WarmPool | None = None
     following = JobFollowing(settings, autointerval.interval_file(reporter.status_dir))

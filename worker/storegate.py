@@ -202,35 +202,36 @@ class Gate:
         self._server.close()
 
 
-def handshake(sock: socket.socket, secret: bytes) -> None:
-    """Prove to the gate at the other end of the connected `sock` that this side knows `secret`, and check
-    that the gate does too; raises `GateRefused` (or OSError) otherwise. Blocking."""
-    challenge = _read_exactly(sock, len(MAGIC) + NONCE_BYTES)
-    proof = client_proof(secret, challenge, secrets.token_bytes(NONCE_BYTES))
-    sock.sendall(proof)
+async def _open_gate(
+    host: str, port: int, secret: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the gate at host:port, through the handshake: this side has proved that it knows
+    `secret`, and the gate that it does too. Raises `GateRefused` (or OSError) otherwise."""
+    reader, writer = await asyncio.open_connection(host, port)
     try:
-        answer = _read_exactly(sock, MAC_BYTES)
-    except ConnectionError:
-        raise GateRefused("the store's gate refused this pod: the job's secret does not match") from None
-    check_gate(secret, challenge, proof, answer)
-
-
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("the store's gate closed the connection")
-        data += chunk
-    return data
+        challenge = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
+        proof = client_proof(secret, challenge, secrets.token_bytes(NONCE_BYTES))
+        writer.write(proof)
+        try:
+            answer = await reader.readexactly(MAC_BYTES)
+        except asyncio.IncompleteReadError:
+            raise GateRefused("the store's gate refused this pod: the job's secret does not match") from None
+        check_gate(secret, challenge, proof, answer)
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer
 
 
 def check_reachable(host: str, port: int, secret: bytes, timeout: float) -> None:
     """One handshake with the gate at host:port, so that a wrong secret is said as such instead of as a store
-    that does not answer. Raises `GateRefused` or OSError."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
-        handshake(sock, secret)
+    that does not answer. Raises `GateRefused` or OSError (TimeoutError past `timeout`)."""
+
+    async def once() -> None:
+        _, writer = await asyncio.wait_for(_open_gate(host, port, secret), timeout)
+        writer.close()
+
+    _EventLoop.run(once())
 
 
 class Forwarder:
@@ -254,28 +255,12 @@ class Forwarder:
             writer.close()
             return
         try:
-            remote = await asyncio.wait_for(self._open(), self._timeout)
+            remote = await asyncio.wait_for(_open_gate(*self._remote, self._secret), self._timeout)
         except (TimeoutError, GateRefused, ConnectionError, OSError) as error:
             logger.warning("store forwarder: cannot pass through the gate at %s:%d: %s", *self._remote, error)
             writer.close()
             return
         await _splice((reader, writer), remote)
-
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection(*self._remote)
-        try:
-            challenge = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
-            proof = client_proof(self._secret, challenge, secrets.token_bytes(NONCE_BYTES))
-            writer.write(proof)
-            try:
-                answer = await reader.readexactly(MAC_BYTES)
-            except asyncio.IncompleteReadError:
-                raise GateRefused("the gate refused the job's secret") from None
-            check_gate(self._secret, challenge, proof, answer)
-        except BaseException:
-            writer.close()
-            raise
-        return reader, writer
 
     def close(self) -> None:
         self._server.close()
