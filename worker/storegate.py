@@ -127,6 +127,17 @@ class _EventLoop:
         return asyncio.run_coroutine_threadsafe(coroutine, cls.get()).result(timeout)
 
 
+def _close_server(server: asyncio.Server) -> None:
+    """Stop `server` listening, on the loop's own thread: asyncio's Server is not thread-safe, and closing it
+    from another thread while one of its connections ended on the loop broke asyncio's bookkeeping
+    (a TypeError from inside `Server.close`)."""
+
+    async def close() -> None:
+        server.close()
+
+    _EventLoop.run(close())
+
+
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(RELAY_CHUNK):
@@ -199,7 +210,7 @@ class Gate:
             logger.warning("store gate: refused %s: %s (%d refused so far)", peer, why, self._refused)
 
     def close(self) -> None:
-        self._server.close()
+        _close_server(self._server)
 
 
 async def _open_gate(
@@ -263,7 +274,7 @@ class Forwarder:
         await _splice((reader, writer), remote)
 
     def close(self) -> None:
-        self._server.close()
+        _close_server(self._server)
 
 
 _forwarders: dict[tuple[str, int, bytes], tuple[int, Forwarder]] = {}
