@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from phalanx.worker import (
+    attemptstore,
     autointerval,
     drillhook,
     gloonet,
@@ -132,7 +133,11 @@ class RendezvousClient:
             logger.warning(
                 "this torch's rendezvous cannot be told to poll faster: regroups wait 1 s per read"
             )
-        self.handler = DynamicRendezvousHandler.from_backend(
+        # With the job's secret, the training processes' store is hosted by the launchers behind the gate too.
+        handler_class = (
+            torch_elastic.LauncherStoreHandler if self.gates_training_store else DynamicRendezvousHandler
+        )
+        self.handler = handler_class.from_backend(
             run_id=settings.run_id,
             store=self.round_store,
             backend=CheckedBackend(self.store, settings.run_id),
@@ -162,6 +167,20 @@ class RendezvousClient:
             patience=settings.keepalive_timeout,
         )
         torch_elastic.guard_joins(self.handler, self.freshness.must_wait)
+
+    @property
+    def secret(self) -> bytes | None:
+        """The job's store secret (None: the job's stores are not gated)."""
+        return self._secret
+
+    @property
+    def gates_training_store(self) -> bool:
+        """Whether the training processes' store stands behind the gate too (worker/attemptstore.py).
+
+        Not on a torch built without libuv (USE_LIBUV=0): there torch's training processes cannot be clients
+        of a store hosted for them (the client that torch's env:// makes then asks for libuv and fails), so
+        training rank 0 hosts it as under torchrun, and the job's NetworkPolicy is its only boundary."""
+        return self._secret is not None and rendezvous.libuv_transport()
 
     def publish_node(self, store: dist.TCPStore) -> None:
         """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
@@ -341,6 +360,17 @@ class PhalanxAgent(LocalElasticAgent):
         """The running training processes left their group live and wait for the next one (livegroup.py)."""
         self._members: frozenset[rendezvous.Node] | None = None
         """The rendezvous nodes of the round the running group formed from (None: not known)."""
+        self._attempt_store = (
+            attemptstore.AttemptStore(client.secret, torch_elastic.node_of(client.handler).addr)
+            if client.secret is not None and client.gates_training_store
+            else None
+        )
+        """The training processes' store behind the job's gate (None: torch's own, hosted by training rank 0)."""
+        if client.secret is not None and self._attempt_store is None:
+            logger.warning(
+                "this torch has no libuv (USE_LIBUV=0): the training processes' store is training rank 0's, "
+                "not behind the job's gate; the job's NetworkPolicy is its only boundary"
+            )
 
     # -- worker lifecycle -------------------------------------------------------------------------
 
@@ -503,6 +533,10 @@ class PhalanxAgent(LocalElasticAgent):
         self._members = None
         self._client.offer_held_state()
         super()._rendezvous(worker_group)
+        if self._attempt_store is not None:
+            worker_group.master_addr, worker_group.master_port = self._attempt_store.open(
+                worker_group.store, worker_group.group_rank
+            )
         with contextlib.suppress(Exception):
             participants = torch_elastic.round_state(self._client.handler).participants
             self._members = frozenset(rendezvous.node_key(node) for node in participants)

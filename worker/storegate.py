@@ -8,7 +8,11 @@ the launcher also learns that it reached the job's own store and not a squatter'
 
 torch's client cannot answer a challenge, so a launcher reaches the gate through a `Forwarder`: a loopback
 listener in the launcher's own process that torch's client connects to. It accepts only connections from its
-own process, answers the gate's challenge, then relays bytes both ways.
+own process (or, for the training processes' store, from the processes it started), answers the gate's
+challenge, then relays bytes both ways.
+
+The training processes' own store of each group attempt (torch's env:// rendezvous, MASTER_ADDR) stands
+behind a gate of the same kind, hosted by the launcher of node rank 0 (worker/attemptstore.py).
 
 What it does not do: encrypt. Whoever sits on the path between a launcher and the rendezvous pod can still
 read and alter the bytes of a connection that authenticated; the pod network is trusted for that, and the
@@ -251,17 +255,26 @@ class Forwarder:
     Only connections from this process itself are relayed: on a host whose pods share one loopback, another
     pod must not borrow this launcher's standing with the gate."""
 
-    def __init__(self, host: str, port: int, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        timeout: float = HANDSHAKE_TIMEOUT,
+        serve_descendants: bool = False,
+    ) -> None:
+        """`serve_descendants`: also relay connections from the processes this one started (and theirs)."""
         self._remote = (host, port)
         self._secret = secret
         self._timeout = timeout
+        self._serve_descendants = serve_descendants
         listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = listener.getsockname()[1]
         self._server = _EventLoop.run(asyncio.start_server(self._relay, sock=listener))
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        if not own_connection(peer[1], self.port):
+        if not own_connection(peer[1], self.port, self._serve_descendants):
             logger.warning("store forwarder: refused %s: not a connection of this process", peer)
             writer.close()
             return
@@ -292,19 +305,43 @@ def forwarder_for(host: str, port: int, secret: bytes) -> Forwarder:
         return made[1]
 
 
-def own_connection(peer_port: int, local_port: int) -> bool:
-    """Whether the loopback connection from `peer_port` to `local_port` was made by a socket of this process:
-    its inode, found in the kernel's TCP table, is among this process's open files."""
+def own_connection(peer_port: int, local_port: int, or_descendants: bool = False) -> bool:
+    """Whether the loopback connection from `peer_port` to `local_port` was made by a socket of this process
+    (or, with `or_descendants`, of a process it started, or one they started): its inode, found in the
+    kernel's TCP table, is among that process's open files."""
     inode = _loopback_socket_inode(peer_port, local_port)
     if inode is None:
         return False
     link = f"socket:[{inode}]"
-    with contextlib.suppress(OSError):
-        for fd in os.listdir("/proc/self/fd"):
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/self/fd/{fd}") == link:
-                    return True
+    owners = [os.getpid(), *_descendants(os.getpid())] if or_descendants else [os.getpid()]
+    for pid in owners:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                        return True
     return False
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below `root` in the process tree, read from /proc."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return found
 
 
 def _loopback_socket_inode(peer_port: int, local_port: int) -> str | None:

@@ -58,6 +58,7 @@ __all__ = [
     "CheckedBackend",
     "DefaultLogsSpecs",
     "DynamicRendezvousHandler",
+    "LauncherStoreHandler",
     "LocalElasticAgent",
     "RendezvousBackend",
     "RendezvousClosedError",
@@ -126,6 +127,19 @@ class CheckedBackend(C10dRendezvousBackend):
         if result is not None and not result[2]:  # another's state came back instead of ours
             safepickle.loads(result[0], safepickle.RENDEZVOUS_STATE)
         return result
+
+
+class LauncherStoreHandler(DynamicRendezvousHandler):
+    """torch's rendezvous handler, telling the training processes that their store is hosted for them
+    (TORCHELASTIC_USE_AGENT_STORE=True: every rank connects as a client; none hosts one of its own).
+
+    torch ties that word to sharing the rendezvous store itself; here the launcher of node rank 0 hosts a
+    fresh store per attempt behind the job's gate (worker/attemptstore.py), and torch's own sharing stays
+    off (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)."""
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True
 
 
 def node_of(handler: DynamicRendezvousHandler) -> Any:

@@ -5,6 +5,7 @@ wrong one is told so, a squatter's store is not taken for the job's, and launche
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from localjob import running_job
+from localjob import running_job, wait_for
 
 from phalanx.worker import rendezvous, storegate
 from phalanx.worker.env import RESTART_EPOCH_KEY
@@ -169,6 +170,102 @@ def test_launchers_train_through_the_gate_and_a_stranger_cannot_restart_them(
         assert job.wait_node("a", 180) == 0, job.node_output("a")
         assert job.wait_node("b", 180) == 0, job.node_output("b")
         assert job.last_step() == 20
+
+
+def test_the_training_processes_store_admits_only_the_job_s_launchers(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The store that training processes bootstrap gloo through (env://, MASTER_ADDR) stands behind the gate
+    too: neither torch's own client at the pod's address nor another process at a launcher's forwarder gets
+    in, and the training runs on."""
+    with running_job(tmp_path, request.node.name, secret=SECRET) as job:
+        job.start_node("a", ["--steps", "100", "--step-delay", "0.1"])
+        job.start_node("b", ["--steps", "100", "--step-delay", "0.1"])
+        wait_for(lambda: job.steps(), 120, "a first step")
+        outputs = job.node_output("a") + job.node_output("b")
+        hosted = re.search(r"store: behind the gate at ([\d.]+):(\d+) \(hosted here\)", outputs)
+        forwarders = [
+            int(port) for port in re.findall(r"store: behind the gate at .*?through 127.0.0.1:(\d+)", outputs)
+        ]
+        assert hosted is not None and len(forwarders) == 2, outputs
+        # Each node's training process holds its store connection through its own launcher's forwarder.
+        for name in ("a", "b"):
+            peers = {
+                connection.raddr.port  # torch's client speaks IPv4-mapped IPv6: ::ffff:127.0.0.1
+                for trainer in job.trainers(name)
+                for connection in trainer.net_connections("tcp")
+                if connection.raddr and connection.raddr.ip.endswith("127.0.0.1")
+            }
+            assert peers & set(forwarders), (name, peers, forwarders)
+        for host, port in [(hosted[1], int(hosted[2])), *(("127.0.0.1", port) for port in forwarders)]:
+            with pytest.raises((RuntimeError, dist.DistError)):
+                stranger = dist.TCPStore(
+                    host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=3)
+                )
+                stranger.set("phalanx-stranger", b"1")
+        # Refused by live gates and forwarders, not by a job that had ended.
+        assert job.last_step() < 100 and all(node.poll() is None for node in job.nodes.values())
+        assert job.wait_node("a", 180) == 0, job.node_output("a")
+        assert job.wait_node("b", 180) == 0, job.node_output("b")
+        assert job.last_step() == 100
+
+
+TREE = """
+import subprocess, sys
+from phalanx.worker import rendezvous, storegate
+server = rendezvous.serve_gated("127.0.0.1", 0, SECRET)
+forwarder = storegate.Forwarder("127.0.0.1", server.port, SECRET, serve_descendants=True)
+client = (
+    "import datetime, torch.distributed as d; "
+    f"s = d.TCPStore('127.0.0.1', {forwarder.port}, is_master=False, wait_for_workers=False,"
+    " timeout=datetime.timedelta(seconds=5)); s.set('grandchild', b'1')"
+)
+# A training process is the launcher's grandchild when a warm interpreter runs it (launcher, fork server, it).
+starter = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', {client!r}]).returncode)"
+code = subprocess.run([sys.executable, "-c", starter], timeout=60).returncode
+print("grandchild", code, server.store.check(["grandchild"]))
+"""
+
+
+def test_the_training_processes_forwarder_serves_what_its_launcher_started_as_pid_1_without_capabilities() -> (
+    None
+):
+    """As in a pod's container: the launcher is PID 1 of its own PID namespace and holds no capabilities; the
+    forwarder still finds its training processes' sockets among its descendants' files."""
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace here: {probe.stderr.decode().strip()}")
+    script = f"SECRET = {SECRET!r}\n{TREE}"
+    argv = [
+        "setpriv",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        sys.executable,
+        "-c",
+        script,
+    ]
+    result = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert "grandchild 0 True" in result.stdout, result.stdout + result.stderr
+
+
+def test_on_a_torch_without_libuv_the_training_processes_store_is_torch_s_own_and_the_job_trains(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """torch's client of a store hosted for the training processes asks for libuv, so a torch built without it
+    (USE_LIBUV=0, Debian's) keeps training rank 0's store, says so, and trains."""
+    with running_job(tmp_path, request.node.name, secret=SECRET) as job:
+        for name in ("a", "b"):
+            job.start_node(name, ["--steps", "10"], env={"USE_LIBUV": "0"})
+        for name in ("a", "b"):
+            assert job.wait_node(name, 180) == 0, job.node_output(name)
+            assert "this torch has no libuv (USE_LIBUV=0)" in job.node_output(name)
+            assert "store: behind the gate" not in job.node_output(name)
+        assert job.last_step() == 10
 
 
 def test_a_launcher_with_the_wrong_secret_never_joins(tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -5,6 +5,7 @@ moves one fails here, not in a recovery)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import subprocess
 import sys
@@ -264,6 +265,27 @@ def test_the_agent_starts_processes_through_the_replaceable_factory() -> None:
     assert "get_subprocess_handler(" in inspect.getsource(torch_elastic._multiprocessing_api)
     assert callable(torch_elastic.SubprocessHandler._popen)
     assert "local_rank_id" in inspect.getsource(torch_elastic.SubprocessHandler.__init__)
+
+
+def test_the_agent_tells_training_processes_to_use_the_launchers_store_by_the_handler_s_word(
+    store: dist.Store,
+) -> None:
+    """worker/attemptstore.py: the launcher hosts the training processes' store, and torch's agent passes the
+    handler's `use_agent_store` on as TORCHELASTIC_USE_AGENT_STORE (so no training rank hosts one)."""
+    handler = torch_elastic.LauncherStoreHandler.from_backend(
+        run_id="job",
+        store=store,
+        backend=torch_elastic.C10dRendezvousBackend(store, "job"),
+        min_nodes=1,
+        max_nodes=2,
+        local_addr="127.0.0.1",
+    )
+    assert isinstance(handler, torch_elastic.LauncherStoreHandler) and handler.use_agent_store is True
+    start = inspect.getsource(torch_elastic.LocalElasticAgent._start_workers)
+    assert "spec.rdzv_handler.use_agent_store" in start and '"TORCHELASTIC_USE_AGENT_STORE"' in start
+    assert "_torchelastic_use_agent_store()" in inspect.getsource(
+        importlib.import_module("torch.distributed.rendezvous")._create_c10d_store
+    )
 
 
 def test_the_agent_hooks_the_launcher_overrides_exist() -> None:
