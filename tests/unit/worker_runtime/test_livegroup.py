@@ -48,19 +48,23 @@ def test_without_live_regroup_the_survivor_restarts_its_training_process(job: Lo
 
 
 def test_a_new_node_joins_a_running_group_without_restarting_it(job: LocalJob) -> None:
-    example = ["--steps", "60", "--step-delay", "0.1", "--global-batch", "16"]
+    # Steps enough for the second node to start and import torch on a busy machine before the first is done.
+    example = ["--steps", "150", "--step-delay", "0.1", "--global-batch", "16"]
     job.start_node("a", example, nnodes="1:2")
     wait_for(lambda: job.last_step() >= 5, 90, "the first node to train alone")
     first_pids = [process.pid for process in job.trainers("a")]
     job.start_node("b", example, nnodes="1:2")
-    wait_for(
-        lambda: any(record.get("world_size") == 2 for record in job.steps()), 90, "the group to grow to two"
-    )
+
+    def grown() -> bool:
+        assert job.nodes["a"].poll() is None, "the first node finished alone:\n" + job.node_output("b")
+        return any(record.get("world_size") == 2 for record in job.steps())
+
+    wait_for(grown, 90, "the group to grow to two")
     # The running process left its group at a step boundary and joined the bigger one.
     assert [process.pid for process in job.trainers("a")] == first_pids, job.node_output("a")
     assert job.wait_node("a", 120) == 0, job.node_output("a")
     assert job.wait_node("b", 120) == 0, job.node_output("b")
-    assert job.any_summary()["final_step"] == 60
+    assert job.any_summary()["final_step"] == 150
 
 
 def test_leave_is_asked_once_per_group(tmp_path: Path) -> None:

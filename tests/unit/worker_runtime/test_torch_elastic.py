@@ -160,8 +160,11 @@ def store() -> Iterator[dist.Store]:
     del server
 
 
-def handler_on(store: dist.Store) -> torch_elastic.DynamicRendezvousHandler:
-    return torch_elastic.DynamicRendezvousHandler.from_backend(
+def handler_on(
+    store: dist.Store,
+    handler_class: type[torch_elastic.DynamicRendezvousHandler] = torch_elastic.DynamicRendezvousHandler,
+) -> torch_elastic.DynamicRendezvousHandler:
+    return handler_class.from_backend(
         run_id="job",
         store=store,
         backend=torch_elastic.C10dRendezvousBackend(store, "job"),
@@ -272,20 +275,13 @@ def test_the_agent_tells_training_processes_to_use_the_launchers_store_by_the_ha
 ) -> None:
     """worker/attemptstore.py: the launcher hosts the training processes' store, and torch's agent passes the
     handler's `use_agent_store` on as TORCHELASTIC_USE_AGENT_STORE (so no training rank hosts one)."""
-    handler = torch_elastic.LauncherStoreHandler.from_backend(
-        run_id="job",
-        store=store,
-        backend=torch_elastic.C10dRendezvousBackend(store, "job"),
-        min_nodes=1,
-        max_nodes=2,
-        local_addr="127.0.0.1",
-    )
+    handler = handler_on(store, torch_elastic.LauncherStoreHandler)
     assert isinstance(handler, torch_elastic.LauncherStoreHandler) and handler.use_agent_store is True
     start = inspect.getsource(torch_elastic.LocalElasticAgent._start_workers)
     assert "spec.rdzv_handler.use_agent_store" in start and '"TORCHELASTIC_USE_AGENT_STORE"' in start
-    assert "_torchelastic_use_agent_store()" in inspect.getsource(
-        importlib.import_module("torch.distributed.rendezvous")._create_c10d_store
-    )
+    # env:// makes every rank a client under that word (2.14 adds: when MASTER_ADDR/PORT name the store).
+    env_rendezvous = inspect.getsource(importlib.import_module("torch.distributed.rendezvous"))
+    assert "_torchelastic_use_agent_store()" in env_rendezvous and "is_master=False" in env_rendezvous
 
 
 def test_the_agent_hooks_the_launcher_overrides_exist() -> None:
