@@ -366,7 +366,7 @@ class PhalanxAgent(LocalElasticAgent):
             else None
         )
         """The training processes' store behind the job's gate (None: torch's own, hosted by training rank 0)."""
-        if client.secret is not None and self._attempt_store is None:
+        if client.secret is not None and not client.gates_training_store:
             logger.warning(
                 "this torch has no libuv (USE_LIBUV=0): the training processes' store is training rank 0's, "
                 "not behind the job's gate; the job's NetworkPolicy is its only boundary"

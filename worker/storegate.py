@@ -43,6 +43,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 logger = logging.getLogger("phalanx.storegate")
 
 MAGIC = b"PHXGATE1"
@@ -313,7 +315,10 @@ def own_connection(peer_port: int, local_port: int, or_descendants: bool = False
     if inode is None:
         return False
     link = f"socket:[{inode}]"
-    owners = [os.getpid(), *_descendants(os.getpid())] if or_descendants else [os.getpid()]
+    owners = [os.getpid()]
+    if or_descendants:
+        with contextlib.suppress(psutil.Error):
+            owners.extend(child.pid for child in psutil.Process().children(recursive=True))
     for pid in owners:
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -321,27 +326,6 @@ def own_connection(peer_port: int, local_port: int, or_descendants: bool = False
                     if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
                         return True
     return False
-
-
-def _descendants(root: int) -> list[int]:
-    """The processes below `root` in the process tree, read from /proc."""
-    children: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{entry.name}/stat") as stat:
-                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry.name))
-    found: list[int] = []
-    frontier = [root]
-    while frontier:
-        below = children.get(frontier.pop(), [])
-        found.extend(below)
-        frontier.extend(below)
-    return found
 
 
 def _loopback_socket_inode(peer_port: int, local_port: int) -> str | None:
