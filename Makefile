@@ -7,6 +7,7 @@
 #   make test-real-node  every real-node test, the two trainings in real containers included (root; those two not in CI)
 #   make bench  the benchmarks (not part of `make test`; their smoke mode is), report in bench/results/
 #   make image  the operator and worker images without a registry (buildah; docs/images.md)
+#   make lock   the images' hash locks (locks/) from constraints.txt, after changing it
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,7 +19,7 @@ PYTEST := $(BIN)/python -m pytest
 # After a pytest run: its exit 5 (no test collected) fails too, so that a selection matching nothing never passes.
 NONE_RAN = if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; rc=1; fi
 
-.PHONY: install deps control-plane real-node test test-compat test-bench test-peers test-real-node unit e2e lint typecheck demo demo-real bench image clean
+.PHONY: install deps control-plane real-node test test-compat test-bench test-peers test-real-node unit e2e lint typecheck demo demo-real bench image lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -124,10 +125,15 @@ bench: control-plane
 
 # The images on Debian bases made from this machine's mirror, cached under ~/.cache/phalanx/images; the worker
 # gets Debian's CPU build of torch. IMAGE_ARGS="--target worker", "--torch cpu --wheels DIR" (PyTorch's CPU
-# wheel) or "--torch cu126 --torch-index-url URL".
+# wheel) or "--torch cu126 --torch-index-url URL"; a wheel variant needs its lock first (`phalanx image lock
+# --torch-variant cpu --torch-index-url DIR-or-URL`).
 IMAGE_ARGS ?=
 image: install
 	$(BIN)/phalanx image build $(IMAGE_ARGS)
+
+# The hash locks the Dockerfile installs from (locks/): write them again after changing constraints.txt.
+lock: install
+	$(BIN)/phalanx image lock
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info *.egg-info

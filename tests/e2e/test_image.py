@@ -20,6 +20,7 @@ import pytest
 from phalanx import __version__
 from phalanx.images import build
 from phalanx.images.cli import image_cache
+from phalanx.images.requirements import normalized, parse_lock
 from phalanx.operator import crd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,18 +142,44 @@ def test_the_images_are_saved_as_archives_named_as_pods_name_them(built: str) ->
         assert any(name.endswith(f"/library/{tag}") for name in manifest["RepoTags"]), manifest["RepoTags"]
 
 
-def test_a_torch_variant_that_cannot_be_had_fails_the_build_instead_of_pulling_another(built: str) -> None:
-    # No index serves torch+cu126 here: pip must stop at the exact pin, not settle for any other torch.
+def test_a_torch_variant_without_a_lock_fails_the_build_instead_of_pulling_anything(built: str) -> None:
+    # No lock of torch+cu126 is committed: pip is never asked for it, let alone for any other torch.
+    assert not (ROOT / "locks" / "torch-cu126.txt").exists()
     result = phalanx_image_build("--target", "worker", "--torch", "cu126")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-4000:]
-    assert f"torch=={torch_version()}+cu126" in output
+    assert "no lock of torch variant cu126 in locks/" in output
+    assert "phalanx image lock --torch-variant cu126 --torch-index-url" in output
     assert "building phalanx-worker:" in output and "failed" in output
     assert "Downloading nvidia" not in output and "Downloading torch" not in output
 
 
-def torch_version() -> str:
-    (line,) = [
-        line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch==")
-    ]
-    return line.removeprefix("torch==").split("+")[0]
+VENV_DISTRIBUTIONS = (
+    "import importlib.metadata as m, pathlib, sys\n"
+    "for d in m.distributions():\n"
+    "    if pathlib.Path(str(d.locate_file(''))).resolve().is_relative_to(pathlib.Path(sys.prefix).resolve()):\n"
+    "        print(d.metadata['Name'], d.version)\n"
+)
+
+
+@pytest.mark.parametrize("image", ["operator", "worker"])
+def test_every_distribution_in_the_images_venv_is_a_locked_one(
+    image: str, operator: str, worker: str
+) -> None:
+    # Installed with --require-hashes from the locks: so every version in the venv is the lock's, and nothing
+    # came in beside them but Phalanx's own wheel.
+    locked = {}
+    for name in ("bootstrap.txt", f"{image}.txt"):
+        locked.update(
+            {normalized(e.name): e.version for e in parse_lock((ROOT / "locks" / name).read_text())}
+        )
+    container = operator if image == "operator" else worker
+    found = dict(line.split() for line in run_in(container, "python", "-c", VENV_DISTRIBUTIONS).splitlines())
+    found = {normalized(name): version for name, version in found.items()}
+    assert found.pop("phalanx") == __version__
+    assert {name: version for name, version in found.items() if locked.get(name) != version} == {}
+    # The worker's venv sees Debian's torch and what it was built against: the lock gave way to those.
+    if image == "worker":
+        assert "torch" not in found and "numpy" not in found
+    else:
+        assert set(found) == set(locked)

@@ -13,8 +13,9 @@ from phalanx.errors import UserFacingError
 
 DEBIAN_TORCH = "debian"
 """The worker's torch variant that needs no wheel: Debian's CPU build (`python3-torch`) on the Debian-torch base."""
-TORCH_VARIANT = re.compile(r"^(debian|cpu|cu\d{3})$")
-"""The worker's torch variants: `debian`, or PyTorch's wheels: `cpu`, or a CUDA one such as `cu126`."""
+TORCH_VARIANT = re.compile(r"^(debian|pypi|cpu|cu\d{3})$")
+"""The worker's torch variants: `debian`, PyPI's torch (`pypi`, its CUDA build), or PyTorch's wheels: `cpu`, or a
+CUDA one such as `cu126` (each needs its lock, locks/torch-<variant>.txt)."""
 CPU_VARIANTS = (DEBIAN_TORCH, "cpu")
 WHEELS_MOUNT = "/wheels"
 RUNTIME = "runc"
@@ -43,7 +44,9 @@ def targets_named(name: str) -> list[Target]:
 
 def check_torch_variant(variant: str) -> str:
     if not TORCH_VARIANT.match(variant):
-        raise UserFacingError(f"--torch {variant!r}: expected debian, cpu or a CUDA variant such as cu126")
+        raise UserFacingError(
+            f"--torch {variant!r}: expected debian, pypi, cpu or a CUDA variant such as cu126"
+        )
     return variant
 
 

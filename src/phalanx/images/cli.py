@@ -10,7 +10,7 @@ from pathlib import Path
 from phalanx.checkout import find_checkout
 from phalanx.devcluster.binaries import cache_dir
 from phalanx.errors import UserFacingError
-from phalanx.images import base, build, containerd, packages
+from phalanx.images import base, build, containerd, lock, packages
 
 
 def image_cache() -> Path:
@@ -34,9 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build_parser.add_argument(
         "--torch",
         default=build.DEBIAN_TORCH,
-        help="the worker's torch: debian (default: Debian's CPU build, from the mirror alone), or PyTorch's "
-        "wheel variant cpu (needs --wheels or --torch-index-url holding it) or a CUDA one such as cu126 "
-        "(needs --torch-index-url)",
+        help="the worker's torch: debian (default: Debian's CPU build, from the mirror alone), pypi (PyPI's "
+        "torch, its CUDA build), or PyTorch's wheel variant cpu (needs --wheels or --torch-index-url holding "
+        "it) or a CUDA one such as cu126 (needs --torch-index-url); each wheel variant needs its lock "
+        "(phalanx image lock)",
     )
     build_parser.add_argument(
         "--torch-index-url",
@@ -62,6 +63,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--context", type=Path, default=None, help="the Phalanx checkout (default: the one around the cwd)"
     )
     build_parser.set_defaults(handler=_build)
+    lock_parser = commands.add_parser(
+        "lock",
+        help="write the hash locks the Dockerfile installs from (locks/) from constraints.txt and the index",
+    )
+    lock_parser.add_argument(
+        "--torch-variant",
+        default=None,
+        help="write only locks/torch-<variant>.txt, for a variant of PyTorch's wheel index such as cpu or cu126 "
+        "(needs --torch-index-url)",
+    )
+    lock_parser.add_argument(
+        "--torch-index-url",
+        default=None,
+        help="the index that holds that variant's torch, or a folder of its wheels (as build's --wheels)",
+    )
+    lock_parser.add_argument(
+        "--index-url",
+        default=lock.PYPI,
+        help="the package index for everything else (default: %(default)s); it must list sha256 hashes",
+    )
+    lock_parser.add_argument(
+        "--context", type=Path, default=None, help="the Phalanx checkout (default: the one around the cwd)"
+    )
+    lock_parser.set_defaults(handler=_lock)
 
 
 def resolve_context(given: Path | None) -> Path:
@@ -126,4 +151,24 @@ def _build(args: argparse.Namespace) -> int:
         for archive in archives:
             print(f"  {archive}")
     print(f"images ready in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    context = resolve_context(args.context)
+    if args.torch_variant is None:
+        written = lock.write_locks(context, args.index_url)
+    else:
+        variant = build.check_torch_variant(args.torch_variant)
+        if variant in (build.DEBIAN_TORCH, lock.PYPI_TORCH) or not args.torch_index_url:
+            raise UserFacingError(
+                "--torch-variant names a variant of PyTorch's wheel index (cpu, cu126, ...) and needs "
+                "--torch-index-url; `phalanx image lock` alone writes the pypi one"
+            )
+        source = args.torch_index_url
+        if lock.is_folder(source):
+            source = str(check_wheels(Path(source)))
+        written = [lock.write_torch_lock(context, variant, source, args.index_url)]
+    for path in written:
+        print(f"wrote {path.relative_to(context)}")
     return 0

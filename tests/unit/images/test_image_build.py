@@ -194,7 +194,7 @@ def test_torch_variants_are_debian_cpu_or_cuda(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", ["cuda", "gpu", "cu12", "rocm6.2", "cpu ", "", "ubuntu"])
 def test_other_torch_variants_are_refused(variant: str) -> None:
-    with pytest.raises(UserFacingError, match="expected debian, cpu or a CUDA variant"):
+    with pytest.raises(UserFacingError, match="expected debian, pypi, cpu or a CUDA variant"):
         build.check_torch_variant(variant)
 
 
@@ -249,7 +249,7 @@ def test_bad_input_is_one_line_before_anything_is_installed(
 
     monkeypatch.setattr(packages, "ensure", never)
     assert main(["image", "build", "--torch", "cuda"]) == 2
-    assert "expected debian, cpu or a CUDA variant" in capsys.readouterr().err
+    assert "expected debian, pypi, cpu or a CUDA variant" in capsys.readouterr().err
     assert main(["image", "build", "--wheels", str(tmp_path / "none")]) == 2
     assert "not a folder" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)

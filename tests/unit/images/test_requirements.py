@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tomllib
 import venv
@@ -12,37 +13,43 @@ import pytest
 from phalanx.images import requirements
 
 ROOT = Path(__file__).resolve().parents[3]
-PINS = [
-    "# pins",
-    "numpy==2.4.6",
-    "torch==2.13.0+cu130",
-    "triton==3.5.0",
-    "nvidia-cublas==13.0.0",
-    "cuda-bindings==13.0.0",
-    "Typing_Extensions==4.16.0",
-    "pydantic==2.14.4",
-    "",
-]
+LOCK = """# Written by a test.
+# Two lines of header.
+numpy==2.4.6 \\
+    --hash=sha256:{a} \\
+    --hash=sha256:{b}
+pydantic==2.14.4 \\
+    --hash=sha256:{a}
+Typing_Extensions==4.16.0 \\
+    --hash=sha256:{c}
+""".format(a="a" * 64, b="b" * 64, c="c" * 64)
 
 
-def test_the_accelerator_stack_is_never_pinned_and_the_rest_is() -> None:
-    assert requirements.image_constraints(PINS, provided=set()) == [
-        "numpy==2.4.6",
-        "Typing_Extensions==4.16.0",
-        "pydantic==2.14.4",
+def test_a_lock_reads_back_as_it_is_written() -> None:
+    entries = requirements.parse_lock(LOCK)
+    assert [(entry.name, entry.version, len(entry.hashes)) for entry in entries] == [
+        ("numpy", "2.4.6", 2),
+        ("pydantic", "2.14.4", 1),
+        ("Typing_Extensions", "4.16.0", 1),
     ]
+    rendered = requirements.render_lock("Written by a test.\nTwo lines of header.", entries)
+    assert requirements.parse_lock(rendered) == entries
+    assert rendered.startswith("# Written by a test.\n# Two lines of header.\nnumpy==2.4.6 \\\n")
+
+
+@pytest.mark.parametrize(
+    "line", ["numpy>=2", "numpy==2.4.6", "numpy==2.4.6 --hash=sha256:aa --no-deps", "-r other.txt"]
+)
+def test_anything_but_an_exact_hashed_pin_is_not_a_lock(line: str) -> None:
+    with pytest.raises(ValueError, match="not a locked requirement"):
+        requirements.parse_lock(line)
 
 
 def test_what_the_base_provides_keeps_the_bases_version() -> None:
-    # Debian's torch was built against Debian's numpy: a pin of another one would shadow it in the venv.
-    provided = {"numpy", "typing-extensions"}
-    assert requirements.image_constraints(PINS, provided) == ["pydantic==2.14.4"]
-
-
-def test_the_pinned_torch_loses_its_local_label() -> None:
-    assert requirements.pinned_torch(PINS) == "2.13.0"
-    with pytest.raises(SystemExit, match="pins no torch"):
-        requirements.pinned_torch(["numpy==2.4.6"])
+    # Debian's torch was built against Debian's numpy: a locked numpy would shadow it in the venv.
+    kept = requirements.parse_lock(requirements.without_provided(LOCK, {"numpy", "typing-extensions"}))
+    assert [entry.name for entry in kept] == ["pydantic"]
+    assert requirements.without_provided(LOCK, set()).splitlines()[2:] == LOCK.splitlines()[2:]
 
 
 def test_each_image_gets_the_core_and_its_extras() -> None:
@@ -59,36 +66,20 @@ def test_each_image_gets_the_core_and_its_extras() -> None:
 
 def run_in(python: Path, tmp_path: Path) -> dict[str, str]:
     out = tmp_path / "out"
-    for name in ("pyproject.toml", "constraints.txt"):
-        (tmp_path / name).write_text((ROOT / name).read_text())
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    shutil.copytree(ROOT / requirements.LOCKS, tmp_path / requirements.LOCKS)
     script = Path(requirements.__file__)
     subprocess.run([str(python), str(script), str(out)], cwd=tmp_path, check=True, timeout=60)
-    return {path.name: path.read_text() for path in out.iterdir()}
+    return {str(path.relative_to(out)): path.read_text() for path in out.rglob("*") if path.is_file()}
 
 
-@pytest.mark.parametrize("system_site_packages", [False, True])
-def test_run_on_its_own_in_a_venv_it_drops_only_what_the_venv_sees_from_outside(
-    tmp_path: Path, system_site_packages: bool
-) -> None:
-    # A venv over this environment's interpreter, as the Dockerfile makes one over its base's Python.
-    venv.EnvBuilder(system_site_packages=system_site_packages, with_pip=False).create(tmp_path / "venv")
+def test_run_on_its_own_it_writes_the_requirements_and_copies_the_locks_and_itself(tmp_path: Path) -> None:
+    # A venv over this environment's interpreter with no pip, as the Dockerfile's requirements stage has only
+    # the standard library to count on.
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
     written = run_in(tmp_path / "venv" / "bin" / "python", tmp_path)
-    pinned = requirements.image_constraints((ROOT / "constraints.txt").read_text().splitlines(), set())
-    assert sorted(written) == ["constraints.txt", "operator.txt", "torch-version", "worker.txt"]
-    assert written["torch-version"].strip() == requirements.pinned_torch(
-        (ROOT / "constraints.txt").read_text().splitlines()
-    )
-    kept = written["constraints.txt"].splitlines()
-    if not system_site_packages:
-        assert kept == pinned
-        return
-    # What the base interpreter has installed around it is left to the base: its pins are dropped, no other.
-    seen = subprocess.run(
-        [str(tmp_path / "venv" / "bin" / "python"), "-c",
-         "import importlib.metadata as m; print('\\n'.join(d.metadata['Name'] for d in m.distributions()))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
-    provided = {requirements.normalized(name) for name in seen}
-    assert provided, "the base interpreter has no distribution of its own to test with"
-    dropped = [line for line in pinned if line not in kept]
-    assert dropped and all(requirements.requirement_name(line) in provided for line in dropped)
+    locks = sorted(path.name for path in (ROOT / requirements.LOCKS).glob("*.txt"))
+    expected = ["operator.in", "requirements.py", "worker.in", *(f"locks/{name}" for name in locks)]
+    assert sorted(written) == sorted(expected)
+    assert all(written[f"locks/{name}"] == (ROOT / "locks" / name).read_text() for name in locks)
+    assert written["requirements.py"] == Path(requirements.__file__).read_text()

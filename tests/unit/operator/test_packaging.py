@@ -4,6 +4,7 @@ shipped files are found in the installed package and the checkout around the wor
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -92,40 +93,63 @@ def test_dockerfile_builds_a_torch_free_operator_and_a_kopf_free_worker_from_pyp
     stages = dockerfile_stages()
     assert list(stages)[-1] == "operator", "the default target is the operator"
     requirements = stages["requirements"]
-    assert "COPY pyproject.toml constraints.txt src/phalanx/images/requirements.py ./" in requirements
+    assert "COPY pyproject.toml src/phalanx/images/requirements.py ./" in requirements
+    assert "COPY locks ./locks" in requirements
     assert "RUN python requirements.py /requirements" in requirements
     for image in ("operator", "worker"):
         deps = stages[f"{image}-deps"]
         assert "COPY --from=requirements /requirements /tmp/requirements" in deps
-        assert "pip install -c /tmp/requirements/constraints.txt " in deps
-        assert f"-r /tmp/requirements/{image}.txt" in deps
+        # Only what the lock names, each file checked against its hash; then every requirement met, no index.
+        assert f"python /tmp/requirements/requirements.py --for {image} /tmp/requirements" in deps
+        assert f"{LOCKED_INSTALL} -r /tmp/requirements/{image}.lock" in deps
+        assert f"pip install --no-index --dry-run --quiet -r /tmp/requirements/{image}.in" in deps
+        assert len(re.findall(r"pip install (?!--no-deps /tmp/wheel)", deps)) == deps.count("pip install --")
         # Each image is its dependencies' stage plus the Phalanx wheel: the large venv is never copied.
         assert re.search(rf"^FROM {image}-deps AS {image}$", text, re.MULTILINE)
         assert "COPY --from=phalanx-wheel /wheel /tmp/wheel" in stages[image]
         assert "pip install --no-deps /tmp/wheel/*.whl" in stages[image]
         assert re.search(r"^USER 10001", stages[image], re.MULTILINE)
+    # Every pip install of a dependency is a locked one: no resolver, no unhashed file.
+    installs = re.findall(r"pip install ([^\n]*)", text)
+    unlocked = [line for line in installs if "--require-hashes" not in line and "--no-index" not in line]
+    assert unlocked == ["--no-deps /tmp/wheel/*.whl && rm -rf /tmp/wheel \\"] * 2, unlocked
+    assert f"bin/{LOCKED_INSTALL} -r /tmp/bootstrap.txt" in stages["runtime"]
     # Phalanx itself builds once, after the dependencies: every folder pyproject maps is copied into it.
     wheel = stages["phalanx-wheel"]
     assert "pip wheel --no-deps" in wheel
     for folder in pyproject()["tool"]["setuptools"]["package-dir"].values():
         assert f"COPY {folder.split('/')[0]} " in wheel, folder
-    # Only the worker gets torch: exactly the variant asked for, from an index and wheels the caller names.
+    # Only the worker gets torch: the variant asked for, from an index and wheels the caller names.
     assert "ARG TORCH_VARIANT=cpu\n" in stages["worker-deps"]
     assert "ARG TORCH_INDEX_URL=\n" in stages["worker-deps"]
-    assert "-c /tmp/requirements/torch.txt" in stages["worker-deps"]
     assert "TORCH" not in stages["operator-deps"]
     # No package index or registry is named: a local base replaces the public one through BASE_IMAGE.
     assert re.search(r"\w+://", text) is None
-    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm\n" in text
     assert re.findall(r"^FROM \S+", text, re.MULTILINE).count("FROM ${BASE_IMAGE}") == 1
 
 
+LOCKED_INSTALL = "pip install --require-hashes --no-deps --only-binary :all:"
+
+
+def test_the_base_image_is_pinned_by_digest_to_the_python_the_locks_are_for() -> None:
+    from phalanx.images.lock import TARGET_PYTHONS
+
+    (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    name, _, digest = base.partition("@")
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), base
+    assert name == f"python:{'.'.join(map(str, TARGET_PYTHONS[0]))}-slim-bookworm"
+
+
 def run_requirements_stage(folder: Path) -> Path:
-    """The requirements stage's script, run here on the checkout's pyproject.toml and constraints.txt."""
+    """The requirements stage's script, run here on the checkout's pyproject.toml and locks."""
     stage = dockerfile_stages()["requirements"]
-    (copied,) = re.findall(r"^COPY (.*) \./$", stage, re.M)
-    for name in copied.split():
-        (folder / Path(name).name).write_text((ROOT / name).read_text())
+    for source, target in re.findall(r"^COPY (.*) (\S+)$", stage, re.M):
+        for name in source.split():
+            destination = folder / target / Path(name).name if target == "./" else folder / target
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, destination)
+            else:
+                destination.write_text((ROOT / name).read_text())
     (script,) = re.findall(r"^RUN (.*)$", stage, re.M)
     subprocess.run(
         ["sh", "-c", script.replace("/requirements", "./out")],
@@ -136,32 +160,26 @@ def run_requirements_stage(folder: Path) -> Path:
     return folder / "out"
 
 
-def test_the_requirements_are_the_extras_and_the_pins_less_the_accelerator_stack(tmp_path: Path) -> None:
+def test_the_requirements_are_the_extras_and_the_locks(tmp_path: Path) -> None:
     out = run_requirements_stage(tmp_path)
     project = pyproject()["project"]
     extras = project["optional-dependencies"]
-    assert (out / "operator.txt").read_text().split() == project["dependencies"] + extras["operator"]
-    assert (out / "worker.txt").read_text().split() == project["dependencies"] + extras["worker"] + extras[
+    assert (out / "operator.in").read_text().split() == project["dependencies"] + extras["operator"]
+    assert (out / "worker.in").read_text().split() == project["dependencies"] + extras["worker"] + extras[
         "s3"
     ]
-    pins = (out / "constraints.txt").read_text().splitlines()
-    assert "kopf==" in "\n".join(pins) and "numpy==" in "\n".join(pins)
-    assert not [pin for pin in pins if re.match(r"(?i)(torch|triton|nvidia-|cuda-)", pin)]
-    (line,) = [
-        line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch==")
-    ]
-    assert (out / "torch-version").read_text().strip() == line.removeprefix("torch==").split("+")[0]
+    for lock in (ROOT / "locks").glob("*.txt"):
+        assert (out / "locks" / lock.name).read_text() == lock.read_text()
 
 
-def test_the_worker_asks_pip_for_exactly_that_torch_and_checks_what_it_got() -> None:
+def test_the_worker_takes_torch_from_its_variants_lock_or_the_base_and_checks_what_it_got() -> None:
     deps = dockerfile_stages()["worker-deps"]
-    assert 'torch="$(cat /tmp/requirements/torch-version)+${TORCH_VARIANT}"' in deps
-    # Debian's torch is the one the base has: pinned exactly as it is, so pip never fetches another.
+    assert 'lock="/tmp/requirements/locks/torch-${TORCH_VARIANT}.txt"' in deps
+    assert '[ -f "$lock" ] || { echo "no lock of torch variant ${TORCH_VARIANT} in locks/' in deps
+    assert f'{LOCKED_INSTALL} ${{WHEELS:+--find-links "$WHEELS"}}' in deps
+    # Debian's torch is the one the base has, seen through the venv; the locks lose what the base provides.
     assert 'if [ "$TORCH_VARIANT" = debian ]; then' in deps
-    assert "torch=\"$(python -c 'import torch; print(torch.__version__)')\"" in deps
     assert '[ "$TORCH_VARIANT" = debian ] && echo --system-site-packages' in dockerfile_stages()["runtime"]
-    assert 'echo "torch==${torch}" > /tmp/requirements/torch.txt' in deps
-    assert '[ "$got" = "$torch" ]' in deps
     assert "grep -iE '^nvidia-'" in deps
 
 
