@@ -72,6 +72,12 @@ BENCHMARKS: tuple[Entry, ...] = (
         "re-rendezvous of real training pods after kubectl scale (grow and shrink)",
     ),
     Entry(
+        "rendezvous-scale",
+        "phalanx.bench.rendezvous_scale",
+        False,
+        "a group of N = 8 to 12,500 emulated launchers formed and re-formed after a death: time and bytes",
+    ),
+    Entry(
         "recovery",
         "phalanx.bench.recovery",
         True,
