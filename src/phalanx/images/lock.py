@@ -25,9 +25,6 @@ import json
 import os
 import re
 import ssl
-import subprocess
-import sys
-import tempfile
 import tomllib
 import urllib.error
 import urllib.parse
@@ -43,8 +40,10 @@ from phalanx.images.requirements import (
     IMAGE_EXTRAS,
     LOCKS,
     Locked,
+    PipError,
     image_requirements,
     normalized,
+    pip_would_install,
     render_lock,
     requirement_name,
 )
@@ -85,22 +84,12 @@ def resolve(
         *(arg for url in urls[1:] for arg in ("--extra-index-url", url)),
         *(arg for folder in indexes if is_folder(folder) for arg in ("--find-links", folder)),
     ]
-    with tempfile.TemporaryDirectory(prefix="phalanx-lock-") as scratch:
-        folder = Path(scratch)
-        (folder / "requirements.txt").write_text("\n".join(requirements) + "\n")
-        (folder / "constraints.txt").write_text("\n".join(constraints) + "\n")
-        report = folder / "report.json"
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary", ":all:",
-             "--disable-pip-version-check", "--quiet", "--python-version", "".join(map(str, python)),
-             "--report", str(report), *index_args,
-             "-c", str(folder / "constraints.txt"), "-r", str(folder / "requirements.txt")],
-            capture_output=True, text=True, env=env, check=False,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise UserFacingError(f"pip could not resolve {' '.join(requirements)}:\n{result.stderr.strip()}")
-        installs = json.loads(report.read_text())["install"]
-    return [Resolved(item["metadata"]["name"], item["metadata"]["version"]) for item in installs]
+    options = ["--ignore-installed", "--python-version", "".join(map(str, python)), *index_args]
+    try:
+        installs = pip_would_install(requirements, constraints, options, env)
+    except PipError as error:
+        raise UserFacingError(f"pip could not resolve {' '.join(requirements)}:\n{error}") from None
+    return [Resolved(name, version) for name, version in installs]
 
 
 def wheel_tags(filename: str) -> tuple[str, str, list[tuple[str, str, str]]] | None:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -106,21 +107,43 @@ def provided_by_the_base() -> set[str]:
     return found
 
 
+class PipError(Exception):
+    """pip could not resolve the requirements; the message is what it said."""
+
+
+def pip_would_install(
+    requirements: list[str],
+    constraints: list[str],
+    options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> list[tuple[str, str]]:
+    """(name, version) of every distribution `pip install --dry-run --only-binary :all:` would install for
+    `requirements` under `constraints` (pip's own resolution, from its `--report`); nothing is installed."""
+    with tempfile.TemporaryDirectory(prefix="phalanx-pip-") as scratch:
+        folder = Path(scratch)
+        (folder / "requirements.txt").write_text("\n".join(requirements) + "\n")
+        (folder / "constraints.txt").write_text("\n".join(constraints) + "\n")
+        report = folder / "report.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--only-binary", ":all:",
+             "--disable-pip-version-check", "--report", str(report), *options,
+             "-c", str(folder / "constraints.txt"), "-r", str(folder / "requirements.txt")],
+            capture_output=True, text=True, env=env, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise PipError(result.stderr.strip())
+        installs = json.loads(report.read_text())["install"]
+    return [(item["metadata"]["name"], item["metadata"]["version"]) for item in installs]
+
+
 def needed_from_the_lock(requirements: Path, kept: list[Locked], provided: set[str]) -> set[str]:
     """The distributions the base provides that pip would still install for `requirements`, with `kept` (the
     lock less what the base provides) as constraints: a version of the base that the requirements refuse.
     Only names come of it (nothing is installed): the constraints go without their hashes, or pip would want
     one for every distribution, the base's too."""
-    with tempfile.TemporaryDirectory() as scratch:
-        constraints, report = Path(scratch) / "constraints.txt", Path(scratch) / "report.json"
-        constraints.write_text("".join(f"{entry.name}=={entry.version}\n" for entry in kept))
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--only-binary", ":all:",
-             "--report", str(report), "-c", str(constraints), "-r", str(requirements)],
-            check=True,
-        )  # fmt: skip
-        installs = json.loads(report.read_text())["install"]
-    return {normalized(item["metadata"]["name"]) for item in installs} & provided
+    wanted = [line for line in requirements.read_text().splitlines() if line.strip()]
+    pins = [f"{entry.name}=={entry.version}" for entry in kept]
+    return {normalized(name) for name, _ in pip_would_install(wanted, pins)} & provided
 
 
 def lock_for(image: str, folder: Path, provided: set[str]) -> str:
