@@ -574,11 +574,14 @@ class SharedMemorySpec(ApiModel):
     mounts something there). In-memory snapshots, the launcher's status files and DataLoader workers live there;
     64 MiB holds none of them for a real model."""
     size_limit: Quantity | None = None
-    """The volume's size limit (a non-negative quantity such as `8Gi`): room for three in-memory snapshots of this worker's
-    state (model, optimizer, RNG: two for double buffering, one for the save in flight) plus DataLoader
-    buffers. Unset: no limit of its own; its pages count toward
-    the container's memory limit either way. A snapshot that does not fit fails with a message naming this
-    field."""
+    """The volume's size limit (a non-negative quantity such as `8Gi`): room for `snapshotSlots` in-memory
+    snapshots of this worker's state (model, optimizer, RNG) plus DataLoader buffers. Unset: no limit of its
+    own; its pages count toward the container's memory limit either way. A snapshot that does not fit fails
+    with a message naming this field."""
+    snapshot_slots: int = Field(default=3, ge=2, le=3)
+    """How many in-memory snapshots of its state each training process keeps in /dev/shm
+    (`PHALANX_SNAPSHOT_SLOTS`): 3 (two for double buffering, one the durable save in flight reads), or 2 to
+    need a third less memory, at the cost of no in-memory snapshot while a durable save is being written."""
 
 
 class TrainingJobSpec(ApiModel):

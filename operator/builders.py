@@ -68,6 +68,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_RDZV_KEEPALIVE_TIMEOUT": rendezvous.keepalive_timeout_seconds,
         **checkpoint_tier_env(spec.checkpoint, spec.checkpoint.folder_of(meta["namespace"], meta["name"])),
         "PHALANX_CHECKPOINT_INTERVAL": spec.checkpoint.interval_steps,
+        "PHALANX_SNAPSHOT_SLOTS": spec.shared_memory.snapshot_slots,
         "PHALANX_HEARTBEAT_INTERVAL": f"{spec.heartbeat.interval_seconds:g}",
         "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
         "PHALANX_HANG_FACTOR": f"{spec.heartbeat.hang_factor:g}",

@@ -99,5 +99,25 @@ class TrainState:
             part.load_state_dict(state[name])
         self.step = int(state["step"])
 
+    def placement(
+        self, path: tuple[Any, ...], shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """Where a restored tensor of `state_dict()` at `path` that has no counterpart yet will live: an
+        optimizer's per-parameter state (Adam's moments, SGD's momentum) before its first step, beside its
+        parameter on the accelerator, so a restore copies it there at once and never through a host buffer.
+        None for everything else (a host tensor) and for `step`, which torch keeps on the host."""
+        if len(path) != 4 or path[1] != "state" or path[3] == "step" or not isinstance(path[2], int):
+            return None
+        optimizer = self.parts().get(path[0])
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            return None
+        parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+        if not 0 <= path[2] < len(parameters):
+            return None
+        parameter = parameters[path[2]]
+        if parameter.device.type == "cpu" or tuple(parameter.shape) != shape:
+            return None
+        return torch.empty(shape, dtype=dtype, device=parameter.device)
+
     capture_rng = staticmethod(capture_rng)
     restore_rng = staticmethod(restore_rng)

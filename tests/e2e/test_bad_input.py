@@ -156,6 +156,7 @@ def _with(job: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ("path", "value"),
     [
         ("sharedMemory.sizeLimit", "lots"),
+        ("sharedMemory.snapshotSlots", 4),
         ("checkpoint.localTier.sizeLimit", "-1Gi"),
         ("checkpoint.path", "../../etc"),
         ("checkpoint.path", "/checkpoints/"),
@@ -165,6 +166,7 @@ def _with(job: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ],
     ids=[
         "size-lots",
+        "slots-4",
         "size-negative",
         "path-relative",
         "path-trailing-slash",
@@ -184,7 +186,11 @@ def test_values_the_crd_can_judge_are_refused_at_apply_time_naming_the_field(
     assert missing.returncode != 0 and "NotFound" in missing.stderr
     assert _pods_of(cluster, namespace, "bad") == []
     # The same job with a good value is accepted: only the field named was wrong.
-    good = {"sharedMemory.sizeLimit": "1Gi", "checkpoint.localTier.sizeLimit": 1073741824}
+    good = {
+        "sharedMemory.sizeLimit": "1Gi",
+        "sharedMemory.snapshotSlots": 2,
+        "checkpoint.localTier.sizeLimit": 1073741824,
+    }
     good |= {
         "checkpoint.path": "/checkpoints",
         "heartbeat.intervalSeconds": 0.2,

@@ -496,10 +496,16 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
     assert len(pool) == 2, real_nodes
     for pooled in pool:
         cluster.kubectl("label", "node", pooled, f"{POOL_LABEL}={namespace}", "--overwrite")
-    job = fault_job("both", heartbeat=slow_heartbeat)
+    # Two snapshot slots: a job that asks for less /dev/shm still resumes from memory, the promoted spare
+    # receiving the survivor's state into a slot of its own.
+    job = fault_job("both", heartbeat=slow_heartbeat, sharedMemory={"snapshotSlots": 2})
     job["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: namespace}
     try:
         victim = _place_worker_beside_rendezvous(cluster, namespace, job)
+        trainer = next(c for c in victim.spec.containers if c.name == "trainer")
+        assert {"name": "PHALANX_SNAPSHOT_SLOTS", "value": "2"} in [
+            {"name": variable.name, "value": variable.value} for variable in trainer.env or []
+        ]
         node = victim.spec.node_name
         wait_for(lambda: step_of(cluster, namespace, "both") >= 15, 240, message="step 15")
         # After the crash only the other pool node is left: the new store and the new spare go there too.

@@ -164,6 +164,7 @@ class Checkpointer:
             "last_snapshot_step": -1,
             "last_snapshot_bytes": 0,
             "snapshots_total": 0,
+            "snapshots_skipped_total": 0,
             "last_persist_seconds": 0.0,
             "last_persist_bytes": 0,
             "last_durable_step": -1,
@@ -251,14 +252,19 @@ class Checkpointer:
             # Starting the saver process is paid once, not by every save: it stays out of the save cost.
             self._persister.ensure_started()
             self.stats["saver_restarts_total"] = self._persister.restarts
+        info: shm_store.SlotInfo | None = None
         if snapshot_due:
             started = time.perf_counter()
             rank_rngs = self._gather_rank_rngs() if durable_due else None
             info = self._snapshot(step, rank_rngs)
-            self.stats["last_stall_seconds"] = time.perf_counter() - started
-            self.stats["last_snapshot_step"] = step
-            self.stats["last_snapshot_bytes"] = int(info.header["payload_bytes"])
-            self.stats["snapshots_total"] += 1
+            if info is None:
+                self.stats["snapshots_skipped_total"] += 1
+            else:
+                self.stats["last_stall_seconds"] = time.perf_counter() - started
+                self.stats["last_snapshot_step"] = step
+                self.stats["last_snapshot_bytes"] = int(info.header["payload_bytes"])
+                self.stats["snapshots_total"] += 1
+                self._prepare_slots(int(info.header["payload_bytes"]))
         if durable_due:
             if self._sharded is not None:
                 self._sharded.save(step)
@@ -266,7 +272,7 @@ class Checkpointer:
                 return
             self._durable_pending = True
         if self._durable_pending and self.is_writer:
-            self._submit_newest(info if snapshot_due else None)
+            self._submit_newest(info)
         if durable_due:
             self._record_save_cost(time.perf_counter() - started)
 
@@ -297,8 +303,13 @@ class Checkpointer:
         gathered = self.group.gather_objects(capture_rng(), dst=0)
         return dict(enumerate(gathered)) if gathered is not None else None
 
-    def _snapshot(self, step: int, rank_rngs: dict[int, Any] | None) -> shm_store.SlotInfo:
-        content = {
+    def _prepare_slots(self, payload_bytes: int) -> None:
+        """Have every slot ready for a payload of `payload_bytes` (the helper thread maps what is missing)."""
+        if payload_bytes > self.store.prepared_bytes():
+            self.store.prepare(payload_bytes, pin=bool(payload.accelerators_of(self.state.state_dict())))
+
+    def _snapshot_content(self, step: int, rank_rngs: dict[int, Any] | None) -> dict[str, Any]:
+        return {
             "format": SNAPSHOT_FORMAT,
             "step": step,
             "rank": self.rank,
@@ -307,6 +318,10 @@ class Checkpointer:
             "rng": capture_rng(),
             "rank_rngs": rank_rngs,
         }
+
+    def _snapshot(self, step: int, rank_rngs: dict[int, Any] | None) -> shm_store.SlotInfo | None:
+        """The snapshot of `step` in a free slot; None when there is none (2 slots, a save being written)."""
+        content = self._snapshot_content(step, rank_rngs)
         meta = {
             "step": step,
             "rank": self.rank,
@@ -322,11 +337,29 @@ class Checkpointer:
         }
         try:
             return self.store.write(payload.plan(content), meta, pinned=self._pinned)
+        except shm_store.NoFreeSlot:
+            if not self.stats["snapshots_skipped_total"]:
+                log.info(
+                    "step %d: no in-memory snapshot while the saver writes step %s (2 slots kept; a third "
+                    "would keep snapshots going meanwhile)",
+                    step,
+                    self._persister.in_flight,
+                )
+            return None
         except shm_store.SnapshotSpaceError as error:
             if not os.environ.get(heartbeat.STATUS_DIR_ENV):
                 raise  # not under the launcher: the script decides
             # Under the launcher: every retry would fail alike, so the job stops here with the reason.
             fatal.stop(TrainerExit.NO_SNAPSHOT_SPACE, error.strerror or str(error), cleanups=[self.close])
+
+    def _snapshot_now(self, step: int) -> shm_store.SlotInfo:
+        """The snapshot of `step`, after the save in flight when that holds the only free slot."""
+        info = self._snapshot(step, None)
+        if info is None:
+            self._collect_persist_result(timeout=None)
+            info = self._snapshot(step, None)
+        assert info is not None, "a slot is free once the saver has finished"
+        return info
 
     def _submit_newest(self, newest: shm_store.SlotInfo | None = None) -> None:
         if self._persister.in_flight is not None:
@@ -391,7 +424,7 @@ class Checkpointer:
             return None
         newest = self.store.newest()
         if newest is None or newest.step < self.state.step:
-            newest = self._snapshot(self.state.step, None)
+            newest = self._snapshot_now(self.state.step)
         started = time.perf_counter()
         result = persister.persist_slot(
             newest.path,
@@ -456,20 +489,28 @@ class Checkpointer:
         offer = self.rollback_request.as_ints() if self.rollback_request else rollback.NO_REQUEST_INTS
         # A launcher whose view of the TrainingJob lags passes an older request: the newest one wins.
         request = rollback.agree(self.group.all_gather_ints(offer))
+        dropped_first: list[int] = []
         if self._sharded is not None:
             step, source, restored_epoch = self._sharded.load(request)
         else:
+            if request is not None:
+                # Never restorable under the request, and the first slots a state received from a peer takes.
+                dropped_first = self._drop_abandoned(request)
             step, source, restored_epoch = self._load_replicated(request)
         self.rollback_epoch = rollback.lineage_epoch(request, restored_epoch)
         rolled_back = None
         if request is not None:
             # Also after the rollback: a saver of the abandoned run may have committed a checkpoint since.
             dropped, set_aside = self._put_away(request)
+            dropped = sorted({*dropped_first, *dropped})
             if rollback.applies(request, restored_epoch):
                 rolled_back = self._carry_out(request, step, dropped, set_aside)
         if self.auto:
             # Every rank resumes from the same step: the next durable save is that step plus the interval.
             self._agree_interval(step)
+        if self._sharded is None:
+            # The slots are made ready while the first steps run, so the first saves cost what later ones do.
+            self._prepare_slots(payload.plan(self._snapshot_content(step, None)).total_bytes)
         seconds = time.perf_counter() - started
         # Each checkpoint passed over was logged with its reason where it was looked at.
         self.last_restore = RestoreInfo(step, source, seconds, rolled_back, self._skip_log.entries)
@@ -486,11 +527,17 @@ class Checkpointer:
         def abandoned(step: int, meta: dict[str, Any] | None) -> bool:
             return rollback.abandoned(step, rollback.epoch_of(meta), request)
 
-        dropped = self.store.drop(lambda info: abandoned(info.step, info.header))
+        dropped = self._drop_abandoned(request)
         set_aside: list[int] = []
         if self.is_writer:
             set_aside = self.set_aside(abandoned, f"epoch-{request.epoch}")
         return dropped, set_aside
+
+    def _drop_abandoned(self, request: rollback.RollbackRequest) -> list[int]:
+        """Uncommit this rank's snapshots of the run `request` abandoned; returns their steps."""
+        return self.store.drop(
+            lambda info: rollback.abandoned(info.step, rollback.epoch_of(info.header), request)
+        )
 
     def set_aside(self, condemned: Callable[[int, dict[str, Any]], bool], label: str) -> list[int]:
         """Rank 0: move the checkpoints `condemned(step, manifest)` picks, on every tier, to `rolled-back/<label>/`
@@ -519,7 +566,7 @@ class Checkpointer:
             log.warning("rollback: the data cursor cannot skip batches; %d batches are trained again", skip)
             skip = 0
         self.state.step = step
-        self._snapshot(step, None)
+        self._snapshot_now(step)
         log.warning(
             "rollback %d: restored step %d (at or before %d); skipped %d batches; set aside checkpoints %s, "
             "dropped snapshots %s of the abandoned run",
@@ -607,6 +654,11 @@ class Checkpointer:
             [(step, epoch) for step, _, epoch in held]
         )
 
+        live = {"state": self.state.state_dict()}
+        on_device = bool(payload.accelerators_of(live))
+        # An in-memory state, this process's own or a peer's, is read where it lies in a slot of this process's
+        # store (pinned beside an accelerator) straight into the training state's own tensors: one copy, and
+        # no buffer of its own. A checkpoint read from disk, rare and slower anyway, gets a buffer.
         buffer: torch.Tensor | None = None
         disk = [-1, 0, 0]
         if group.rank == 0 or self.node_local:
@@ -628,7 +680,7 @@ class Checkpointer:
             step, size, source_for_holders, epoch = newest_memory, held[donor][1], "memory", memory_epoch
             if group.rank in holders:
                 assert mine is not None
-                buffer = self.store.read(mine)
+                buffer = self.store.view(mine, on_device)
         else:
             group.barrier()
             return 0, "none", 0
@@ -645,7 +697,7 @@ class Checkpointer:
         elif group.rank in needy:
             expected = torch.empty(payload.DIGEST_BYTES, dtype=torch.uint8)
             group.recv(expected, src=donor)
-            buffer = torch.empty(size, dtype=torch.uint8)
+            buffer = self.store.scratch(size, on_device, {mine.path} if mine else set())
             group.recv(buffer, src=donor)
             if payload.digest(buffer) != bytes(expected.numpy()):
                 raise PeerSnapshotMismatch(
@@ -659,9 +711,20 @@ class Checkpointer:
             source = "memory"
         else:
             source = "peer"
-        self._apply(payload.read_from(buffer), source)
+        content = payload.read_live(buffer, live, self._placement)
+        payload.finish_device_copies(content)
+        if source == "memory":
+            assert mine is not None
+            self.store.check_unchanged(mine)
+        self._apply(content, source)
         group.barrier()
         return step, source, epoch
+
+    def _placement(self, path: payload.StatePath, ref: payload.TensorRef) -> torch.Tensor | None:
+        """Where a restored tensor the training state has no counterpart for yet will live (`read_live`)."""
+        if len(path) < 2 or path[0] != "state":
+            return None
+        return self.state.placement(path[1:], ref.shape, payload.dtype_from_name(ref.dtype))
 
     def _apply(self, content: dict[str, Any], source: str) -> None:
         self.state.load_state_dict(content["state"])

@@ -20,6 +20,7 @@ import os
 import pickle
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +93,7 @@ def _align(value: int) -> int:
     return (value + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r} in snapshot")
@@ -247,18 +248,22 @@ def digest(buffer: torch.Tensor) -> bytes:
     return hashlib.sha256(struct.pack("<Q", size) + b"".join(parts)).digest()
 
 
-def read_from(buffer: torch.Tensor) -> Any:
-    """Rebuild the state from a payload; tensors are views of ``buffer`` (keep it private)."""
+def _skeleton(buffer: torch.Tensor) -> tuple[int, Any]:
+    """Where a payload's tensor bytes start, and its skeleton (read through the allow-list)."""
     magic, skeleton_len = _PREFIX.unpack(bytes(buffer[: _PREFIX.size].numpy()))
     if magic != PAYLOAD_MAGIC:
         raise ValueError("not a Phalanx state payload")
     skeleton = bytes(buffer[_PREFIX.size : _PREFIX.size + skeleton_len].numpy())
-    data_start = _align(_PREFIX.size + skeleton_len)
-    tree = safepickle.load_checkpoint_bytes(skeleton)
+    return _align(_PREFIX.size + skeleton_len), safepickle.load_checkpoint_bytes(skeleton)
+
+
+def read_from(buffer: torch.Tensor) -> Any:
+    """Rebuild the state from a payload; tensors are views of ``buffer`` (keep it private)."""
+    data_start, tree = _skeleton(buffer)
 
     def build(node: Any) -> Any:
         if isinstance(node, TensorRef):
-            dtype = _dtype_from_name(node.dtype)
+            dtype = dtype_from_name(node.dtype)
             start = data_start + node.offset
             if node.nbytes == 0:
                 tensor = torch.empty(node.shape, dtype=dtype)
@@ -277,6 +282,105 @@ def read_from(buffer: torch.Tensor) -> Any:
         return node
 
     return build(tree)
+
+
+StatePath = tuple[Any, ...]
+"""Where a node lies in a state: the keys and indexes from the root."""
+Placer = Callable[[StatePath, TensorRef], "torch.Tensor | None"]
+
+
+def read_live(buffer: torch.Tensor, live: Any, place: Placer | None = None) -> Any:
+    """Rebuild the state of a payload, copying each tensor straight from ``buffer`` into where it will live.
+
+    A tensor whose counterpart in ``live`` (a state of the same shape, e.g. the training state as it is now)
+    is a contiguous tensor of the same dtype and shape is copied into that very tensor: loading the result
+    with ``load_state_dict`` then copies nothing again (torch skips a copy onto itself). Any other tensor goes
+    where ``place(path, ref)`` puts it (a new tensor on the device it will live on), else into a private host
+    copy. Host destinations are filled with `copy_host`; device ones with non-blocking copies, which run at
+    the link's speed when ``buffer`` is pinned memory: call `finish_device_copies` before ``buffer`` is
+    reused. No tensor of the result is a view of ``buffer``."""
+    data_start, tree = _skeleton(buffer)
+    base = buffer.data_ptr()
+    host_ranges: list[tuple[int, int, int]] = []
+
+    def destination(path: StatePath, ref: TensorRef) -> torch.Tensor:
+        dtype = dtype_from_name(ref.dtype)
+        current = _lookup(live, path)
+        if (
+            isinstance(current, torch.Tensor)
+            and current.dtype == dtype
+            and tuple(current.shape) == ref.shape
+            and current.is_contiguous()
+            and not ref.numpy
+        ):
+            return current
+        placed = place(path, ref) if place is not None and not ref.numpy else None
+        if placed is not None and placed.dtype == dtype and tuple(placed.shape) == ref.shape:
+            return placed
+        return torch.empty(ref.shape, dtype=dtype)
+
+    def build(node: Any, path: StatePath) -> Any:
+        if isinstance(node, TensorRef):
+            target = destination(path, node)
+            if node.nbytes:
+                start = data_start + node.offset
+                if target.device.type == "cpu":
+                    host_ranges.append((target.data_ptr(), base + start, node.nbytes))
+                else:
+                    source = buffer[start : start + node.nbytes].view(target.dtype).view(node.shape)
+                    target.copy_(source, non_blocking=True)
+            return target.numpy() if node.numpy else target
+        if isinstance(node, _Mapping):
+            built = (OrderedDict if node.ordered else dict)(
+                (key, build(value, (*path, key))) for key, value in node.items
+            )
+            if node.metadata is not None:
+                built._metadata = node.metadata  # type: ignore[attr-defined]
+            return built
+        if isinstance(node, list):
+            return [build(item, (*path, index)) for index, item in enumerate(node)]
+        if type(node) is tuple:
+            return tuple(build(item, (*path, index)) for index, item in enumerate(node))
+        return node
+
+    with torch.no_grad():
+        result = build(tree, ())
+    copy_host(host_ranges)
+    return result
+
+
+def accelerators_of(tree: Any) -> set[torch.device]:
+    """The devices other than the host that tensors of a nested state live on."""
+    if isinstance(tree, torch.Tensor):
+        return set() if tree.device.type == "cpu" else {tree.device}
+    if isinstance(tree, dict):
+        return set().union(*(accelerators_of(value) for value in tree.values()))
+    if isinstance(tree, list | tuple):
+        return set().union(*(accelerators_of(item) for item in tree))
+    return set()
+
+
+def finish_device_copies(state: Any) -> None:
+    """Wait until the non-blocking copies `read_live` issued onto the devices of ``state`` are done."""
+    for device in accelerators_of(state):
+        accelerator = getattr(torch, device.type, None)
+        stream = getattr(accelerator, "current_stream", None)
+        if callable(stream):
+            stream(device).synchronize()
+
+
+def _lookup(tree: Any, path: StatePath) -> Any:
+    node = tree
+    for key in path:
+        if isinstance(node, dict):
+            node = node.get(key)
+        elif isinstance(node, list | tuple) and isinstance(key, int) and 0 <= key < len(node):
+            node = node[key]
+        else:
+            return None
+        if node is None:
+            return None
+    return node
 
 
 def to_bytes(state: Any) -> bytes:

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 
 SLOT_COUNT = 3
 """Two slots for double buffering plus one the saver process may hold while it persists."""
+SLOTS_ENV = "PHALANX_SNAPSHOT_SLOTS"
+"""The number of slots, 2 or 3 (the TrainingJob's `spec.sharedMemory.snapshotSlots`): with 2, a snapshot is
+skipped while the saver process still holds the slot it persists."""
+SLOT_COUNT_RANGE = (2, 3)
 _GROW_QUANTUM = 1 << 20
 STATE_DROPPED = "dropped"
 """Header state of a snapshot a rollback abandoned (not committed: never restored)."""
@@ -38,11 +43,26 @@ _DIGEST_CHARS = 12
 _DIGEST = re.compile(r"[0-9a-f]{12}")
 
 
+class NoFreeSlot(RuntimeError):
+    """Every slot is the newest snapshot or held by the saver process (2 slots while a save is written)."""
+
+
 class SnapshotSpaceError(OSError):
     """The in-memory snapshot does not fit where snapshots live (a full or too small /dev/shm)."""
 
 
-def reserve(fd: int, path: Path, start: int, size: int) -> None:
+def slot_count_from_env() -> int:
+    """The slots a store keeps: `PHALANX_SNAPSHOT_SLOTS` (2 or 3), else `SLOT_COUNT`."""
+    configured = os.environ.get(SLOTS_ENV, "").strip()
+    if not configured:
+        return SLOT_COUNT
+    low, high = SLOT_COUNT_RANGE
+    if not configured.isdigit() or not low <= int(configured) <= high:
+        raise ValueError(f"{SLOTS_ENV} must be {low} or {high}, not {configured!r}")
+    return int(configured)
+
+
+def reserve(fd: int, path: Path, start: int, size: int, slot_count: int = SLOT_COUNT) -> None:
     """Claim the memory of a slot's new bytes now: on a full tmpfs a write into the mapping would kill the
     process with SIGBUS, while this fails with ENOSPC, which is turned into a message saying what to change."""
     if size <= start:
@@ -56,10 +76,11 @@ def reserve(fd: int, path: Path, start: int, size: int) -> None:
         raise SnapshotSpaceError(
             error.errno,
             f"the in-memory snapshot does not fit in {path.parent}: a slot needs {size / 2**20:.0f} MiB and "
-            f"{usage.free / 2**20:.0f} MiB of {usage.total / 2**20:.0f} MiB are free ({SLOT_COUNT} slots of "
+            f"{usage.free / 2**20:.0f} MiB of {usage.total / 2**20:.0f} MiB are free ({slot_count} slots of "
             "the state's size are kept). Give the pod more shared memory: the TrainingJob's "
             "spec.sharedMemory.sizeLimit (or the pod's memory limit, which the memory-backed volume counts "
-            "toward); a container runtime's default /dev/shm is only 64 MiB",
+            "toward), or keep 2 slots instead of 3 (spec.sharedMemory.snapshotSlots); a container runtime's "
+            "default /dev/shm is only 64 MiB",
         ) from error
 
 
@@ -176,11 +197,17 @@ def _register_pinned(tensor: torch.Tensor) -> bool:
 class SnapshotStore:
     """The snapshot slots of one process of a pod, at ``path``."""
 
-    def __init__(self, path: Path, slot_count: int = SLOT_COUNT) -> None:
+    def __init__(self, path: Path, slot_count: int | None = None) -> None:
         self.path = path
-        self.slot_paths = [path / f"slot-{index}" for index in range(slot_count)]
+        self.slot_count = slot_count_from_env() if slot_count is None else slot_count
+        self.slot_paths = [path / f"slot-{index}" for index in range(self.slot_count)]
         self._fds: dict[Path, int] = {}
         self._maps: dict[Path, _Mapping] = {}
+        # Slots are prepared on a helper thread (`prepare`) while training runs: a lock per slot orders the
+        # helper and the training thread's use of its file and mapping, so a save never waits for another slot.
+        self._lock = threading.Lock()
+        self._slot_locks = {slot: threading.Lock() for slot in self.slot_paths}
+        self._preparing: threading.Thread | None = None
         # This process is the only writer of its store: after one read, headers are tracked in memory
         # so a save does not reread every slot file.
         self._known: dict[Path, dict[str, Any] | None] | None = None
@@ -214,25 +241,70 @@ class SnapshotStore:
         return sorted(dropped)
 
     def _fd(self, slot: Path) -> int:
-        if slot not in self._fds:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._fds[slot] = os.open(slot, os.O_RDWR | os.O_CREAT, 0o600)
-        return self._fds[slot]
+        with self._lock:
+            if slot not in self._fds:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._fds[slot] = os.open(slot, os.O_RDWR | os.O_CREAT, 0o600)
+            return self._fds[slot]
 
     def _mapping(self, slot: Path, needed: int, pin: bool) -> _Mapping:
-        current = self._maps.get(slot)
-        if current is not None and current.size >= needed and (current.pinned or not pin):
-            return current
-        if current is not None:
-            current.release()
-            del self._maps[slot]
-        fd = self._fd(slot)
-        current_size = os.fstat(fd).st_size
-        size = max(current_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
-        reserve(fd, slot, current_size, size)
-        os.ftruncate(fd, size)
-        self._maps[slot] = _Mapping(slot, size, pin)
-        return self._maps[slot]
+        with self._slot_locks[slot]:
+            current = self._maps.get(slot)
+            if current is not None and current.size >= needed and (current.pinned or not pin):
+                return current
+            if current is not None:
+                current.release()
+                del self._maps[slot]
+            fd = self._fd(slot)
+            current_size = os.fstat(fd).st_size
+            size = max(current_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
+            reserve(fd, slot, current_size, size, self.slot_count)
+            os.ftruncate(fd, size)
+            self._maps[slot] = _Mapping(slot, size, pin)
+            return self._maps[slot]
+
+    def prepared_bytes(self) -> int:
+        """The largest payload every slot of this store can take without growing (0 before `prepare`)."""
+        mappings = [self._maps.get(slot) for slot in self.slot_paths]
+        sizes = [mapping.size if mapping is not None else 0 for mapping in mappings]
+        return max(0, min(sizes) - slots.HEADER_BYTES)
+
+    def prepare(self, payload_bytes: int, pin: bool, background: bool = True) -> None:
+        """Allocate, map and (with `pin`) page-lock every slot for payloads of `payload_bytes`, on a helper
+        thread unless `background` is false: the first save into a slot would otherwise pay for it, a stall of
+        many warm saves on a large state. A slot that does not fit fails at its first save, as before."""
+        if payload_bytes <= self.prepared_bytes() and not pin:
+            return
+
+        def work() -> None:
+            for slot in self.slot_paths:
+                try:
+                    self._mapping(slot, slots.HEADER_BYTES + payload_bytes, pin)
+                except OSError as error:  # SnapshotSpaceError included: the save that needs the slot says it
+                    log.info("preparing snapshot slot %s failed: %s", slot, error)
+                    return
+
+        self.wait_prepared()
+        if not background:
+            work()
+            return
+        if pin:
+            # The helper thread must page-lock in the training thread's device's context, not device 0's.
+            device = torch.cuda.current_device()
+            prepare_slots = work
+
+            def work() -> None:
+                torch.cuda.set_device(device)
+                prepare_slots()
+
+        self._preparing = threading.Thread(target=work, name="phalanx-slot-prepare", daemon=True)
+        self._preparing.start()
+
+    def wait_prepared(self) -> None:
+        """Wait for a `prepare` running on the helper thread."""
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
 
     def _tracked_headers(self) -> dict[Path, dict[str, Any] | None]:
         if self._known is None:
@@ -248,7 +320,7 @@ class SnapshotStore:
             slot for slot in self.slot_paths if slot not in pinned and (newest is None or slot != newest.path)
         ]
         if not candidates:
-            raise RuntimeError("no free snapshot slot (all pinned)")
+            raise NoFreeSlot("no free snapshot slot: the newest snapshot and the saver process hold them all")
 
         def age(slot: Path) -> tuple[int, int]:
             header = headers[slot]
@@ -258,17 +330,23 @@ class SnapshotStore:
 
         return min(candidates, key=age)
 
+    def _claim(self, pinned: set[Path] | None) -> tuple[Path, int]:
+        """A free slot (see `choose_slot`), marked as being written under a new sequence number."""
+        slot = self.choose_slot(pinned or set())
+        known = self._tracked_headers()
+        seq = 1 + max((int(header.get("seq", 0)) for header in known.values() if header), default=0)
+        writing = {"state": slots.STATE_WRITING, "seq": seq}
+        slots.write_header_fd(self._fd(slot), writing)
+        known[slot] = writing
+        return slot, seq
+
     def write(
         self, packed: payload.PackPlan, meta: dict[str, Any], pinned: set[Path] | None = None
     ) -> SlotInfo:
         """Copy a planned state into a free slot and commit it with ``meta`` (must hold ``step``)."""
-        slot = self.choose_slot(pinned or set())
+        slot, seq = self._claim(pinned)
         fd = self._fd(slot)
         known = self._tracked_headers()
-        seq = 1 + max((int(header.get("seq", 0)) for header in known.values() if header), default=0)
-        writing = {"state": slots.STATE_WRITING, "seq": seq}
-        slots.write_header_fd(fd, writing)
-        known[slot] = writing
         on_device = any(tensor.device.type != "cpu" for tensor in packed.tensors)
         mapping = self._mapping(slot, slots.HEADER_BYTES + packed.total_bytes, pin=on_device)
         target = mapping.tensor[slots.HEADER_BYTES : slots.HEADER_BYTES + packed.total_bytes]
@@ -291,7 +369,32 @@ class SnapshotStore:
         slots.read_payload_into(info.path, info.seq, buffer.numpy().data)
         return buffer
 
+    def view(self, info: SlotInfo, pin: bool) -> torch.Tensor:
+        """The snapshot's payload where it lies, in this store's (with `pin`, page-locked) mapping of its slot:
+        read it without a copy, then call `check_unchanged`. Only this process writes its store, so nothing
+        rewrites the slot meanwhile unless this process does."""
+        if info.path not in self.slot_paths:
+            raise ValueError(f"{info.path} is not a slot of {self.path}")
+        size = int(info.header["payload_bytes"])
+        mapping = self._mapping(info.path, slots.HEADER_BYTES + size, pin)
+        self.check_unchanged(info)
+        return mapping.tensor[slots.HEADER_BYTES : slots.HEADER_BYTES + size]
+
+    def check_unchanged(self, info: SlotInfo) -> None:
+        """SnapshotChanged unless the slot still holds the committed snapshot `info` names."""
+        if slots.read_header_fd(self._fd(info.path)) != info.header:
+            raise slots.SnapshotChanged(f"slot {info.path} no longer holds the snapshot of step {info.step}")
+
+    def scratch(self, payload_bytes: int, pin: bool, pinned: set[Path] | None = None) -> torch.Tensor:
+        """Room for a payload of `payload_bytes` in a free slot (neither the newest snapshot nor `pinned`),
+        marked as being written so that nothing takes it for a snapshot: where a state received from a peer or
+        read from disk lands before it is loaded, instead of a buffer of its own."""
+        slot, _ = self._claim(pinned)
+        mapping = self._mapping(slot, slots.HEADER_BYTES + payload_bytes, pin)
+        return mapping.tensor[slots.HEADER_BYTES : slots.HEADER_BYTES + payload_bytes]
+
     def close(self) -> None:
+        self.wait_prepared()
         for mapping in self._maps.values():
             mapping.release()
         self._maps.clear()
