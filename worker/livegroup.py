@@ -41,6 +41,7 @@ import contextlib
 import gc
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -174,6 +175,7 @@ class LiveGroup:
     group_timeout: timedelta | None = None
     """The timeout the process groups are created with (how long a failed one's threads may still wait)."""
     _leave_mtime: float = 0.0
+    _releaser: Releaser | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LiveGroup:
@@ -217,12 +219,21 @@ class LiveGroup:
         attempt_text = os.environ.get(GROUP_ATTEMPT_ENV, "")
         self.attempt = int(attempt_text) if attempt_text.isdigit() else 0
         if "MASTER_ADDR" in os.environ and not dist.is_initialized():
-            dist.init_process_group(backend=backend or default_backend(), timeout=timeout)
+            chosen = backend or default_backend()
+            device = eager_device(chosen, self.local_rank)
+            # With the device named, NCCL's communicator is made now, while the group forms, not at the first
+            # collective of the first step.
+            dist.init_process_group(backend=chosen, timeout=timeout, device_id=device)
         if self.directory is not None:
             self._leave_mtime = _mtime(leave_file(self.directory))
             _write(
                 joined_file(self.directory, self.local_rank), {"attempt": self.attempt, "pid": os.getpid()}
             )
+            if dist.is_initialized() and releases_by_abort(dist.distributed_c10d._get_default_group()):
+                self._releaser = Releaser(
+                    self.directory, self.attempt, dist.distributed_c10d._get_default_group()
+                )
+                self._releaser.start()
 
     def leave_requested(self) -> bool:
         """The launcher asked the processes of this group to leave (cheap enough for every step)."""
@@ -237,30 +248,88 @@ class LiveGroup:
         return requested is not None and requested >= self.attempt
 
     def leave(self, reason: str) -> None:
-        """Tear the process group down and tell the launcher this process waits for the next one."""
+        """Tell the launcher this process waits for the next group, then tear the old group down: the launcher
+        forms the next group meanwhile, so the teardown (an NCCL abort takes about a second) is not waited for
+        on its own."""
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            old = dist.distributed_c10d._get_default_group()
-            # Abort first: work still queued in the old group would otherwise wait for the lost peer until the
-            # group's timeout. A group whose peer is gone may fail to shut down cleanly: what matters is that
-            # it is gone.
-            with contextlib.suppress(Exception):
-                old.abort()
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-            _retire(old, self.group_timeout)
+        releaser, self._releaser = self._releaser, None
+        if releaser is not None:
+            releaser.stop()
         if self.directory is not None and self.attempt is not None:
             _write(
                 left_file(self.directory, self.local_rank),
                 {"attempt": self.attempt, "reason": reason[:500], "at": time.time()},
             )
+        if dist.is_initialized():
+            old = dist.distributed_c10d._get_default_group()
+            # Abort first: work still queued in the old group would otherwise wait for the lost peer until the
+            # group's timeout. A group whose peer is gone may fail to shut down cleanly: what matters is that
+            # it is gone.
+            if releaser is None or not releaser.aborted:
+                with contextlib.suppress(Exception):
+                    old.abort()
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+            _retire(old, self.group_timeout)
 
 
 def default_backend() -> str:
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def eager_device(backend: str, local_rank: int) -> Any:
+    """The accelerator a group of `backend` binds at once (`device_id`): this process's GPU by torchrun's
+    convention (LOCAL_RANK), when the backend takes CUDA tensors; else None (gloo makes no communicator)."""
+    import torch
+
+    takes_cuda = backend == "nccl" or "cuda:" in backend
+    if not takes_cuda or not torch.cuda.is_available() or local_rank >= torch.cuda.device_count():
+        return None
+    return torch.device("cuda", local_rank)
+
+
+def releases_by_abort(process_group: Any) -> bool:
+    """Whether a collective of `process_group` stuck on a lost peer is released only by an abort: NCCL notices
+    no lost peer and waits until the collective's timeout; gloo's connection closes with the peer."""
+    return any(device.type == "cuda" for device in getattr(process_group, "_device_types", None) or [])
+
+
+RELEASE_POLL_SECONDS = 0.05
+
+
+class Releaser(threading.Thread):
+    """While a process trains in a group whose stuck collectives only an abort releases: as soon as the
+    launcher asks the group to leave, abort it from this thread. A training thread stuck in a collective with a
+    lost peer is then released at once, instead of at the collective's timeout (minutes); one in a healthy step
+    leaves at the error instead of at its step boundary, which costs at most that step, restored from the
+    snapshot like any other."""
+
+    def __init__(self, directory: Path, attempt: int, process_group: Any) -> None:
+        super().__init__(name="phalanx-live-release", daemon=True)
+        self.directory = directory
+        self.attempt = attempt
+        self.process_group = process_group
+        self.aborted = False
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        path = leave_file(self.directory)
+        while not self._stopped.wait(RELEASE_POLL_SECONDS):
+            requested = _attempt_in(path)
+            if requested is None or requested < self.attempt:
+                continue
+            self.aborted = True
+            with contextlib.suppress(Exception):
+                self.process_group.abort()
+            return
+
+    def stop(self) -> None:
+        """The training thread leaves by itself: stop watching (an abort under way finishes first)."""
+        self._stopped.set()
+        self.join()
 
 
 def _mtime(path: Path) -> float:

@@ -188,6 +188,11 @@ class Checkpointer:
         median of the last `SAVE_COST_WINDOW` of them (0 before the first), the cost published to the
         operator. `durable_copies_total` / `last_durable_copy_step`: copies to the durable tier (rank 0)."""
         self._persister = persister.PersisterClient()
+        self._optimizer_hook: torch.utils.hooks.RemovableHandle | None = None
+        if isinstance(state.optimizer, torch.optim.Optimizer):
+            # A snapshot's copies of the parameters and the optimizer's state overlap the next forward and
+            # backward; the optimizer's step, which changes them next, waits for the copies on the device.
+            self._optimizer_hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._pinned: set[Path] = set()
         self._durable_pending = False
         self._closed = False
@@ -336,7 +341,9 @@ class Checkpointer:
             rollback.EPOCH_KEY: self.rollback_epoch,
         }
         try:
-            return self.store.write(payload.plan(content), meta, pinned=self._pinned)
+            return self.store.write(
+                payload.plan(content), meta, pinned=self._pinned, deferrable=self._changed_by_optimizer_only()
+            )
         except shm_store.NoFreeSlot:
             if not self.stats["snapshots_skipped_total"]:
                 log.info(
@@ -352,6 +359,25 @@ class Checkpointer:
             # Under the launcher: every retry would fail alike, so the job stops here with the reason.
             fatal.stop(TrainerExit.NO_SNAPSHOT_SPACE, error.strerror or str(error), cleanups=[self.close])
 
+    def _before_optimizer_step(self, *_: Any) -> None:
+        self.store.copier.hold_until_copied()
+
+    def _changed_by_optimizer_only(self) -> Callable[[torch.Tensor], bool]:
+        """Which tensors of a snapshot nothing but the optimizer's step changes (the model's parameters and the
+        optimizer's state): their copies may overlap the next step's forward and backward. None without the
+        optimizer's pre-hook."""
+        optimizer = self.state.optimizer
+        if self._optimizer_hook is None or not isinstance(optimizer, torch.optim.Optimizer):
+            return lambda _: False
+        addresses = {
+            tensor.data_ptr()
+            for group in optimizer.param_groups
+            for parameter in group["params"]
+            for tensor in (parameter, *optimizer.state.get(parameter, {}).values())
+            if isinstance(tensor, torch.Tensor)
+        }
+        return lambda tensor: tensor.data_ptr() in addresses
+
     def _snapshot_now(self, step: int) -> shm_store.SlotInfo:
         """The snapshot of `step`, after the save in flight when that holds the only free slot."""
         info = self._snapshot(step, None)
@@ -364,6 +390,7 @@ class Checkpointer:
     def _submit_newest(self, newest: shm_store.SlotInfo | None = None) -> None:
         if self._persister.in_flight is not None:
             return
+        self.store.settle()  # the saver reads only a committed slot
         newest = newest or self.store.newest()
         if newest is None:
             return
@@ -477,6 +504,8 @@ class Checkpointer:
         self._persister.close()
         if self._sharded is not None:
             self._sharded.close()
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
         self.store.close()
         self._closed = True
 

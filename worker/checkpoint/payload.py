@@ -148,9 +148,17 @@ def plan(state: Any) -> PackPlan:
     return PackPlan(skeleton, tensors, refs, data_start, data_start + cursor)
 
 
-def write_into(target: torch.Tensor, packed: PackPlan, non_blocking: bool = False) -> None:
+def write_into(
+    target: torch.Tensor,
+    packed: PackPlan,
+    non_blocking: bool = False,
+    device_copies: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    on_device: Callable[[torch.Tensor], bool] | None = None,
+) -> None:
     """Copy the planned state into ``target`` (a uint8 CPU tensor of at least ``total_bytes``): host tensors
-    with `copy_host`, device tensors with torch's device-to-host copy (`non_blocking` into pinned memory)."""
+    with `copy_host`, device tensors (those `on_device` takes; default: all not on the host) with torch's
+    device-to-host copy (`non_blocking` into pinned memory), or, given a ``device_copies`` list, left to the
+    caller as (target, source) pairs appended there."""
     if target.device.type != "cpu" or not target.is_contiguous() or target.nbytes < packed.total_bytes:
         raise ValueError(
             f"the target must be a contiguous host buffer of at least {packed.total_bytes} bytes"
@@ -164,8 +172,11 @@ def write_into(target: torch.Tensor, packed: PackPlan, non_blocking: bool = Fals
             continue
         start = packed.data_start + ref.offset
         source = tensor.reshape(-1).contiguous().view(torch.uint8)
-        if source.device.type != "cpu":
-            target[start : start + ref.nbytes].copy_(source, non_blocking=non_blocking)
+        if on_device(source) if on_device is not None else source.device.type != "cpu":
+            if device_copies is not None:
+                device_copies.append((target[start : start + ref.nbytes], source))
+            else:
+                target[start : start + ref.nbytes].copy_(source, non_blocking=non_blocking)
             continue
         sources.append(source)
         ranges.append((base + start, source.data_ptr(), ref.nbytes))

@@ -19,13 +19,14 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from phalanx.worker.checkpoint import payload, slots
+from phalanx.worker.checkpoint import devicecopy, payload, slots
 
 log = logging.getLogger(__name__)
 
@@ -208,12 +209,25 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._slot_locks = {slot: threading.Lock() for slot in self.slot_paths}
         self._preparing: threading.Thread | None = None
+        self.copier = devicecopy.DeviceCopier()
+        """Issues device-to-host copies so that training overlaps them (worker/checkpoint/devicecopy.py)."""
+        # A snapshot with device copies in flight is committed by this thread once they are done; every reader
+        # of the store's headers waits for it first (`settle`).
+        self._committer: ThreadPoolExecutor | None = None
+        self._commit: Future[None] | None = None
         # This process is the only writer of its store: after one read, headers are tracked in memory
         # so a save does not reread every slot file.
         self._known: dict[Path, dict[str, Any] | None] | None = None
 
     def headers(self) -> dict[Path, dict[str, Any] | None]:
+        self.settle()
         return {slot: slots.read_header(slot) for slot in self.slot_paths}
+
+    def settle(self) -> None:
+        """Wait until the snapshot whose copies were in flight is committed (raises what its commit raised)."""
+        commit, self._commit = self._commit, None
+        if commit is not None:
+            commit.result()
 
     def newest(self, accept: Callable[[SlotInfo], bool] | None = None) -> SlotInfo | None:
         """The newest committed snapshot (of those `accept` takes, when given)."""
@@ -307,6 +321,7 @@ class SnapshotStore:
             self._preparing = None
 
     def _tracked_headers(self) -> dict[Path, dict[str, Any] | None]:
+        self.settle()
         if self._known is None:
             self._known = self.headers()
         return self._known
@@ -341,26 +356,43 @@ class SnapshotStore:
         return slot, seq
 
     def write(
-        self, packed: payload.PackPlan, meta: dict[str, Any], pinned: set[Path] | None = None
+        self,
+        packed: payload.PackPlan,
+        meta: dict[str, Any],
+        pinned: set[Path] | None = None,
+        deferrable: Callable[[torch.Tensor], bool] | None = None,
     ) -> SlotInfo:
-        """Copy a planned state into a free slot and commit it with ``meta`` (must hold ``step``)."""
+        """Copy a planned state into a free slot and commit it with ``meta`` (must hold ``step``). Host tensors
+        are copied before this returns; device tensors are copied by `copier`, those `deferrable` takes on a
+        side stream the next optimizer step waits for, and the snapshot is committed once they are done."""
         slot, seq = self._claim(pinned)
         fd = self._fd(slot)
         known = self._tracked_headers()
-        on_device = any(tensor.device.type != "cpu" for tensor in packed.tensors)
-        mapping = self._mapping(slot, slots.HEADER_BYTES + packed.total_bytes, pin=on_device)
+        pin = any(tensor.device.type != "cpu" for tensor in packed.tensors)
+        mapping = self._mapping(slot, slots.HEADER_BYTES + packed.total_bytes, pin=pin)
         target = mapping.tensor[slots.HEADER_BYTES : slots.HEADER_BYTES + packed.total_bytes]
-        payload.write_into(target, packed, non_blocking=mapping.pinned)
-        if on_device:
-            torch.cuda.synchronize()
+        device_copies: list[devicecopy.CopyPair] = []
+        payload.write_into(target, packed, device_copies=device_copies, on_device=self.copier.takes)
         header = {
             **meta,
             "state": slots.STATE_COMMITTED,
             "seq": seq,
             "payload_bytes": packed.total_bytes,
         }
-        slots.write_header_fd(fd, header)
-        known[slot] = header
+        if not device_copies:
+            slots.write_header_fd(fd, header)
+            known[slot] = header
+            return SlotInfo(slot, header)
+        in_flight = self.copier.start(device_copies, deferrable or (lambda _: False))
+
+        def commit() -> None:
+            self.copier.wait_done(in_flight)
+            slots.write_header_fd(fd, header)
+            known[slot] = header
+
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="phalanx-snapshot-commit")
+        self._commit = self._committer.submit(commit)
         return SlotInfo(slot, header)
 
     def read(self, info: SlotInfo) -> torch.Tensor:
@@ -382,6 +414,7 @@ class SnapshotStore:
 
     def check_unchanged(self, info: SlotInfo) -> None:
         """SnapshotChanged unless the slot still holds the committed snapshot `info` names."""
+        self.settle()
         if slots.read_header_fd(self._fd(info.path)) != info.header:
             raise slots.SnapshotChanged(f"slot {info.path} no longer holds the snapshot of step {info.step}")
 
@@ -395,6 +428,10 @@ class SnapshotStore:
 
     def close(self) -> None:
         self.wait_prepared()
+        self.settle()
+        if self._committer is not None:
+            self._committer.shutdown()
+            self._committer = None
         for mapping in self._maps.values():
             mapping.release()
         self._maps.clear()

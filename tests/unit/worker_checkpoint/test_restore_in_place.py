@@ -204,3 +204,38 @@ def test_only_two_or_three_slots_are_taken(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setenv(shm_store.SLOTS_ENV, value)
         with pytest.raises(ValueError, match="PHALANX_SNAPSHOT_SLOTS must be 2 or 3"):
             shm_store.slot_count_from_env()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: pinned slots, device tensors")
+@pytest.mark.parametrize("optimizer_started", [True, False], ids=["warm", "fresh-optimizer"])
+def test_on_a_gpu_a_restore_lands_in_the_device_tensors(workdir: Path, optimizer_started: bool) -> None:
+    def on_gpu(seed: int) -> TrainState:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)).cuda()
+        return TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
+
+    def train(state: TrainState, steps: int) -> None:
+        assert state.optimizer is not None
+        for step in range(steps):
+            torch.manual_seed(100 + step)
+            state.optimizer.zero_grad()
+            state.model(torch.randn(8, 32, device="cuda")).square().mean().backward()  # type: ignore[operator]
+            state.optimizer.step()  # type: ignore[call-arg]
+
+    saved = on_gpu(1)
+    train(saved, 3)
+    writer = Checkpointer(saved, workdir / "ckpt", interval_steps=0)
+    writer.save(3)
+    writer.close()
+    restored = on_gpu(2)
+    if optimizer_started:
+        train(restored, 1)
+    before = {name: tensor.data_ptr() for name, tensor in _tensors(restored).items()}
+    reader = Checkpointer(restored, workdir / "ckpt", interval_steps=0)
+    assert reader.load() == 3
+    got = _tensors(restored)
+    assert all(torch.equal(got[name], tensor) for name, tensor in _tensors(saved).items())
+    assert {name: got[name].data_ptr() for name in before} == before
+    moments = [tensor for name, tensor in got.items() if name.endswith(("exp_avg", "exp_avg_sq"))]
+    assert moments and all(tensor.is_cuda for tensor in moments)
+    reader.close()

@@ -154,7 +154,7 @@ def snapshot_writer(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str
     crash_at = extra.get("crash_at")
     original = payload.write_into
 
-    def write_then_die(target: torch.Tensor, packed: payload.PackPlan, non_blocking: bool = False) -> None:
+    def write_then_die(target: torch.Tensor, packed: payload.PackPlan, **copying: Any) -> None:
         # Copy only the first half of the tensors, as a process killed mid-copy would have.
         half = payload.PackPlan(
             packed.skeleton,
@@ -163,7 +163,7 @@ def snapshot_writer(rank: int, workdir: Path, extra: dict[str, Any]) -> dict[str
             packed.data_start,
             packed.total_bytes,
         )
-        original(target, half, non_blocking)
+        original(target, half, **copying)
         os.kill(os.getpid(), signal.SIGKILL)
 
     for step in range(1, int(extra["steps"]) + 1):

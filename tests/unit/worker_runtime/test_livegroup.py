@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
+import torch
 import torch.distributed as dist
 from localjob import LocalJob, wait_for
 
@@ -131,3 +133,91 @@ def test_a_survivor_stuck_with_a_frozen_peer_is_restarted_at_once(job: LocalJob)
         for process in frozen:
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGKILL)
+
+
+class StuckGroup:
+    """A group of an NCCL-like backend whose collective waits for a peer that is gone: only an abort ends it
+    before its timeout."""
+
+    _device_types = [torch.device("cuda")]
+
+    def __init__(self) -> None:
+        self.aborts = 0
+        self._aborted = threading.Event()
+
+    def abort(self) -> None:
+        self.aborts += 1
+        self._aborted.set()
+
+    def all_reduce(self) -> None:
+        if not self._aborted.wait(60):
+            raise TimeoutError("the collective's timeout")
+        raise RuntimeError("NCCL communicator was aborted on rank 0")
+
+
+def _stuck_collective(group: StuckGroup) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            group.all_reduce()
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def test_a_collective_stuck_on_a_lost_peer_is_released_by_the_abort_when_the_launcher_asks(
+    tmp_path: Path,
+) -> None:
+    group = StuckGroup()
+    releaser = livegroup.Releaser(tmp_path, attempt=3, process_group=group)
+    releaser.start()
+    stuck, raised = _stuck_collective(group)
+    livegroup.request_leave(tmp_path, 2)  # an older group's request: not this one's
+    time.sleep(5 * livegroup.RELEASE_POLL_SECONDS)
+    assert group.aborts == 0 and stuck.is_alive()
+
+    livegroup.request_leave(tmp_path, 3)
+    stuck.join(30)
+    assert not stuck.is_alive() and releaser.aborted and group.aborts == 1
+    assert isinstance(raised[0], RuntimeError) and livegroup.peer_lost(raised[0]), raised
+    releaser.join(5)
+
+
+def test_leaving_tells_the_launcher_before_the_teardown_and_aborts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group = StuckGroup()
+    member = livegroup.LiveGroup(tmp_path, local_rank=0, attempt=3)
+    releaser = livegroup.Releaser(tmp_path, attempt=3, process_group=group)
+    member._releaser = releaser
+    releaser.start()
+    livegroup.request_leave(tmp_path, 3)
+    stuck, _ = _stuck_collective(group)
+    stuck.join(30)
+    left_when_torn_down: list[int | None] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_group", lambda: group)
+    monkeypatch.setattr(
+        dist, "destroy_process_group", lambda: left_when_torn_down.append(livegroup.left_attempt(tmp_path, 0))
+    )
+    member.leave("a peer was lost")
+    # The launcher forms the next group while the old one is torn down; the releaser's abort is not repeated.
+    assert left_when_torn_down == [3] and group.aborts == 1
+
+
+def test_only_groups_that_take_cuda_tensors_are_released_by_abort_or_bound_to_a_device() -> None:
+    assert livegroup.releases_by_abort(StuckGroup())
+    assert not livegroup.releases_by_abort(type("GlooGroup", (), {"_device_types": [torch.device("cpu")]})())
+    assert livegroup.eager_device("gloo", 0) is None
+    if not torch.cuda.is_available():
+        assert livegroup.eager_device("nccl", 0) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_nccl_group_is_bound_to_the_processs_gpu() -> None:
+    assert livegroup.eager_device("nccl", 0) == torch.device("cuda", 0)
+    assert livegroup.eager_device("cpu:gloo,cuda:nccl", 0) == torch.device("cuda", 0)
