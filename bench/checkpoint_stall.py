@@ -357,6 +357,17 @@ def run(context: Any, quick: bool) -> Any:
     """Harness entry point (`phalanx bench --only checkpoint-stall`)."""
     from phalanx.bench.core import BenchResult
 
+    if getattr(context, "device", "cpu") != "cpu":
+        from phalanx.bench import checkpoint_device
+
+        on_device = checkpoint_device.measure_all(context.device, quick, context.scratch(NAME))
+        return BenchResult(
+            name=NAME,
+            title=f"{TITLE} on {on_device['device']}",
+            metrics=checkpoint_device.to_metrics(on_device),
+            notes=[checkpoint_device.markdown(on_device), (checkpoint_device.__doc__ or "").split("\n\n")[0]],
+            details=on_device,
+        )
     report, samples = measure_all(quick, context.scratch(NAME))
     return BenchResult(
         name=NAME,

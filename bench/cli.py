@@ -33,6 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --only: drop the other benchmarks' results from the report instead of keeping them",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where checkpoint-stall keeps the state: cuda measures snapshots and restores against the pinned "
+        "copies of a GPU (1, 8 and 32 GiB)",
+    )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.set_defaults(handler=_handle)
 

@@ -44,6 +44,8 @@ class Context:
     workdir: Path
     quick: bool
     state_dir: Path | None = None
+    device: str = "cpu"
+    """Where benchmarks that can use an accelerator put the state (`--device`)."""
     log: Callable[[str], None] = log
     _cluster: BenchCluster | None = field(default=None, init=False)
 
@@ -126,12 +128,13 @@ def run_benchmarks(
     state_dir: Path | None = None,
     keep_others: bool = False,
     command: str = "",
+    device: str = "cpu",
 ) -> report.Run:
     """Run `entries`, write results.json, report.md and plots into `out` (after each benchmark, too)."""
     out.mkdir(parents=True, exist_ok=True)
     previous = previous_run(out) if keep_others else None
     workdir = Path(tempfile.mkdtemp(prefix="phalanx-bench-", dir=os.environ.get("PHALANX_BENCH_DIR")))
-    context = Context(workdir=workdir, quick=quick, state_dir=state_dir)
+    context = Context(workdir=workdir, quick=quick, state_dir=state_dir, device=device)
     log(f"measuring the machine (scratch {workdir})")
     run = report.Run(
         started_at=utc_now(),
@@ -174,6 +177,7 @@ def main(args: argparse.Namespace) -> int:
         out=out,
         state_dir=getattr(args, "state_dir", None),
         keep_others=bool(only) and not getattr(args, "fresh", False),
+        device=getattr(args, "device", "cpu"),
         command="phalanx bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
     )
     print((out / report.REPORT_FILE).read_text())

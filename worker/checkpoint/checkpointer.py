@@ -188,11 +188,13 @@ class Checkpointer:
         median of the last `SAVE_COST_WINDOW` of them (0 before the first), the cost published to the
         operator. `durable_copies_total` / `last_durable_copy_step`: copies to the durable tier (rank 0)."""
         self._persister = persister.PersisterClient()
+        # A snapshot's copies of the parameters and the optimizer's state overlap the next forward and backward;
+        # the optimizer's step, which changes them next, waits for the copies on the device. Without a hook (an
+        # optimizer torch's hooks do not reach) every copy stays on the training's stream.
+        self._optimizer = innermost_optimizer(state.optimizer)
         self._optimizer_hook: torch.utils.hooks.RemovableHandle | None = None
-        if isinstance(state.optimizer, torch.optim.Optimizer):
-            # A snapshot's copies of the parameters and the optimizer's state overlap the next forward and
-            # backward; the optimizer's step, which changes them next, waits for the copies on the device.
-            self._optimizer_hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
+        if self._optimizer is not None:
+            self._optimizer_hook = self._optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._pinned: set[Path] = set()
         self._durable_pending = False
         self._closed = False
@@ -366,8 +368,8 @@ class Checkpointer:
         """Which tensors of a snapshot nothing but the optimizer's step changes (the model's parameters and the
         optimizer's state): their copies may overlap the next step's forward and backward. None without the
         optimizer's pre-hook."""
-        optimizer = self.state.optimizer
-        if self._optimizer_hook is None or not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = self._optimizer
+        if self._optimizer_hook is None or optimizer is None:
             return lambda _: False
         addresses = {
             tensor.data_ptr()
@@ -768,6 +770,21 @@ class Checkpointer:
             log.info(
                 "RNG state not restored (saved by rank %s of %s)", content["rank"], content["world_size"]
             )
+
+
+def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer whose `step` changes the state, under the wrappers a framework puts around it
+    (Accelerate's `AcceleratedOptimizer`, which Hugging Face's Trainer uses, proxies `step` to `.optimizer`
+    without torch's hooks of its own); None when there is none."""
+    seen: set[int] = set()
+    while (
+        isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and id(optimizer) not in seen
+    ):
+        seen.add(id(optimizer))
+        optimizer = optimizer.optimizer
+    if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks"):
+        return optimizer
+    return None
 
 
 def _read_file(path: Path) -> torch.Tensor:

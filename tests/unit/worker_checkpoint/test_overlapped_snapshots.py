@@ -225,3 +225,49 @@ def test_on_a_gpu_the_snapshot_is_the_saved_steps_bitwise(workdir: Path) -> None
         step(100 + number)  # the next step's compute and update race the copies
         assert _differing(expected, _snapshot_of(ckpt, number)) == []
     ckpt.close()
+
+
+class WrappedOptimizer(torch.optim.Optimizer):
+    """Like Accelerate's AcceleratedOptimizer (Hugging Face's Trainer): an Optimizer that never ran
+    Optimizer.__init__ and passes `step` and its state to the optimizer it wraps."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def param_groups(self) -> Any:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    def state_dict(self) -> Any:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.optimizer.step(closure)
+
+
+def test_a_wrapped_optimizer_holds_its_step_behind_the_copies_too(workdir: Path) -> None:
+    state = _state()
+    assert state.optimizer is not None
+    state.optimizer = WrappedOptimizer(state.optimizer)  # type: ignore[arg-type]
+    for seed in (1, 2):
+        _step(state, seed)
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=0)
+    runtime = FakeRuntime()
+    ckpt.store.copier = HostAsDevice(runtime)
+    ckpt.save(2)
+    expected = _saved_tensors(state.state_dict())
+    assert runtime.in_flight() > 0
+    _step(state, seed=3)
+    assert runtime.in_flight() == 0
+    assert _differing(expected, _snapshot_of(ckpt, 2)) == []
+    ckpt.close()
