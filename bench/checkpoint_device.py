@@ -197,6 +197,10 @@ def measure_size(size_bytes: int, device: torch.device, workdir: Path) -> dict[s
     }
 
 
+def size_label(size: int) -> str:
+    return f"{size / GIB:g} GiB" if size >= GIB else f"{size / MIB:g} MiB"
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}, torch {torch.__version__})"
@@ -227,8 +231,7 @@ def markdown(report: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in report["sizes"]:
-        size = row["size_bytes"]
-        label = f"{size / GIB:g} GiB" if size >= GIB else f"{size / MIB:g} MiB"
+        label = size_label(row["size_bytes"])
         lines.append(
             f"| {label} | {row['slots']} | {row['d2h_s']:.3f} | {row['h2d_s']:.3f} | "
             f"{statistics.median(row['warm_saves_s']):.3f} | {row['first_save_s']:.3f} | {row['persist_s']:.2f} | "
@@ -248,8 +251,7 @@ def to_metrics(report: dict[str, Any]) -> list[Any]:
 
     metrics = []
     for row in report["sizes"]:
-        size = row["size_bytes"]
-        label = f"{size / GIB:g} GiB" if size >= GIB else f"{size / MIB:g} MiB"
+        label = size_label(row["size_bytes"])
         metrics += [
             Metric(
                 name=f"{label}: stall / D2H copy",
