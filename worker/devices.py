@@ -8,16 +8,22 @@ its backends take (`ProcessGroup._device_types`, what torch's own object collect
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
+
+
+def device_types(group: Any) -> list[str]:
+    """The device types the backends of `group` take (`ProcessGroup._device_types`); [] when it does not say."""
+    return [device.type for device in getattr(group, "_device_types", None) or []]
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """The device for a small collective's tensors on `group` (None: the default group): the host when a
     backend of the group takes host tensors, as copying a few bytes to a GPU and back would cost more than
     the collective; else this process's current accelerator (NCCL alone)."""
-    target = group if group is not None else dist.group.WORLD
-    kinds = [device.type for device in getattr(target, "_device_types", None) or []]
+    kinds = device_types(group if group is not None else dist.group.WORLD)
     if not kinds or "cpu" in kinds:
         return torch.device("cpu")
     kind = kinds[0]

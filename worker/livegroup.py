@@ -229,10 +229,9 @@ class LiveGroup:
             _write(
                 joined_file(self.directory, self.local_rank), {"attempt": self.attempt, "pid": os.getpid()}
             )
-            if dist.is_initialized() and releases_by_abort(dist.distributed_c10d._get_default_group()):
-                self._releaser = Releaser(
-                    self.directory, self.attempt, dist.distributed_c10d._get_default_group()
-                )
+            joined = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+            if joined is not None and releases_by_abort(joined):
+                self._releaser = Releaser(self.directory, self.attempt, joined)
                 self._releaser.start()
 
     def leave_requested(self) -> bool:
@@ -294,7 +293,9 @@ def eager_device(backend: str, local_rank: int) -> Any:
 def releases_by_abort(process_group: Any) -> bool:
     """Whether a collective of `process_group` stuck on a lost peer is released only by an abort: NCCL notices
     no lost peer and waits until the collective's timeout; gloo's connection closes with the peer."""
-    return any(device.type == "cuda" for device in getattr(process_group, "_device_types", None) or [])
+    from phalanx.worker.devices import device_types
+
+    return "cuda" in device_types(process_group)
 
 
 RELEASE_POLL_SECONDS = 0.05

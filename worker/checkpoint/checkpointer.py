@@ -11,6 +11,7 @@ before the request's step is restored instead, once; the abandoned run's states 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import statistics
@@ -371,14 +372,19 @@ class Checkpointer:
         optimizer = self._optimizer
         if self._optimizer_hook is None or optimizer is None:
             return lambda _: False
-        addresses = {
-            tensor.data_ptr()
-            for group in optimizer.param_groups
-            for parameter in group["params"]
-            for tensor in (parameter, *optimizer.state.get(parameter, {}).values())
-            if isinstance(tensor, torch.Tensor)
-        }
-        return lambda tensor: tensor.data_ptr() in addresses
+
+        # Asked only for device tensors: a snapshot of host tensors never walks the optimizer's state.
+        @functools.cache
+        def addresses() -> frozenset[int]:
+            return frozenset(
+                tensor.data_ptr()
+                for group in optimizer.param_groups
+                for parameter in group["params"]
+                for tensor in (parameter, *optimizer.state.get(parameter, {}).values())
+                if isinstance(tensor, torch.Tensor)
+            )
+
+        return lambda tensor: tensor.data_ptr() in addresses()
 
     def _snapshot_now(self, step: int) -> shm_store.SlotInfo:
         """The snapshot of `step`, after the save in flight when that holds the only free slot."""
@@ -555,20 +561,16 @@ class Checkpointer:
         checkpoints to `rolled-back/`, out of the restore's, the saver's and the purge's sight; returns their
         steps."""
 
-        def abandoned(step: int, meta: dict[str, Any] | None) -> bool:
-            return rollback.abandoned(step, rollback.epoch_of(meta), request)
-
         dropped = self._drop_abandoned(request)
         set_aside: list[int] = []
         if self.is_writer:
-            set_aside = self.set_aside(abandoned, f"epoch-{request.epoch}")
+            set_aside = self.set_aside(_abandoned_under(request), f"epoch-{request.epoch}")
         return dropped, set_aside
 
     def _drop_abandoned(self, request: rollback.RollbackRequest) -> list[int]:
         """Uncommit this rank's snapshots of the run `request` abandoned; returns their steps."""
-        return self.store.drop(
-            lambda info: rollback.abandoned(info.step, rollback.epoch_of(info.header), request)
-        )
+        abandoned = _abandoned_under(request)
+        return self.store.drop(lambda info: abandoned(info.step, info.header))
 
     def set_aside(self, condemned: Callable[[int, dict[str, Any]], bool], label: str) -> list[int]:
         """Rank 0: move the checkpoints `condemned(step, manifest)` picks, on every tier, to `rolled-back/<label>/`
@@ -770,6 +772,11 @@ class Checkpointer:
             log.info(
                 "RNG state not restored (saved by rank %s of %s)", content["rank"], content["world_size"]
             )
+
+
+def _abandoned_under(request: rollback.RollbackRequest) -> Callable[[int, dict[str, Any] | None], bool]:
+    """Whether a state of `step` with this header or manifest is of the run `request` abandoned."""
+    return lambda step, meta: rollback.abandoned(step, rollback.epoch_of(meta), request)
 
 
 def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:

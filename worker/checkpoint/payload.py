@@ -151,14 +151,13 @@ def plan(state: Any) -> PackPlan:
 def write_into(
     target: torch.Tensor,
     packed: PackPlan,
-    non_blocking: bool = False,
     device_copies: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     on_device: Callable[[torch.Tensor], bool] | None = None,
 ) -> None:
     """Copy the planned state into ``target`` (a uint8 CPU tensor of at least ``total_bytes``): host tensors
     with `copy_host`, device tensors (those `on_device` takes; default: all not on the host) with torch's
-    device-to-host copy (`non_blocking` into pinned memory), or, given a ``device_copies`` list, left to the
-    caller as (target, source) pairs appended there."""
+    blocking device-to-host copy, or, given a ``device_copies`` list, left to the caller as (target, source)
+    pairs appended there (a snapshot's copier overlaps them with training)."""
     if target.device.type != "cpu" or not target.is_contiguous() or target.nbytes < packed.total_bytes:
         raise ValueError(
             f"the target must be a contiguous host buffer of at least {packed.total_bytes} bytes"
@@ -176,7 +175,7 @@ def write_into(
             if device_copies is not None:
                 device_copies.append((target[start : start + ref.nbytes], source))
             else:
-                target[start : start + ref.nbytes].copy_(source, non_blocking=non_blocking)
+                target[start : start + ref.nbytes].copy_(source)
             continue
         sources.append(source)
         ranges.append((base + start, source.data_ptr(), ref.nbytes))

@@ -283,14 +283,16 @@ class SnapshotStore:
         sizes = [mapping.size if mapping is not None else 0 for mapping in mappings]
         return max(0, min(sizes) - slots.HEADER_BYTES)
 
-    def prepare(self, payload_bytes: int, pin: bool, background: bool = True) -> None:
-        """Allocate, map and (with `pin`) page-lock every slot for payloads of `payload_bytes`, on a helper
-        thread unless `background` is false: the first save into a slot would otherwise pay for it, a stall of
-        many warm saves on a large state. A slot that does not fit fails at its first save, as before."""
-        if payload_bytes <= self.prepared_bytes() and not pin:
-            return
+    def prepare(self, payload_bytes: int, pin: bool) -> None:
+        """Allocate, map and (with `pin`) page-lock every slot for payloads of `payload_bytes` on a helper
+        thread: the first save into a slot would otherwise pay for it, a stall of many warm saves on a large
+        state. A slot that does not fit fails at its first save, as before."""
+        # The helper thread must page-lock in the training thread's device's context, not device 0's.
+        device = torch.cuda.current_device() if pin else None
 
         def work() -> None:
+            if device is not None:
+                torch.cuda.set_device(device)
             for slot in self.slot_paths:
                 try:
                     self._mapping(slot, slots.HEADER_BYTES + payload_bytes, pin)
@@ -299,18 +301,6 @@ class SnapshotStore:
                     return
 
         self.wait_prepared()
-        if not background:
-            work()
-            return
-        if pin:
-            # The helper thread must page-lock in the training thread's device's context, not device 0's.
-            device = torch.cuda.current_device()
-            prepare_slots = work
-
-            def work() -> None:
-                torch.cuda.set_device(device)
-                prepare_slots()
-
         self._preparing = threading.Thread(target=work, name="phalanx-slot-prepare", daemon=True)
         self._preparing.start()
 
