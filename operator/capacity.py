@@ -9,7 +9,8 @@ never counted against it (they are the gang), and pods of other workloads are no
 waits for them is left to the gang timeout (`gang.scheduleTimeoutSeconds`), as before.
 
 Jobs that arrive together are admitted one by one: the room a job is judged against is what is left once
-(1) the other jobs' pods that exist but are not bound yet are placed, and (2) every job ranked before it
+(1) the other jobs' pods that exist but are not bound yet are placed, with the pods of gangs being
+created that the operator has not seen yet (`handlers.unseen_gang_pods`), and (2) every job ranked before it
 (higher priority, then older) that waits for its gang to be placed and fits has its gang placed too
 (`ClusterView.pending`, `ClusterView.earlier`). Placement is the scheduler's first fit, node by node. Each
 reconcile judges from the same ranking, so whichever job's reconcile runs first, the earlier jobs get the

@@ -235,6 +235,7 @@ class JobReconciler:
                         pods,
                         nodes,
                         earlier_gangs(job, waiting, pods, priorities or {}, self.max_gang_pods),
+                        unseen_gang_pods(job, waiting, pods, self.max_gang_pods),
                     )
                     if _gang_unplaced(job, job_pods)
                     else None
@@ -561,13 +562,14 @@ def cluster_view(
     pods: Mapping[Any, Iterable[dict[str, Any]]],
     nodes: Mapping[Any, Iterable[dict[str, Any]]],
     earlier: Iterable[capacity.Gang] = (),
+    unseen: Iterable[dict[str, str]] = (),
 ) -> capacity.ClusterView:
     """Every node, what the live pods of the other TrainingJobs request on the nodes they are bound to, what
-    those not bound yet request, and the `earlier` gangs (the job's own pods are the gang itself, never
-    counted against it)."""
+    those not bound yet request (with the `unseen` pods of gangs being created), and the `earlier` gangs (the
+    job's own pods are the gang itself, never counted against it)."""
     every_node = {name: summary for name, store in nodes.items() if (summary := _first(store)) is not None}
     bound: dict[str, list[dict[str, str]]] = {}
-    pending: list[dict[str, str]] = []
+    pending: list[dict[str, str]] = [dict(requests) for requests in unseen]
     for job_key, store in pods.items():
         if job_key == key:
             continue
@@ -609,6 +611,37 @@ def job_priority(job: Mapping[str, Any], priorities: Mapping[Any, Iterable[int]]
     return int(named) if named is not None else 0
 
 
+def _runnable_gang(waiting: Mapping[str, Any], max_gang_pods: int | None) -> capacity.Gang | None:
+    """A waiting job's gang as a capacity check counts it (None: a spec its own reconcile refuses)."""
+    meta = waiting.get("metadata") or {}
+    # Only a job that could run holds room; an invalid one is its own reconcile's to report.
+    spec, _ = validation.check(waiting.get("spec"), str(meta.get("name") or ""), max_gang_pods)
+    if spec is None:
+        return None
+    pod_spec = builders.build_worker_pod(dict(waiting), spec, 0, names.ROLE_WORKER)["spec"]
+    return capacity.Gang(f"{meta.get('namespace')}/{meta.get('name')}", pod_spec, spec.replicas + spec.spares)
+
+
+def _live_trainers(waiting: Mapping[str, Any], pods: Mapping[Any, Iterable[dict[str, Any]]]) -> int:
+    meta = waiting.get("metadata") or {}
+    return sum(
+        1
+        for pod in pods.get((meta.get("namespace"), meta.get("name")), ())
+        if observe.is_trainer(pod)
+        and not observe.is_terminating(pod)
+        and observe.owned_by(pod, meta.get("uid"))
+    )
+
+
+def _others(job: Mapping[str, Any], waiting: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    mine = (job["metadata"]["namespace"], job["metadata"]["name"])
+    return (
+        other
+        for other in waiting
+        if ((other.get("metadata") or {}).get("namespace"), (other.get("metadata") or {}).get("name")) != mine
+    )
+
+
 def earlier_gangs(
     job: Mapping[str, Any],
     waiting: Iterable[dict[str, Any]],
@@ -617,7 +650,7 @@ def earlier_gangs(
     max_gang_pods: int | None = None,
 ) -> list[capacity.Gang]:
     """The gangs of the jobs ranked before `job` that wait to be placed and have no pod yet (those with pods
-    count through their pods), in rank order."""
+    count through their pods and `unseen_gang_pods`), in rank order."""
 
     def rank_of(other: Mapping[str, Any]) -> tuple[int, str, str, str]:
         meta = other.get("metadata") or {}
@@ -627,28 +660,39 @@ def earlier_gangs(
 
     mine = rank_of(job)
     gangs: list[tuple[tuple[int, str, str, str], capacity.Gang]] = []
-    for other in waiting:
-        meta = other.get("metadata") or {}
-        key = (meta.get("namespace"), meta.get("name"))
-        if key == (job["metadata"]["namespace"], job["metadata"]["name"]) or rank_of(other) >= mine:
+    for other in _others(job, waiting):
+        if rank_of(other) >= mine or _live_trainers(other, pods):
             continue
-        started = (
-            observe.is_trainer(pod)
-            and not observe.is_terminating(pod)
-            and observe.owned_by(pod, meta.get("uid"))
-            for pod in pods.get(key, ())
-        )
-        if any(started):
-            continue
-        # Only a job that could run holds room; an invalid one is its own reconcile's to report.
-        spec, _ = validation.check(other.get("spec"), str(meta.get("name") or ""), max_gang_pods)
-        if spec is None:
-            continue
-        pod_spec = builders.build_worker_pod(dict(other), spec, 0, names.ROLE_WORKER)["spec"]
-        gangs.append(
-            (rank_of(other), capacity.Gang(f"{key[0]}/{key[1]}", pod_spec, spec.replicas + spec.spares))
-        )
+        gang = _runnable_gang(other, max_gang_pods)
+        if gang is not None:
+            gangs.append((rank_of(other), gang))
     return [gang for _, gang in sorted(gangs, key=lambda item: item[0])]
+
+
+def unseen_gang_pods(
+    job: Mapping[str, Any],
+    waiting: Iterable[dict[str, Any]],
+    pods: Mapping[Any, Iterable[dict[str, Any]]],
+    max_gang_pods: int | None = None,
+) -> list[dict[str, str]]:
+    """The requests of the pods that other jobs' gangs, being created, still miss in the pod index: whatever
+    their rank, their room is promised. The index shows a gang's pods one by one as their creations land, and
+    a gang judged by the few it shows so far would leave room for a later job that is not there."""
+    unseen: list[dict[str, str]] = []
+    for other in _others(job, waiting):
+        live = _live_trainers(other, pods)
+        if not live:
+            continue
+        gang = _runnable_gang(other, max_gang_pods)
+        if gang is None or live >= gang.count:
+            continue
+        requests = {
+            name: str(amount)
+            for name, amount in capacity.pod_requests(gang.pod_spec).items()
+            if name != capacity.PODS
+        }
+        unseen.extend(dict(requests) for _ in range(gang.count - live))
+    return unseen
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:

@@ -660,6 +660,47 @@ def test_the_gangs_ranked_before_a_job_are_those_waiting_without_pods(
     assert handlers.job_priority(newer, {handlers.GLOBAL_DEFAULT_PRIORITY: [7]}) == 7
 
 
+def test_gangs_whose_pods_the_index_shows_in_part_keep_room_for_the_rest(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """Three two-pod gangs of 5 CPUs and four 8-CPU nodes: while the index shows one pod of each of the first
+    two gangs (their second creations not seen yet), the third still does not fit."""
+    from phalanx.operator import capacity
+
+    def job(name: str) -> dict[str, Any]:
+        body = make_job(replicas=2, spares=0)
+        body["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp="2026-01-01T10:00:00Z")
+        body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "5"}}
+        return body
+
+    a, b, c = job("a"), job("b"), job("c")
+    waiting = [w for body in (a, b, c) if (w := handlers.waiting_gang(body)) is not None]
+    pods = {
+        ("ml", name): [
+            {
+                **make_pod(f"{name}-worker-0", node=None, owner=f"uid-{name}"),
+                "spec": {"requests": {"cpu": "5"}},
+            }
+        ]
+        for name in ("a", "b")
+    }
+    nodes = {f"node-{i}": [{"ready": "True", "allocatable": {"cpu": "8", "pods": "110"}}] for i in range(4)}
+    pod_spec = builders.build_worker_pod(c, api.TrainingJobSpec.model_validate(c["spec"]), 0, "worker")[
+        "spec"
+    ]
+
+    unseen = handlers.unseen_gang_pods(c, waiting, pods)
+    assert unseen == [{"cpu": "5"}, {"cpu": "5"}]
+    assert handlers.earlier_gangs(c, waiting, pods, {}) == []  # started: counted through their pods
+    view = handlers.cluster_view(("ml", "c"), pods, nodes, (), unseen)
+    assert not capacity.gang_fit(view, pod_spec, 2).fits
+    # Judged by the pods the index shows alone, the third gang would be let in.
+    assert capacity.gang_fit(handlers.cluster_view(("ml", "c"), pods, nodes), pod_spec, 2).fits
+    # A gang the index shows whole misses nothing.
+    whole = {**pods, ("ml", "a"): [*pods[("ml", "a")], make_pod("a-worker-1", node=None, owner="uid-a")]}
+    assert handlers.unseen_gang_pods(c, waiting, whole) == [{"cpu": "5"}]
+
+
 INVALID = json.dumps(
     {
         "kind": "Status",
