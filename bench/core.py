@@ -140,6 +140,9 @@ class Series(Model):
     """Y axis label."""
     chart: str = ""
     """Series with the same chart name share one set of axes (empty: the series' own name)."""
+    log_log: bool = False
+    """Both axes logarithmic (any series of a chart asking makes the chart so): for figures against N that
+    span orders of magnitude."""
 
 
 class BenchResult(Model):

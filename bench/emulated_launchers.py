@@ -5,7 +5,9 @@ its two store connections through the job's gate, torch's dynamic rendezvous han
 its keep-alives, its node published for the operator's word, the freshness guard), driven the way the
 launcher drives it, one thread each: `next_rendezvous()` to form the group; on a member's death the operator's
 regroup (its node expired at once, `forget_departed`), after which every survivor re-enters the rendezvous and
-the waiting hot spare fills the place. Nothing trains: what is measured is the rendezvous alone.
+the waiting hot spare fills the place. With `--protocol rounds` the same group and deaths go through the
+store-decided rounds of worker/storerounds.py instead (`emulate_rounds`). Nothing trains: what is measured is
+the rendezvous alone.
 
 Run as its own process (`python -m phalanx.bench.emulated_launchers ...`), so that its threads and the store
 process it talks to are measured apart from the harness. It prints one JSON object: the timings and the
@@ -23,7 +25,7 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +98,7 @@ def settings_for(
     )
 
 
-def in_parallel(calls: list[Callable[[], Any]], timeout: float) -> tuple[list[Any], list[str], bool]:
+def in_parallel(calls: Sequence[Callable[[], Any]], timeout: float) -> tuple[list[Any], list[str], bool]:
     """Run each call on a thread of its own at once; (results, errors, all finished in time)."""
     results: list[Any] = [None] * len(calls)
     errors: list[str] = []
@@ -134,17 +136,29 @@ def timed_rendezvous(
     before: Callable[[], None] | None = None,
     waiting: list[tuple[threading.Thread, list[Any]]] = (),  # type: ignore[assignment]
 ) -> Phase:
-    """Every member's `next_rendezvous()` at once, timed from the start (after `before`, if given), and the
-    rendezvous already under way on the `waiting` threads (each with a one-place list for its result)."""
+    """Every member's `next_rendezvous()` at once (`timed_phase`)."""
+    calls = [functools.partial(rendezvous_of, member) for member in members]
+    return timed_phase(name, calls, store_pid, timeout, before, waiting)
+
+
+def timed_phase(
+    name: str,
+    calls: Sequence[Callable[[], tuple[int, int]]],
+    store_pid: int,
+    timeout: float,
+    before: Callable[[], None] | None = None,
+    waiting: list[tuple[threading.Thread, list[Any]]] = (),  # type: ignore[assignment]
+) -> Phase:
+    """Every member's rendezvous call at once (each returns (round, group size)), timed from the start (after
+    `before`, if given), and the rendezvous already under way on the `waiting` threads (each with a one-place
+    list for its result)."""
     phase = Phase(name)
     io_before = store_io_bytes(store_pid)
     store_cpu, own_cpu = cpu_seconds(store_pid), cpu_seconds()
     started = time.monotonic()
     if before is not None:
         before()
-    results, errors, finished = in_parallel(
-        [functools.partial(rendezvous_of, member) for member in members], timeout
-    )
+    results, errors, finished = in_parallel(calls, timeout)
     deadline = started + timeout
     for thread, outcome in waiting:
         thread.join(max(0.0, deadline - time.monotonic()))
@@ -188,6 +202,14 @@ def standing_by(spare: Any) -> tuple[threading.Thread, list[Any]]:
             break
         time.sleep(0.05)
     return thread, outcome
+
+
+def recorded(report: dict[str, Any], phase: Phase) -> bool:
+    """Add a re-form to the report; False (with the report's error said) when it did not finish."""
+    report["phases"].append(asdict(phase))
+    if phase.seconds is None:
+        report["error"] = f"{phase.name} did not finish"
+    return phase.seconds is not None
 
 
 def emulate(
@@ -244,9 +266,79 @@ def emulate(
             f"re-form {attempt + 1}", members, store_pid, timeout, before=death, waiting=[waiting]
         )
         members.append(spare)
-        report["phases"].append(asdict(phase))
-        if phase.seconds is None:
-            report["error"] = f"re-form {attempt + 1} did not finish"
+        if not recorded(report, phase):
+            break
+    report["seconds"] = time.monotonic() - started
+    return report
+
+
+def emulate_rounds(
+    nodes: int, reforms: int, endpoint: str, secret_file: str, store_pid: int, timeout: float
+) -> dict[str, Any]:
+    """The same group and the same deaths through the store-decided rounds of worker/storerounds.py: each
+    member its own store connection through the job's gate, `join()` to form, `reform(departed)` after a
+    death (the operator's regroup names the dead member), the hot spare waiting in `join()` for a seat."""
+    from phalanx.worker import rendezvous, storegate
+    from phalanx.worker.storerounds import StoreRounds
+
+    raise_open_files_limit(4 * (nodes + reforms) + 256)
+    host, port = endpoint.rsplit(":", 1)
+    secret = storegate.read_secret(secret_file) if secret_file else None
+
+    def launcher(index: int) -> StoreRounds:
+        store = rendezvous.connect(host, int(port), timeout, secret)
+        return StoreRounds(store, f"uid-{index}", f"10.0.{index // 250}.{index % 250}:29400", nodes, nodes,
+                           timeout=timeout)  # fmt: skip
+
+    def seat_of(call: Callable[[], Any]) -> tuple[int, int]:
+        seat = call()
+        return seat.round, seat.world_size
+
+    started = time.monotonic()
+    members, errors, finished = [], [], True
+    # In waves below the gate's bound on handshakes under way (storegate.MAX_PENDING_HANDSHAKES): it drops
+    # the connections past it, which a launcher would retry.
+    wave = storegate.MAX_PENDING_HANDSHAKES // 2
+    for first in range(0, nodes, wave):
+        connected, failed, done = in_parallel(
+            [functools.partial(launcher, index) for index in range(first, min(nodes, first + wave))],
+            LAUNCHER_START_TIMEOUT,
+        )
+        members += connected
+        errors += failed
+        finished = finished and done
+    report: dict[str, Any] = {
+        "nodes": nodes, "protocol": "rounds", "start_seconds": time.monotonic() - started, "phases": []
+    }  # fmt: skip
+    if errors or not finished:
+        report["error"] = f"launchers could not start: {errors[:3] or 'timed out'}"
+        return report
+    formation = timed_phase(
+        "formation", [functools.partial(seat_of, m.join) for m in members], store_pid, timeout
+    )
+    report["phases"].append(asdict(formation))
+    if formation.seconds is None:
+        report["error"] = "the group did not form"
+        return report
+    chooser = random.Random(nodes)
+    for attempt in range(reforms):
+        spare = launcher(nodes + attempt)
+        outcome: list[Any] = []
+        thread = threading.Thread(target=lambda s=spare, o=outcome: o.append(seat_of(s.join)), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + LAUNCHER_START_TIMEOUT
+        while members[0].waiting_spares() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        victim = members.pop(chooser.randrange(len(members)))
+        phase = timed_phase(
+            f"re-form {attempt + 1}",
+            [functools.partial(seat_of, functools.partial(m.reform, [victim.uid])) for m in members],
+            store_pid,
+            timeout,
+            waiting=[(thread, outcome)],
+        )
+        members.append(spare)
+        if not recorded(report, phase):
             break
     report["seconds"] = time.monotonic() - started
     return report
@@ -265,16 +357,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keepalive", type=float, nargs=2, default=(1.0, 5.0), metavar=("INTERVAL", "TIMEOUT")
     )
-    args = parser.parse_args(argv)
-    report = emulate(
-        args.nodes,
-        args.reforms,
-        args.endpoint,
-        args.secret_file,
-        args.store_pid,
-        args.timeout,
-        tuple(args.keepalive),
+    parser.add_argument(
+        "--protocol",
+        choices=("c10d", "rounds"),
+        default="c10d",
+        help="c10d: the launcher's rendezvous today; rounds: the store-decided rounds of worker/storerounds.py",
     )
+    args = parser.parse_args(argv)
+    if args.protocol == "rounds":
+        report = emulate_rounds(
+            args.nodes, args.reforms, args.endpoint, args.secret_file, args.store_pid, args.timeout
+        )
+    else:
+        report = emulate(
+            args.nodes,
+            args.reforms,
+            args.endpoint,
+            args.secret_file,
+            args.store_pid,
+            args.timeout,
+            tuple(args.keepalive),
+        )
     print(json.dumps(report), flush=True)
     return 0
 

@@ -7,10 +7,11 @@ Part of ``phalanx bench`` (``--only rendezvous-scale``). The job's store runs as
 their own) form the group, then one member dies N times over (its keep-alives stop, the operator's regroup
 expires its node) and every survivor re-enters the rendezvous beside the waiting spare. Measured per size:
 the time to form, the time to re-form (from the death to the last member's return) and the bytes the store
-process moved for it. This is today's path: torch's dynamic rendezvous (c10d), whose one pickled state is
-read and rewritten by every member, so the bytes per re-form grow with the square of the members. Sizes run
-until one fails to finish within its budget; the report says which and why, and projects the larger sizes
-from the measured slope, labelled as a projection.
+process moved for it. Two protocols side by side: today's path, torch's dynamic rendezvous (c10d), whose one
+pickled state is read and rewritten by every member, so the bytes per re-form grow with the square of the
+members; and the store-decided rounds of worker/storerounds.py, where a re-form writes only the change. Sizes
+run until one fails to finish within its budget; the report says which and why, and projects the larger
+sizes from the measured slope, labelled as a projection.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,12 @@ TITLE = "Rendezvous at scale: form and re-form after a death, N = 8 to 12,500 me
 
 SIZES = (8, 16, 32, 64, 512, 12_500)
 QUICK_SIZES = (8, 16)
+ROUNDS_SIZES = (8, 64, 512, 2048)
+"""The store-decided rounds' sizes: past 2,048 the emulation's own connections, each through the gate and the
+forwarder's check of the kernel's TCP table, take longer than the rendezvous (the report projects 12,500)."""
+ROUNDS_QUICK_SIZES = (8, 64)
+PROTOCOLS = {"c10d": "c10d", "rounds": "store rounds"}
+"""The protocols measured side by side (emulated_launchers --protocol) and their names in the report."""
 REFORMS, QUICK_REFORMS, LARGE_REFORMS = 5, 2, 2
 """Re-forms per size: fewer at 512 and beyond, where one takes minutes."""
 LARGE = 512
@@ -71,14 +79,16 @@ def start_store(secret_file: Path) -> tuple[subprocess.Popen[str], int]:
     raise RuntimeError("the rendezvous store did not start")
 
 
-def run_size(nodes: int, reforms: int, port: int, secret_file: Path, store_pid: int) -> dict[str, Any]:
-    """One size in a driver process of its own; its JSON report, or why there is none."""
+def run_size(
+    nodes: int, reforms: int, port: int, secret_file: Path, store_pid: int, protocol: str = "c10d"
+) -> dict[str, Any]:
+    """One size of one protocol in a driver process of its own; its JSON report, or why there is none."""
     budget = RENDEZVOUS_TIMEOUT * (reforms + 1) + 120 + nodes * 0.2
     command = [
         sys.executable, "-m", "phalanx.bench.emulated_launchers", "--nodes", str(nodes),
         "--reforms", str(reforms), "--endpoint", f"127.0.0.1:{port}", "--secret-file", str(secret_file),
         "--store-pid", str(store_pid), "--timeout", str(RENDEZVOUS_TIMEOUT),
-        "--keepalive", *(str(value) for value in KEEPALIVE),
+        "--keepalive", *(str(value) for value in KEEPALIVE), "--protocol", protocol,
     ]  # fmt: skip
     started = time.monotonic()
     try:
@@ -139,52 +149,66 @@ def emulation_limit(report: dict[str, Any]) -> str:
     )
 
 
-def run(context: Any, quick: bool) -> Any:
-    """Harness entry point (`phalanx bench --only rendezvous-scale`)."""
-    from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Timeout, percentile
-
-    sizes = QUICK_SIZES if quick else SIZES
+def measure(
+    protocol: str, sizes: tuple[int, ...], quick: bool, secret_file: Path
+) -> tuple[list[dict[str, Any]], str]:
+    """Each size of one protocol against a fresh store, until one is not carried; (reports, why it stopped)."""
     reports: list[dict[str, Any]] = []
-    stopped = ""
-    with tempfile.TemporaryDirectory(prefix="phalanx-rdzv-scale-") as scratch:
-        secret_file = Path(scratch) / "secret"
-        secret_file.write_text(secrets.token_hex(32))
-        secret_file.chmod(0o600)
-        for nodes in sizes:
-            reforms = QUICK_REFORMS if quick else (LARGE_REFORMS if nodes >= LARGE else REFORMS)
-            # A fresh store per size: no state of a smaller group lingers in it.
-            store, port = start_store(secret_file)
-            try:
-                report = run_size(nodes, reforms, port, secret_file, store.pid)
-            finally:
-                store.terminate()
-                store.wait(30)
-            reports.append(report)
-            if report.get("error"):
-                stopped = f"N = {nodes} was not carried: {report['error']}"
-                break
+    for nodes in sizes:
+        reforms = QUICK_REFORMS if quick else (LARGE_REFORMS if nodes >= LARGE else REFORMS)
+        # A fresh store per size: no state of a smaller group lingers in it.
+        store, port = start_store(secret_file)
+        try:
+            report = run_size(nodes, reforms, port, secret_file, store.pid, protocol)
+        finally:
+            store.terminate()
+            store.wait(30)
+        reports.append(report)
+        if report.get("error"):
+            return reports, f"{PROTOCOLS[protocol]}: N = {nodes} was not carried: {report['error']}"
+    return reports, ""
 
-    metrics: list[Metric] = []
-    formation_points, reform_points, bytes_points = [], [], []
+
+@dataclass
+class Measured:
+    """One protocol's figures: metrics and the points (N, p50) the fits and the plots take."""
+
+    metrics: list[Any] = field(default_factory=list)
+    formation: list[tuple[float, float]] = field(default_factory=list)
+    reform: list[tuple[float, float]] = field(default_factory=list)
+    bytes: list[tuple[float, float]] = field(default_factory=list)
+
+
+def figures(protocol: str, reports: list[dict[str, Any]]) -> Measured:
+    from phalanx.bench.core import Baseline, Metric, Target, percentile
+
+    # c10d's metrics keep the names of the reports before the store rounds were measured beside it.
+    tag = "" if protocol == "c10d" else f"{PROTOCOLS[protocol]}: "
+    path = (
+        "c10d, today's path"
+        if protocol == "c10d"
+        else "store rounds, worker/storerounds.py: the protocol alone, which the launcher does not use yet"
+    )
+    out = Measured()
     for report in reports:
         nodes = report["nodes"]
         formations = completed([p for p in report["phases"] if p["name"] == "formation"])
         reforms_done = completed(reform_phases(report))
         if formations:
-            formation_points.append((nodes, formations[0]["seconds"]))
+            out.formation.append((nodes, formations[0]["seconds"]))
         if reforms_done:
             times = [phase["seconds"] for phase in reforms_done]
-            reform_points.append((nodes, percentile(times, 0.5)))
+            out.reform.append((nodes, percentile(times, 0.5)))
             moved = [phase["store_bytes"] / 1e6 for phase in reforms_done]
-            bytes_points.append((nodes, percentile(moved, 0.5)))
+            out.bytes.append((nodes, percentile(moved, 0.5)))
             bound = TARGETS.get(nodes)
-            metrics.append(
+            out.metrics.append(
                 Metric(
-                    name=f"re-form, N={nodes}",
+                    name=f"{tag}re-form, N={nodes}",
                     unit="s",
                     samples=times,
                     description=f"one of {nodes} members dead -> every member back from the rendezvous with the "
-                    "hot spare in its place (c10d, today's path)",
+                    f"hot spare in its place ({path})",
                     target=Target(
                         op="<=", value=bound, stat="p50", text=f"<= {bound:g} s p50 at {nodes} members"
                     )
@@ -193,9 +217,9 @@ def run(context: Any, quick: bool) -> Any:
                     baseline=Baseline(text=TORCHELASTIC_PUBLISHED) if nodes >= LARGE else None,
                 )
             )
-            metrics.append(
+            out.metrics.append(
                 Metric(
-                    name=f"bytes per re-form, N={nodes}",
+                    name=f"{tag}bytes per re-form, N={nodes}",
                     unit="MB",
                     samples=moved,
                     description="bytes the store process read and wrote during one re-form (gate and store)",
@@ -207,87 +231,122 @@ def run(context: Any, quick: bool) -> Any:
                 ("store's", "store_cpu_seconds", "CPU time the store process (its gate and its store) spent "
                  "during one re-form"),
             ):  # fmt: skip
-                metrics.append(
+                out.metrics.append(
                     Metric(
-                        name=f"{who} CPU per re-form, N={nodes}",
+                        name=f"{tag}{who} CPU per re-form, N={nodes}",
                         unit="s",
                         samples=[phase[key] for phase in reforms_done],
                         description=description,
                     )
                 )
         if formations:
-            metrics.append(
+            out.metrics.append(
                 Metric(
-                    name=f"formation, N={nodes}",
+                    name=f"{tag}formation, N={nodes}",
                     unit="s",
                     samples=[phase["seconds"] for phase in formations],
-                    description=f"{nodes} launchers asked at once -> the last one back with the formed group",
+                    description=f"{nodes} launchers asked at once -> the last one back with the formed group "
+                    f"({path})",
                 )
             )
+    return out
 
+
+def projections_of(protocol: str, measured: Measured) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """The issue's sizes this machine did not carry, projected from the measured slope, and their notes."""
+    fits = {
+        "formation": power_law(measured.formation),
+        "re-form": power_law(measured.reform),
+        "bytes per re-form": power_law(measured.bytes),
+    }
+    carried = {nodes for nodes, _ in measured.reform}
+    projections: dict[str, dict[int, float]] = {}
+    notes = []
+    for name, fit in fits.items():
+        unit = "MB" if name.startswith("bytes") else "s"
+        for size in PROJECTED:
+            value = None if size in carried else projected(fit, size)
+            if fit is not None and value is not None:
+                projections.setdefault(name, {})[size] = value
+                notes.append(
+                    f"Projection of this emulation on this machine, not a measurement: {PROTOCOLS[protocol]} "
+                    f"{name} at N = {size:,} = {value:.3g} {unit} (power law fitted to the measured sizes, "
+                    f"exponent {fit[1]:.2f})."
+                )
+    return projections, notes
+
+
+def run(context: Any, quick: bool) -> Any:
+    """Harness entry point (`phalanx bench --only rendezvous-scale`)."""
+    from phalanx.bench.core import BenchResult, Series, Timeout
+
+    sizes = {
+        "c10d": QUICK_SIZES if quick else SIZES,
+        "rounds": ROUNDS_QUICK_SIZES if quick else ROUNDS_SIZES,
+    }
+    reports: dict[str, list[dict[str, Any]]] = {}
+    stopped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="phalanx-rdzv-scale-") as scratch:
+        secret_file = Path(scratch) / "secret"
+        secret_file.write_text(secrets.token_hex(32))
+        secret_file.chmod(0o600)
+        for protocol in PROTOCOLS:
+            reports[protocol], stopped[protocol] = measure(protocol, sizes[protocol], quick, secret_file)
+
+    measured = {protocol: figures(protocol, reports[protocol]) for protocol in PROTOCOLS}
     notes = [
-        "Today's path, the baseline the issue's new protocol is to beat: torch's dynamic rendezvous (c10d) as "
-        "the launcher sets it up (poll interval scaled with the group, worker/rendezvous.py), its state one "
-        "pickled object that every member reads and rewrites by compare-and-set.",
+        "Two protocols side by side, each against a fresh store per size. c10d is today's path and the "
+        "baseline: torch's dynamic rendezvous as the launcher sets it up (poll interval scaled with the group, "
+        "worker/rendezvous.py), its state one pickled object that every member reads and rewrites by "
+        "compare-and-set. Store rounds (worker/storerounds.py) decide each round in the store: a ticket per "
+        "member at formation, and at a re-form one decider that writes only the change (the departed, the "
+        "spare's seat, the ranks that move); survivors keep their ranks. The launcher does not use store "
+        "rounds yet: their figures are the protocol's, through the same gate and store.",
         "The store runs as in the job's rendezvous pod, behind the job's gate (every byte passes the gate's "
-        "relay); the members are emulated launchers in one process of their own, one thread each, with the "
-        "launcher's own rendezvous client: on 2 cores the members' own CPU competes with the store's, which a "
-        "real job spreads over N machines.",
+        "relay); the members are emulated launchers in one process of their own, one thread each: on 2 cores "
+        "the members' own CPU competes with the store's, which a real job spreads over N machines.",
         "A re-form starts at the member's death, with the operator's regroup already at hand (its node expired "
         "at once); the operator's detection time and the launchers' monitor interval (0.2 s) come on top.",
     ]
-    busy = [
-        (report["nodes"], phase["members_cpu_seconds"] / phase["seconds"])
-        for report in reports
-        for phase in completed(reform_phases(report))
-        if phase["seconds"]
-    ]
-    if busy:
-        by_size = {nodes: max(cores for size, cores in busy if size == nodes) for nodes, _ in busy}
-        notes.append(
-            "The emulated members kept "
-            + ", ".join(f"{cores:.1f} cores busy at N = {nodes}" for nodes, cores in by_size.items())
-            + f" of the machine's {os.cpu_count()} (most in one interpreter, under its lock): the times are what "
-            "one machine takes to run every member's share of the protocol, an upper bound on a real job's, "
-            "whose members each have a machine; the bytes and the store's CPU are the store's own, as in a job."
-        )
-    fits = {
-        "formation": power_law(formation_points),
-        "re-form": power_law(reform_points),
-        "bytes per re-form": power_law(bytes_points),
-    }
-    measured = {nodes for nodes, _ in reform_points}
-    projections: dict[str, dict[int, float]] = {}
-    for name, fit in fits.items():
-        if fit is None:
-            continue
-        unit = "MB" if name.startswith("bytes") else "s"
-        for size in PROJECTED:
-            if size in measured:
-                continue
-            value = projected(fit, size)
-            if value is not None:
-                projections.setdefault(name, {})[size] = value
-                notes.append(
-                    f"Projection of this emulation on this machine, not a measurement: {name} at N = {size:,} = "
-                    f"{value:.3g} {unit} (power law fitted to the measured sizes, exponent {fit[1]:.2f})."
-                )
-    if stopped:
-        notes.insert(0, stopped + "." + emulation_limit(reports[-1]))
+    for protocol, why in stopped.items():
+        if why:
+            limit = emulation_limit(reports[protocol][-1]) if protocol == "c10d" else ""
+            notes.insert(0, why + "." + limit)
+    for protocol in PROTOCOLS:
+        busy = [
+            (report["nodes"], phase["members_cpu_seconds"] / phase["seconds"])
+            for report in reports[protocol]
+            for phase in completed(reform_phases(report))
+            if phase["seconds"]
+        ]
+        if busy:
+            by_size = {nodes: max(cores for size, cores in busy if size == nodes) for nodes, _ in busy}
+            notes.append(
+                f"{PROTOCOLS[protocol]}: the emulated members kept "
+                + ", ".join(f"{cores:.1f} cores busy at N = {nodes}" for nodes, cores in by_size.items())
+                + f" of the machine's {os.cpu_count()} (most in one interpreter, under its lock): the times are "
+                "what one machine takes to run every member's share of the protocol, an upper bound on a real "
+                "job's, whose members each have a machine; the bytes and the store's CPU are the store's own."
+            )
+    projections: dict[str, dict[str, dict[int, float]]] = {}
+    for protocol in PROTOCOLS:
+        projections[protocol], projected_notes = projections_of(protocol, measured[protocol])
+        notes.extend(projected_notes)
     series = [
-        Series(name=name, x=[float(x) for x, _ in points], y=[y for _, y in points], x_label="members (N)",
-               y_label=unit, chart=chart)
+        Series(name=f"{PROTOCOLS[protocol]} {name}", x=[float(x) for x, _ in points], y=[y for _, y in points],
+               x_label="members (N)", y_label=unit, chart=chart, log_log=True)
+        for protocol in PROTOCOLS
         for name, points, unit, chart in (
-            ("formation p50", formation_points, "s", "time against N"),
-            ("re-form p50", reform_points, "s", "time against N"),
-            ("bytes per re-form p50", bytes_points, "MB", "bytes per re-form against N"),
+            ("formation p50", measured[protocol].formation, "s", "time against N (log-log)"),
+            ("re-form p50", measured[protocol].reform, "s", "time against N (log-log)"),
+            ("bytes per re-form p50", measured[protocol].bytes, "MB", "bytes per re-form against N (log-log)"),
         )
         if points
     ]  # fmt: skip
     return BenchResult(
         name=NAME,
         title=TITLE,
-        metrics=metrics,
+        metrics=[metric for protocol in PROTOCOLS for metric in measured[protocol].metrics],
         timeouts=[
             Timeout(name="rendezvous keep-alive interval", seconds=KEEPALIVE[0], source="launcher default"),
             Timeout(name="rendezvous keep-alive timeout", seconds=KEEPALIVE[1], source="launcher default"),

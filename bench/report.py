@@ -338,6 +338,9 @@ def write_plots(results: list[BenchResult], out: Path) -> list[Path]:
         for axis, (chart, series_list) in zip(flat[len(metrics) :], charts.items(), strict=False):
             for series in series_list:
                 axis.plot(series.x, series.y, label=series.name, linewidth=1)
+            if any(series.log_log for series in series_list):
+                axis.set_xscale("log")
+                axis.set_yscale("log")
             axis.set_title(chart, fontsize=8)
             axis.set_xlabel(series_list[0].x_label, fontsize=8)
             axis.set_ylabel(series_list[0].y_label, fontsize=8)

@@ -57,3 +57,20 @@ def test_emulated_launchers_form_and_re_form_a_group_through_the_gated_store(sto
         assert phase["seconds"] > 0 and phase["world_sizes"] == [3] and not phase["failures"]
         # The rendezvous state crossed the store's gate: bytes counted at the store process.
         assert phase["store_bytes"] > 1000
+
+
+def test_store_rounds_re_form_through_the_gated_store_with_the_spare_in_place(store) -> None:  # type: ignore[no-untyped-def]
+    process, port, secret_file = store
+    report = emulated_launchers.emulate_rounds(
+        nodes=4,
+        reforms=2,
+        endpoint=f"127.0.0.1:{port}",
+        secret_file=str(secret_file),
+        store_pid=process.pid,
+        timeout=60,
+    )
+    assert "error" not in report, report
+    assert [phase["rounds"] for phase in report["phases"]] == [[1], [2], [3]]
+    for phase in report["phases"]:
+        # The spare's seat is among the results: the group is whole again at every round.
+        assert phase["world_sizes"] == [4] and not phase["failures"] and phase["store_bytes"] > 100

@@ -1,0 +1,169 @@
+"""Rendezvous rounds decided in the store (worker/storerounds.py): the plan's arithmetic, and whole groups of
+members on threads against a real TCPStore server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from phalanx.worker import rendezvous
+from phalanx.worker.storerounds import Departed, Plan, RendezvousFailed, Seat, StoreRounds, decide
+
+
+@pytest.fixture
+def server() -> Iterator[dist.TCPStore]:
+    store = rendezvous.serve("127.0.0.1", 0)
+    yield store
+
+
+def member(server: dist.TCPStore, uid: str, **options: Any) -> StoreRounds:
+    client = dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20)
+    )
+    settings = {"min_nodes": 4, "max_nodes": 4, "last_call": 5.0, "timeout": 20.0, **options}
+    return StoreRounds(client, uid, f"addr-{uid}", **settings)
+
+
+def together(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run the calls on threads at once; their results (or the exceptions they raised), in order."""
+    results: list[Any] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except Exception as error:
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+def formed(server: dist.TCPStore, size: int, **options: Any) -> list[StoreRounds]:
+    members = [
+        member(server, f"m{index}", min_nodes=size, max_nodes=size, **options) for index in range(size)
+    ]
+    seats = together([m.join for m in members])
+    assert sorted(seat.rank for seat in seats) == list(range(size)), seats
+    assert {seat.world_size for seat in seats} == {size}
+    return members
+
+
+def standing_by(spare: StoreRounds, seen_by: StoreRounds) -> tuple[threading.Thread, list[Any]]:
+    """The spare joins on a thread of its own; returns once `seen_by` (a member: the spare's own connection
+    is busy waiting) sees it queued."""
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(spare.join()))
+    thread.start()
+    while seen_by.waiting_spares() == 0:
+        thread.join(0.01)
+    return thread, outcome
+
+
+def test_a_spare_takes_the_departed_rank_and_ranks_stay_dense_when_spares_run_short() -> None:
+    plan, left = decide(2, 8, {"dead": 3}, ["s1", "s2"], max_nodes=8)
+    assert (plan.size, plan.seats, plan.moves, left) == (8, {"s1": 3}, {}, ["s2"])
+    # Two deaths, one spare: the spare fills the lower hole, rank 7 moves into the other.
+    plan, left = decide(2, 8, {"a": 5, "b": 2}, ["s1"], max_nodes=8)
+    assert (plan.size, plan.seats, plan.moves, left) == (7, {"s1": 2}, {7: 5}, [])
+    # No spare: the highest ranks move down; a hole above the new size needs no mover.
+    plan, _ = decide(2, 8, {"a": 7, "b": 1, "c": 4}, [], max_nodes=8)
+    assert (plan.size, plan.moves) == (5, {5: 1, 6: 4})
+    # No death: waiting spares grow the group up to its maximum, at the end.
+    plan, left = decide(3, 5, {}, ["s1", "s2", "s3"], max_nodes=6)
+    assert (plan.size, plan.seats, left) == (6, {"s1": 5}, ["s2", "s3"])
+
+
+def test_the_plan_of_one_death_is_the_same_size_whatever_the_group() -> None:
+    small, _ = decide(2, 8, {"uid-3": 3}, ["uid-spare"], max_nodes=8)
+    large, _ = decide(2, 12_500, {"uid-3": 3}, ["uid-spare"], max_nodes=12_500)
+    assert len(large.encode()) - len(small.encode()) <= 4  # only the size's digits differ
+    assert Plan.parse(large.encode()) == large
+
+
+@pytest.mark.parametrize("raw", [b"\x80\x04pickled", b"{}", b'{"round": "x", "size": 2}', b"[1, 2]"])
+def test_a_plan_that_is_not_ours_is_refused(raw: bytes) -> None:
+    with pytest.raises(RendezvousFailed):
+        Plan.parse(raw)
+
+
+def test_a_group_forms_with_dense_ranks_and_a_hot_spare_takes_a_dead_members_place(
+    server: dist.TCPStore,
+) -> None:
+    members = formed(server, 4)
+    assert members[0].master_address(1, 5) == f"addr-{next(m.uid for m in members if m.seat.rank == 0)}"
+    spare_thread, spare_seat = standing_by(member(server, "spare"), members[0])
+    before = {m.uid: m.seat for m in members}
+    dead = next(m for m in members if m.seat.rank == 2)
+    survivors = [m for m in members if m is not dead]
+    seats = together([lambda m=m: m.reform([dead.uid]) for m in survivors])
+    spare_thread.join(30)
+    assert spare_seat == [Seat(2, 2, 4)]
+    assert all(seat == Seat(2, before[m.uid].rank, 4) for m, seat in zip(survivors, seats, strict=True)), (
+        seats
+    )
+    # The departed member learns it has no seat when it asks.
+    with pytest.raises(Departed):
+        dead.reform([dead.uid])
+
+
+def test_without_a_spare_the_group_shrinks_and_only_the_ranks_past_its_end_move(
+    server: dist.TCPStore,
+) -> None:
+    members = formed(server, 6)
+    by_rank = {m.seat.rank: m for m in members}
+    dead = [by_rank[1], by_rank[4]]
+    survivors = [m for m in members if m not in dead]
+    together([lambda m=m: m.reform([d.uid for d in dead]) for m in survivors])
+    ranks = {m.uid: m.seat.rank for m in survivors}
+    assert sorted(ranks.values()) == [0, 1, 2, 3]
+    assert {m.seat.world_size for m in survivors} == {4}
+    assert ranks[by_rank[0].uid] == 0 and ranks[by_rank[2].uid] == 2 and ranks[by_rank[3].uid] == 3
+    assert ranks[by_rank[5].uid] == 1  # rank 5 moved into the lower hole
+
+
+def test_a_member_away_for_two_rounds_catches_up_through_both_plans(server: dist.TCPStore) -> None:
+    members = formed(server, 4)
+    by_rank = {m.seat.rank: m for m in members}
+    laggard = by_rank[3]
+    first, second = by_rank[1], by_rank[0]
+    # Two deaths in turn, the laggard taking part in neither re-form.
+    together([lambda m=m: m.reform([first.uid]) for m in (by_rank[0], by_rank[2])])
+    by_rank[2].reform([second.uid])
+    seat = laggard.reform([first.uid])
+    assert seat.round == 3 and seat.world_size == 2
+    assert sorted([seat.rank, by_rank[2].seat.rank]) == [0, 1]
+
+
+def test_below_its_maximum_the_group_closes_at_the_last_call(server: dist.TCPStore) -> None:
+    members = [member(server, f"m{index}", min_nodes=2, max_nodes=4, last_call=0.5) for index in range(3)]
+    seats = together([m.join for m in members])
+    assert sorted(seat.rank for seat in seats) == [0, 1, 2] and {seat.world_size for seat in seats} == {3}
+    # A fourth arrives after the close: a spare, which a growth round seats at the end.
+    late = member(server, "late", min_nodes=2, max_nodes=4)
+    thread, outcome = standing_by(late, members[0])
+    together([lambda m=m: m.reform() for m in members])
+    thread.join(30)
+    assert outcome == [Seat(2, 3, 4)] and {m.seat.world_size for m in members} == {4}
+
+
+def test_too_few_members_by_the_last_call_is_a_failure_in_time(server: dist.TCPStore) -> None:
+    alone = member(server, "alone", min_nodes=2, max_nodes=4, last_call=0.2, timeout=1.0)
+    with pytest.raises(RendezvousFailed, match="not decided"):
+        alone.join()
+
+
+def test_a_departed_pod_that_never_had_a_seat_does_not_hold_up_the_round(server: dist.TCPStore) -> None:
+    members = formed(server, 4, timeout=10.0)
+    dead = next(m for m in members if m.seat.rank == 1)
+    survivors = [m for m in members if m is not dead]
+    seats = together([lambda m=m: m.reform([dead.uid, "a-spare-that-died-waiting"]) for m in survivors])
+    assert {seat.world_size for seat in seats} == {3} and sorted(seat.rank for seat in seats) == [0, 1, 2]
