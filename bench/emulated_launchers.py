@@ -287,8 +287,7 @@ def emulate_rounds(
 
     def launcher(index: int) -> StoreRounds:
         store = rendezvous.connect(host, int(port), timeout, secret)
-        return StoreRounds(store, f"uid-{index}", f"10.0.{index // 250}.{index % 250}:29400", nodes, nodes,
-                           timeout=timeout)  # fmt: skip
+        return StoreRounds(store, f"uid-{index}", nodes, nodes, timeout=timeout)
 
     def seat_of(call: Callable[[], Any]) -> tuple[int, int]:
         seat = call()

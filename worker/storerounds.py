@@ -137,7 +137,6 @@ class StoreRounds:
         self,
         store: Any,
         uid: str,
-        address: str,
         min_nodes: int,
         max_nodes: int,
         last_call: float = 30.0,
@@ -145,7 +144,6 @@ class StoreRounds:
     ) -> None:
         self.store = store
         self.uid = uid
-        self.address = address
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
         self.last_call, self.timeout = last_call, timeout
         self.seat: Seat | None = None
@@ -180,8 +178,10 @@ class StoreRounds:
             self._write_plan(Plan(FIRST_ROUND, joined))
 
     def _wait_as_spare(self, deadline: float) -> Seat:
-        # A line of spares kept by two counters (the store's own queue does not pass the job's gate): the
-        # n-th spare to arrive is `spares/<n>`, and the deciders take them in that order.
+        # A line of spares kept by two counters, not the store's own queue: torch's `queue_len` keeps the
+        # interpreter's lock while it waits for the answer, and the gate's forwarder (worker/storegate.py) is a
+        # thread of this same interpreter, so behind the gate the call never returns. The n-th spare to arrive
+        # is `spares/<n>`, and the deciders take them in that order.
         place = int(self.store.add(SPARES_PUSHED, 1))
         self.store.set(_spare_key(place), self.uid)
         key = _seat_key(self.uid)
@@ -253,20 +253,11 @@ class StoreRounds:
     # The store.
 
     def _seated(self, seat: Seat, moved: bool = True) -> Seat:
-        """Record the seat (only a member whose rank changed writes) and, as rank 0, the round's address."""
+        """Record the seat: only a member whose rank changed writes."""
         if moved:
             self.store.set(_rank_key(self.uid), str(seat.rank))
-        if seat.rank == 0:
-            self.store.set(_master_key(seat.round), self.address)
         self.seat = seat
         return seat
-
-    def master_address(self, round_number: int, timeout: float) -> str:
-        """The address rank 0 of a round published (the workers' bootstrap)."""
-        key = _master_key(round_number)
-        if not self._wait_for(key, timeout):
-            raise RendezvousFailed(f"no rank 0 address for round {round_number} within {timeout:.0f} s")
-        return bytes(self.store.get(key)).decode()
 
     def waiting_spares(self) -> int:
         """Spares queued for a seat."""
@@ -311,8 +302,9 @@ def _plan_key(round_number: int) -> str:
     return f"{PREFIX}/{round_number}/plan"
 
 
-def _master_key(round_number: int) -> str:
-    return f"{PREFIX}/{round_number}/master"
+def group_prefix(round_number: int) -> str:
+    """Where a round's group keeps its own keys in the store (torchelastic's, the workers' bootstrap)."""
+    return f"{PREFIX}/{round_number}/group"
 
 
 def _seat_key(uid: str) -> str:

@@ -3,9 +3,12 @@ members on threads against a real TCPStore server."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +29,7 @@ def member(server: dist.TCPStore, uid: str, **options: Any) -> StoreRounds:
         "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20)
     )
     settings = {"min_nodes": 4, "max_nodes": 4, "last_call": 5.0, "timeout": 20.0, **options}
-    return StoreRounds(client, uid, f"addr-{uid}", **settings)
+    return StoreRounds(client, uid, **settings)
 
 
 def together(calls: list[Callable[[], Any]]) -> list[Any]:
@@ -99,7 +102,6 @@ def test_a_group_forms_with_dense_ranks_and_a_hot_spare_takes_a_dead_members_pla
     server: dist.TCPStore,
 ) -> None:
     members = formed(server, 4)
-    assert members[0].master_address(1, 5) == f"addr-{next(m.uid for m in members if m.seat.rank == 0)}"
     spare_thread, spare_seat = standing_by(member(server, "spare"), members[0])
     before = {m.uid: m.seat for m in members}
     dead = next(m for m in members if m.seat.rank == 2)
@@ -167,3 +169,63 @@ def test_a_departed_pod_that_never_had_a_seat_does_not_hold_up_the_round(server:
     survivors = [m for m in members if m is not dead]
     seats = together([lambda m=m: m.reform([dead.uid, "a-spare-that-died-waiting"]) for m in survivors])
     assert {seat.world_size for seat in seats} == {3} and sorted(seat.rank for seat in seats) == [0, 1, 2]
+
+
+def test_torchruns_handler_gives_each_round_its_own_store_and_bootstrap_and_says_when_to_re_form(
+    server: dist.TCPStore,
+) -> None:
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
+
+    from phalanx.worker.roundshandler import StoreRoundsHandler
+
+    handlers = [
+        StoreRoundsHandler(member(server, f"m{index}", min_nodes=3, max_nodes=3), "job", f"10.0.0.{index}")
+        for index in range(3)
+    ]
+    infos = together([handler.next_rendezvous for handler in handlers])
+    assert sorted(info.rank for info in infos) == [0, 1, 2] and {info.world_size for info in infos} == {3}
+    first = next(info for info in infos if info.rank == 0)
+    addresses = {
+        (info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port) for info in infos
+    }
+    assert addresses == {(first.bootstrap_store_info.master_addr, first.bootstrap_store_info.master_port)}
+    assert all(handler.num_nodes_waiting() == 0 for handler in handlers)
+
+    by_rank = {info.rank: handler for info, handler in zip(infos, handlers, strict=True)}
+    dead, mover, laggard = by_rank[1], by_rank[2], by_rank[0]
+    mover.note_departed([dead.rounds.uid])
+
+    def follow() -> Any:
+        # The laggard's agent learns from its monitor that the group moved on, and follows.
+        while laggard.num_nodes_waiting() == 0:
+            threading.Event().wait(0.01)
+        return laggard.next_rendezvous()
+
+    moved, followed = together([mover.next_rendezvous, follow])
+    assert (moved.rank, followed.rank, moved.world_size) == (1, 0, 2)
+    # Each round's keys live apart: the first round's bootstrap is not the second's.
+    followed.store.set("probe", "round 2")
+    assert not first.store.check(["probe"])
+    with pytest.raises(RendezvousGracefulExitError):
+        dead.next_rendezvous()
+    laggard.set_closed()
+    with pytest.raises(RendezvousClosedError):
+        mover.next_rendezvous()
+
+
+def test_torchs_elastic_agents_form_a_gloo_group_through_the_handler(
+    server: dist.TCPStore, tmp_path: Path
+) -> None:
+    """Two nodes, each torch's own LocalElasticAgent with the handler: their workers find each other at the
+    round's bootstrap address and all-reduce."""
+    agent = Path(__file__).with_name("rounds_agent.py")
+    nodes = [
+        subprocess.Popen([sys.executable, str(agent), str(server.port), f"node-{index}", "2", str(tmp_path)])
+        for index in range(2)
+    ]
+    assert [node.wait(120) for node in nodes] == [0, 0]
+    outcomes = {path.name: path.read_text().split() for path in tmp_path.glob("rank-*")}
+    assert sorted(outcomes) == ["rank-0", "rank-1"]
+    # World of 2, the all-reduce of 1 + 2, one bootstrap address for both.
+    assert {tuple(words[:2]) for words in outcomes.values()} == {("2", "3")}
+    assert len({words[2] for words in outcomes.values()}) == 1
