@@ -206,8 +206,12 @@ class SnapshotStore:
         self._maps: dict[Path, _Mapping] = {}
         # Slots are prepared on a helper thread (`prepare`) while training runs: a lock per slot orders the
         # helper and the training thread's use of its file and mapping, so a save never waits for another slot.
-        self._lock = threading.Lock()
-        self._slot_locks = {slot: threading.Lock() for slot in self.slot_paths}
+        # Reentrant: the SIGTERM save runs in a signal handler on the training thread, which may have been
+        # interrupted while it held one; a plain lock would wait for itself forever. So every state a holder
+        # leaves between two statements is one a reentrant caller can use (`_mapping`), and the interrupted
+        # holder never resumes (the handler ends the process).
+        self._lock = threading.RLock()
+        self._slot_locks = {slot: threading.RLock() for slot in self.slot_paths}
         self._preparing: threading.Thread | None = None
         self.copier = devicecopy.DeviceCopier()
         """Issues device-to-host copies so that training overlaps them (worker/checkpoint/devicecopy.py)."""
@@ -267,8 +271,9 @@ class SnapshotStore:
             if current is not None and current.size >= needed and (current.pinned or not pin):
                 return current
             if current is not None:
-                current.release()
+                # Forgotten before it is released: a reentrant caller never finds a released mapping.
                 del self._maps[slot]
+                current.release()
             fd = self._fd(slot)
             current_size = os.fstat(fd).st_size
             size = max(current_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
@@ -300,7 +305,10 @@ class SnapshotStore:
                     log.info("preparing snapshot slot %s failed: %s", slot, error)
                     return
 
-        self.wait_prepared()
+        if self._preparing is not None and self._preparing.is_alive():
+            # Never waited for on a save's path: the helper may wait for a slot lock that a save interrupted
+            # by SIGTERM holds on this very thread. A save grows its own slot; the next one asks again.
+            return
         self._preparing = threading.Thread(target=work, name="phalanx-slot-prepare", daemon=True)
         self._preparing.start()
 

@@ -81,3 +81,32 @@ def test_rng_restored_per_rank_after_group_resume_from_disk(workdir: Path) -> No
     assert [result["source"] for result in resumed] == ["disk", "disk"]
     assert [result["draws"] for result in resumed] == [result["draws"] for result in saved]
     assert saved[0]["draws"] != saved[1]["draws"]
+
+
+def test_the_sigterm_save_completes_when_it_interrupted_a_save_holding_the_slot_locks(workdir: Path) -> None:
+    """The SIGTERM save runs in a signal handler on the training thread, which may be inside a save holding
+    the store's locks: the handler's own save must not wait for them (it would wait for itself forever)."""
+    import contextlib
+    import threading
+
+    state = build_state()
+    ckpt = Checkpointer(state, workdir / "ckpt", interval_steps=1000)
+    advance_to(state, 1)
+    ckpt.save(1)
+    advance_to(state, 2)  # a step finished, its snapshot not taken: the handler takes it
+    store = ckpt.store
+    outcome: list[int | None] = []
+
+    def interrupted_save() -> None:
+        # As the handler finds them: this very thread holds the store's lock and every slot's.
+        with contextlib.ExitStack() as held:
+            for lock in (store._lock, *store._slot_locks.values()):
+                held.enter_context(lock)
+            outcome.append(ckpt.emergency_save())
+
+    thread = threading.Thread(target=interrupted_save, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the emergency save waited for locks its own thread held"
+    ckpt.close()
+    assert outcome == [2] and durable.complete_steps(workdir / "ckpt") == [2]
