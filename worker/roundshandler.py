@@ -17,7 +17,9 @@ import threading
 from collections.abc import Iterable
 
 import torch.distributed as dist
-from torch.distributed.elastic.rendezvous.api import (
+
+from phalanx.worker.storerounds import PREFIX, Departed, RendezvousFailed, StoreRounds, group_prefix
+from phalanx.worker.torch_elastic import (
     RendezvousClosedError,
     RendezvousGracefulExitError,
     RendezvousHandler,
@@ -25,8 +27,6 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
-
-from phalanx.worker.storerounds import PREFIX, Departed, RendezvousFailed, StoreRounds, group_prefix
 
 BACKEND = "phalanx-rounds"
 CLOSED_KEY = f"{PREFIX}/closed"

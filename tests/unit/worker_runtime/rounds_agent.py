@@ -8,12 +8,10 @@ import tempfile
 from datetime import timedelta
 
 import torch.distributed as dist
-from torch.distributed.elastic.agent.server.api import WorkerSpec
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
 from phalanx.worker.roundshandler import StoreRoundsHandler
 from phalanx.worker.storerounds import StoreRounds
+from phalanx.worker.torch_elastic import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec
 
 WORKER = """
 import os, sys, torch, torch.distributed as dist

@@ -174,9 +174,8 @@ def test_a_departed_pod_that_never_had_a_seat_does_not_hold_up_the_round(server:
 def test_torchruns_handler_gives_each_round_its_own_store_and_bootstrap_and_says_when_to_re_form(
     server: dist.TCPStore,
 ) -> None:
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
-
     from phalanx.worker.roundshandler import StoreRoundsHandler
+    from phalanx.worker.torch_elastic import RendezvousClosedError, RendezvousGracefulExitError
 
     handlers = [
         StoreRoundsHandler(member(server, f"m{index}", min_nodes=3, max_nodes=3), "job", f"10.0.0.{index}")
