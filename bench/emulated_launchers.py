@@ -204,11 +204,12 @@ def standing_by(spare: Any) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
-def recorded(report: dict[str, Any], phase: Phase) -> bool:
-    """Add a re-form to the report; False (with the report's error said) when it did not finish."""
+def recorded(report: dict[str, Any], phase: Phase, failure: str = "") -> bool:
+    """Add a phase to the report; False, with the report's error said (`failure`, else that the phase did
+    not finish), when it did not finish."""
     report["phases"].append(asdict(phase))
     if phase.seconds is None:
-        report["error"] = f"{phase.name} did not finish"
+        report["error"] = failure or f"{phase.name} did not finish"
     return phase.seconds is not None
 
 
@@ -244,10 +245,9 @@ def emulate(
     if errors or not finished:
         report["error"] = f"launchers could not start: {errors[:3] or 'timed out'}"
         return report
-    formation = timed_rendezvous("formation", members, store_pid, timeout)
-    report["phases"].append(asdict(formation))
-    if formation.seconds is None:
-        report["error"] = "the group did not form"
+    if not recorded(
+        report, timed_rendezvous("formation", members, store_pid, timeout), "the group did not form"
+    ):
         return report
     chooser = random.Random(nodes)
     for attempt in range(reforms):
@@ -315,9 +315,7 @@ def emulate_rounds(
     formation = timed_phase(
         "formation", [functools.partial(seat_of, m.join) for m in members], store_pid, timeout
     )
-    report["phases"].append(asdict(formation))
-    if formation.seconds is None:
-        report["error"] = "the group did not form"
+    if not recorded(report, formation, "the group did not form"):
         return report
     chooser = random.Random(nodes)
     for attempt in range(reforms):

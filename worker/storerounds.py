@@ -226,7 +226,8 @@ class StoreRounds:
             uid: _as_int(raw) for uid in departed if (raw := self._get_or_none(_rank_key(uid))) is not None
         }
         taken = int(self.store.add(SPARES_TAKEN, 0))
-        wanted = min(self.waiting_spares(), len(ranks) + max(0, self.max_nodes - previous.world_size))
+        waiting = int(self.store.add(SPARES_PUSHED, 0)) - taken
+        wanted = min(waiting, len(ranks) + max(0, self.max_nodes - previous.world_size))
         spares: list[str] = []
         for place in range(taken + 1, taken + 1 + wanted):
             # A spare counts itself in, then names itself: one not named yet waits for the next round.
