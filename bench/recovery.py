@@ -1,10 +1,12 @@
 """Recovery from a killed worker: time from the kill to the first completed step after resume, by stage.
 
-Three variants run in the same benchmark, each as one long TrainingJob of the tiny GPT (2 active workers,
+Four variants run in the same benchmark, each as one long TrainingJob of the tiny GPT (2 active workers,
 `minReplicas` = 2 so training never goes on short-handed) killed again and again, one SIGKILL per trial:
 
 - `hot-spare`: one spare pod, already running and standing by in the rendezvous (the operator refills it
   after each promotion, before the next trial);
+- `hot-spare-rounds`: the same, with the rendezvous rounds decided in the store (`rendezvous.protocol: rounds`,
+  worker/storerounds.py) instead of torch's c10d rendezvous;
 - `new-pod`: no spare: the operator creates a replacement pod and the survivors wait for it;
 - `restart-job`: what other operators do: a failure-policy rule sends the kill (exit code 137) to
   `RestartJob`, so every pod is deleted and recreated and training restarts from the last durable
@@ -65,6 +67,8 @@ class Variant:
     title: str
     spares: int
     restart_job: bool = False
+    protocol: str = "c10d"
+    """The job's `rendezvous.protocol`."""
 
 
 VARIANTS = (
@@ -72,6 +76,12 @@ VARIANTS = (
     Variant("new-pod", "no spare: a new pod replaces the worker (spares=0)", spares=0),
     Variant(
         "restart-job", "baseline: RestartJob, resume from the durable checkpoint", spares=0, restart_job=True
+    ),
+    Variant(
+        "hot-spare-rounds",
+        "hot spare, rounds decided in the store (rendezvous.protocol=rounds)",
+        spares=1,
+        protocol="rounds",
     ),
 )
 RESTART_RULE = {
@@ -239,14 +249,16 @@ def stalls(trials: list[Trial]) -> list[str]:
 
 def metrics_for(variant: Variant, trials: list[Trial]) -> list[Metric]:
     name = variant.name
-    spare = variant.name == "hot-spare"
-    replaced = variant.name in ("hot-spare", "new-pod")
+    spare = variant.name in ("hot-spare", "hot-spare-rounds")
+    replaced = variant.name in ("hot-spare", "hot-spare-rounds", "new-pod")
     total_target = {
         "hot-spare": Target(op="<=", value=2, stat="p50", text="p50 <= 2 s with a hot spare"),
+        "hot-spare-rounds": Target(op="<=", value=2, stat="p50", text="p50 <= 2 s with a hot spare"),
         "new-pod": Target(op="<=", value=5, stat="p50", text="p50 <= 5 s with a new pod (no spare)"),
     }.get(name)
-    # The restart-everything baseline is a peer of its own: the report sets it beside the hot spare.
-    peer = variant.restart_job
+    # The restart-everything baseline is a peer of its own, and the rounds protocol is measured against torch's
+    # c10d: the report sets each beside the hot spare.
+    peer = variant.restart_job or variant.protocol != "c10d"
     total = Metric(
         name=f"{name}: kill -> first step",
         unit="s",
@@ -346,6 +358,7 @@ class RunningJob:
             heartbeat=HEARTBEAT,
             failure_rules=[RESTART_RULE] if variant.restart_job else None,
         )
+        job["spec"].setdefault("rendezvous", {})["protocol"] = variant.protocol
         self.run = faults.TrainingRun(cluster, f"bench-recovery-{variant.name}", job)
         # The first kill comes after the first durable checkpoint, so the baseline has one to resume from.
         self.settled_step = CHECKPOINT_INTERVAL

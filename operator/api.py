@@ -39,6 +39,7 @@ DATE_TIME: JsonDict = {"format": "date-time"}
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]
 PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
+RendezvousProtocol = Literal["c10d", "rounds"]
 JobState = contract.JobState
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 AUTO_INTERVAL = "auto"
@@ -409,6 +410,11 @@ class RendezvousSpec(ApiModel):
         ),
     )
 
+    protocol: RendezvousProtocol = "c10d"
+    """How the workers form and re-form their group (`PHALANX_RDZV_PROTOCOL`). `c10d`: torch's dynamic rendezvous,
+    one shared state that every worker reads and rewrites, its cost per re-form growing with the square of the
+    workers. `rounds`: rounds decided in the store, where survivors keep their ranks, a hot spare takes the failed
+    worker's, and a re-form costs in proportion to the change; for groups of hundreds of pods and more."""
     port: int = Field(default=29400, ge=1, le=65535)
     """Port of the rendezvous store."""
     image: str | None = None

@@ -12,6 +12,12 @@ from typing import Any
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--rdzv-endpoint", help="host:port of the rendezvous store (env PHALANX_RDZV_ENDPOINT)")
+    add(
+        "--rdzv-protocol",
+        dest="rdzv_protocol",
+        choices=["c10d", "rounds"],
+        help="c10d: torch's rendezvous; rounds: rounds decided in the store (env PHALANX_RDZV_PROTOCOL)",
+    )
     add("--rdzv-id", dest="run_id", help="rendezvous id (env PHALANX_JOB_UID)")
     add("--nnodes", help="N or MIN:MAX launchers (env PHALANX_MIN_NODES, PHALANX_MAX_NODES)")
     add("--max-nodes-file", help="file with the desired active nodes, polled (env PHALANX_MAX_NODES_FILE)")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 # Environment variable -> LaunchSettings field.
 ENV_FIELDS: dict[str, str] = {
     "PHALANX_RDZV_ENDPOINT": "rdzv_endpoint",
+    "PHALANX_RDZV_PROTOCOL": "rdzv_protocol",
     "PHALANX_JOB_UID": "run_id",
     "PHALANX_JOB_NAME": "job_name",
     "PHALANX_MIN_NODES": "min_nodes",
@@ -83,6 +84,9 @@ class LaunchSettings(BaseModel):
 
     rdzv_endpoint: str = Field(min_length=1)
     """`host:port` of the job's rendezvous store (never hosted by a worker)."""
+    rdzv_protocol: Literal["c10d", "rounds"] = "c10d"
+    """How the group forms and re-forms: `c10d`, torch's dynamic rendezvous (one shared state, keep-alives);
+    `rounds`, rounds decided in the store, whose cost per re-form grows with the change (worker/storerounds.py)."""
     run_id: str = Field(default="phalanx-local", min_length=1)
     """Rendezvous id: the TrainingJob uid, so two jobs never share a rendezvous."""
     job_name: str = ""

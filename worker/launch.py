@@ -4,7 +4,8 @@
 
 Settings come from the operator's environment contract (docs/ARCHITECTURE.md); flags override them.
 What this adds to torchrun (see worker/README.md):
-- c10d rendezvous against an external store (worker/rendezvous.py), fast timeouts, a standby role;
+- a rendezvous against an external store (worker/rdzvclient.py: torch's c10d, or rounds decided in the store),
+  fast timeouts, a standby role;
 - survives the store going away: training continues, the launcher reconnects, then re-rendezvous;
 - `phalanx/restart-epoch` in the store: when the operator bumps it, the worker group restarts at once;
 - `phalanx/max-nodes` in the store: the number of active nodes follows the TrainingJob (worker/scaling.py);
@@ -31,11 +32,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
-
-import torch.distributed as dist
 
 from phalanx.worker import (
     attemptstore,
@@ -58,7 +57,7 @@ from phalanx.worker import (
     warmstart,
 )
 from phalanx.worker import fatal as trainer_fatal
-from phalanx.worker.checkpoint import durable, lastsave, shm_store, tiers
+from phalanx.worker.checkpoint import durable, lastsave, tiers
 from phalanx.worker.checkpoint.rollback import ROLLBACK_ENV
 from phalanx.worker.env import LaunchSettings, SettingsError, parse_nnodes, settings_from
 from phalanx.worker.exitcodes import FATAL_TRAINER_EXITS, LauncherExit, TrainerExit
@@ -68,15 +67,14 @@ from phalanx.worker.torch_support import UnsupportedTorchError
 
 try:
     from phalanx.worker import torch_elastic
+    from phalanx.worker.c10dclient import RendezvousClient
+    from phalanx.worker.rdzvclient import STORE_ERRORS, StoreConnections, StoreUnreachableError
+    from phalanx.worker.roundsclient import RoundsClient
     from phalanx.worker.torch_elastic import (
-        CheckedBackend,
         DefaultLogsSpecs,
-        DynamicRendezvousHandler,
         LocalElasticAgent,
         RendezvousClosedError,
-        RendezvousConnectionError,
         RendezvousGracefulExitError,
-        RendezvousTimeout,
         RendezvousTimeoutError,
         RunResult,
         SignalException,
@@ -92,13 +90,6 @@ except UnsupportedTorchError as unsupported:
 
 logger = logging.getLogger("phalanx.launch")
 
-# Errors that mean "the rendezvous store is not answering" wherever they surface.
-STORE_ERRORS: tuple[type[BaseException], ...] = (RendezvousConnectionError, dist.DistError)
-
-
-class StoreUnreachableError(Exception):
-    """The rendezvous store did not come back within the join timeout."""
-
 
 class LauncherStop(Exception):
     """The launcher decided to stop the group for good; carries the exit code."""
@@ -108,221 +99,11 @@ class LauncherStop(Exception):
         self.code = code
 
 
-class RendezvousClient:
-    """Owns the connection to the external store and the torch rendezvous handler built on it."""
-
-    def __init__(self, settings: LaunchSettings) -> None:
-        self.settings = settings
-        self._secret = (
-            storegate.read_secret(settings.store_secret_file) if settings.store_secret_file else None
-        )
-        self.new_store_hooks: list[Callable[[dist.TCPStore], None]] = []
-        """Called with each new store connection after a reconnect, before anyone uses it."""
-        deadline = time.monotonic() + settings.join_timeout
-        self.store = self._connect_until(deadline)
-        # The handler's own connection, for what the members of a new round wait on each other for (the
-        # bootstrap address, the rank assignment): one that died right after the round formed leaves the others
-        # waiting a full timeout there. On the shared connection that wait held up the keep-alives too, until
-        # torch dropped this node: the survivor holding the newest state lost its place to new pods holding
-        # none. Apart, the keep-alives go on, and the wait ends after the keep-alive timeout (the time torch
-        # gives any silent peer), followed by a reconnect and a new round.
-        self.round_store = self._connect_until(deadline, timeout=self.round_wait)
-        self.max_nodes = scaling.StoreMaxNodes(lambda: self.store, settings.max_nodes)
-        poll = rendezvous.sync_poll_interval(settings.max_nodes)
-        if not rendezvous.install_sync_poll(poll):
-            logger.warning(
-                "this torch's rendezvous cannot be told to poll faster: regroups wait 1 s per read"
-            )
-        # With the job's secret, the training processes' store is hosted by the launchers behind the gate too.
-        handler_class = (
-            torch_elastic.LauncherStoreHandler if self.gates_training_store else DynamicRendezvousHandler
-        )
-        self.handler = handler_class.from_backend(
-            run_id=settings.run_id,
-            store=self.round_store,
-            backend=CheckedBackend(self.store, settings.run_id),
-            min_nodes=settings.min_nodes,
-            max_nodes=settings.max_nodes,
-            local_addr=settings.local_addr,
-            timeout=RendezvousTimeout(
-                join=timedelta(seconds=settings.join_timeout),
-                last_call=timedelta(seconds=settings.last_call_timeout),
-                close=timedelta(seconds=max(settings.join_timeout / 4, 5)),
-                heartbeat=timedelta(seconds=settings.keepalive_timeout),
-            ),
-            keep_alive_interval=settings.keepalive_interval,  # type: ignore[arg-type]
-            keep_alive_max_attempt=settings.keepalive_max_attempts,
-        )
-        # torch's state holder serves a cached copy for a second after each read, so a waiting node would
-        # see a change a second late however often it polls: each poll must read the store.
-        torch_elastic.set_state_cache(self.handler, poll)
-        # Every decision of the rendezvous about "full" reads the store's count, not the start-up one.
-        scaling.install_live_settings(self.handler, self.max_nodes.current)
-        self.publish_node(self.store)
-        self.new_store_hooks.append(self.publish_node)
-        # The node holding the newest state gets a place in the group before nodes holding older state.
-        self.freshness = rendezvous.FreshnessGuard(
-            lambda: self.store,
-            rendezvous.node_key(torch_elastic.node_of(self.handler)),
-            patience=settings.keepalive_timeout,
-        )
-        torch_elastic.guard_joins(self.handler, self.freshness.must_wait)
-
-    @property
-    def secret(self) -> bytes | None:
-        """The job's store secret (None: the job's stores are not gated)."""
-        return self._secret
-
-    @property
-    def gates_training_store(self) -> bool:
-        """Whether the training processes' store stands behind the gate too (worker/attemptstore.py).
-
-        Not on a torch built without libuv (USE_LIBUV=0): there torch's training processes cannot be clients
-        of a store hosted for them (the client that torch's env:// makes then asks for libuv and fails), so
-        training rank 0 hosts it as under torchrun, and the job's NetworkPolicy is its only boundary."""
-        return self._secret is not None and rendezvous.libuv_transport()
-
-    def publish_node(self, store: dist.TCPStore) -> None:
-        """Name this pod's rendezvous node in the store, so that the operator's word can drop it at once."""
-        with contextlib.suppress(*STORE_ERRORS, RuntimeError):
-            key = self.settings.pod_uid or self.settings.pod_name
-            rendezvous.publish_node(store, key, torch_elastic.node_of(self.handler))
-
-    def offer_held_state(self) -> None:
-        """Before a rendezvous: claim, for the round this node joins, the newest snapshot its pod holds (see
-        `rendezvous.FreshnessGuard`). The store's trouble is the rendezvous's to handle."""
-        held = shm_store.newest_held_step()
-        with contextlib.suppress(*STORE_ERRORS, RuntimeError):
-            self.handler.num_nodes_waiting()  # reads the state afresh, under the handler's lock
-            state = torch_elastic.round_state(self.handler)
-            claim = self.freshness.offer(held, state.round, state.complete)
-            if claim is not None and held >= 0 and claim.node != self.freshness.node:
-                logger.info("this node holds step %d; %s/%s holds step %d", held, *claim.node[:2], claim.step)
-
-    def forget_departed(self, pod_keys: tuple[str, ...]) -> list[str]:
-        """Expire the departed pods' nodes in the rendezvous state (see `rendezvous.forget_departed`)."""
-        backend = torch_elastic.state_backend(self.handler)
-        return rendezvous.forget_departed(self.store, backend, pod_keys)
-
-    @property
-    def round_wait(self) -> float:
-        """Seconds the members of a new round wait for each other's first words (at least 2)."""
-        return max(self.settings.keepalive_timeout, ROUND_WAIT_FLOOR)
-
-    def _connect_until(self, deadline: float, timeout: float | None = None) -> dist.TCPStore:
-        wanted = self.settings.store_timeout if timeout is None else timeout
-        while True:
-            try:
-                return rendezvous.connect(
-                    self.settings.rdzv_host,
-                    self.settings.rdzv_port,
-                    min(wanted, max(deadline - time.monotonic(), 1.0)),
-                    self._secret,
-                )
-            except (RuntimeError, dist.DistError) as error:
-                if time.monotonic() >= deadline:
-                    raise StoreUnreachableError(
-                        f"rendezvous store {self.settings.rdzv_endpoint} unreachable for "
-                        f"{self.settings.join_timeout:g}s: {error}"
-                    ) from None
-                time.sleep(1.0)
-
-    def try_reconnect(self) -> bool:
-        """One quick attempt to reach the store again; on success every later call uses the new client."""
-        host, port = self.settings.rdzv_host, self.settings.rdzv_port
-        try:
-            store = rendezvous.connect(host, port, 2.0, self._secret)
-            round_store = rendezvous.connect(host, port, self.round_wait, self._secret)
-            backend = CheckedBackend(store, self.settings.run_id)
-        except (RuntimeError, dist.DistError, RendezvousConnectionError):
-            return False
-        self._swap(store, round_store, backend)
-        return True
-
-    def reconnect_until(self, deadline: float) -> None:
-        while not self.try_reconnect():
-            if time.monotonic() >= deadline:
-                raise StoreUnreachableError(
-                    f"rendezvous store {self.settings.rdzv_endpoint} unreachable for "
-                    f"{self.settings.join_timeout:g}s"
-                )
-            time.sleep(1.0)
-
-    def _swap(self, store: dist.TCPStore, round_store: dist.TCPStore, backend: CheckedBackend) -> None:
-        # A restarted store has lost the rendezvous state; the handler's next sync reads the fresh one
-        # (or the surviving one after a network blip) and its next join works against it.
-        for hook in self.new_store_hooks:
-            with contextlib.suppress(*STORE_ERRORS, RuntimeError):
-                hook(store)
-        self.store, self.round_store = store, round_store
-        torch_elastic.swap_store(self.handler, round_store, backend)
-
-    def restart_epoch(self) -> int:
-        return rendezvous.read_restart_epoch(self.store)
-
-    def in_standby(self) -> bool:
-        """Whether this node stands by: in torch's redundancy list, or outside a group that is full (queued, or
-        a spare on its way into the redundancy list). Read from the local copy of the state. A node that is
-        not standing by while it rendezvous is joining a round with room for it: the operator counts its loss
-        as a worker's."""
-        with contextlib.suppress(Exception):
-            state = torch_elastic.round_state(self.handler)
-            node = torch_elastic.node_of(self.handler)
-            if node in state.redundancy_list:
-                return True
-            return node not in state.participants and not rendezvous.has_room(
-                state.complete, len(state.participants), self.max_nodes.current()
-            )
-        return False
-
-    def waiting_with_room(self) -> int:
-        """Nodes queued for the next round that the group has room for (0 when it is full).
-
-        torch leaves a node in the wait list when the round it waited for filled up without it (three
-        launchers racing for two slots after a store loss); re-forming for it would only reshuffle who is
-        in, again and again. It gets in when a slot frees: a member lost, or the group grown.
-        """
-        waiting = self.handler.num_nodes_waiting()
-        if waiting == 0:
-            return 0
-        state = torch_elastic.round_state(self.handler)
-        return (
-            waiting
-            if rendezvous.has_room(state.complete, len(state.participants), self.max_nodes.current())
-            else 0
-        )
-
-    def dropped(self) -> bool:
-        """Whether the group re-formed without this node: it is no participant of the rendezvous (its
-        keep-alive lapsed while it stalled). Reads the local copy, synced by `waiting_with_room`."""
-        state = torch_elastic.round_state(self.handler)
-        return torch_elastic.node_of(self.handler) not in state.participants
-
-    def wait_for_formed_group(self) -> None:
-        """Keep a spare out of the rendezvous until joining cannot take a worker's slot.
-
-        See `rendezvous.spare_may_join`: it waits while the first round forms or runs short with workers
-        still to come (up to the join timeout), and joins at once when the group is full or re-formed
-        short of a node.
-        """
-        holder = torch_elastic.state_holder(self.handler)
-        deadline = time.monotonic() + self.settings.join_timeout
-        while True:
-            holder.sync()
-            state = holder.state
-            if state.closed:
-                raise RendezvousGracefulExitError("the rendezvous is closed: the job has ended")
-            view = rendezvous.RoundView(
-                round=state.round,
-                complete=state.complete,
-                participants=len(state.participants),
-                waiting=len(state.wait_list),
-            )
-            reason = rendezvous.spare_may_join(view, self.max_nodes.current(), time.monotonic() >= deadline)
-            if reason is not None:
-                logger.info("spare joins the rendezvous: %s (%s)", reason, view)
-                return
-            time.sleep(0.5)
+def rendezvous_client(settings: LaunchSettings) -> StoreConnections:
+    """The client of the job's rendezvous for the protocol the settings name (worker/rdzvclient.py)."""
+    if settings.rdzv_protocol == "rounds":
+        return RoundsClient(settings)
+    return RendezvousClient(settings)
 
 
 class PhalanxAgent(LocalElasticAgent):
@@ -332,7 +113,7 @@ class PhalanxAgent(LocalElasticAgent):
         self,
         spec: WorkerSpec,
         settings: LaunchSettings,
-        client: RendezvousClient,
+        client: StoreConnections,
         reporter: PodReporter,
         log_dir: str,
     ) -> None:
@@ -358,10 +139,10 @@ class PhalanxAgent(LocalElasticAgent):
         self._oom = oomwatch.OomWatch()
         self._kept_trainers = False
         """The running training processes left their group live and wait for the next one (livegroup.py)."""
-        self._members: frozenset[rendezvous.Node] | None = None
-        """The rendezvous nodes of the round the running group formed from (None: not known)."""
+        self._members: frozenset[Any] | None = None
+        """The members of the round the running group formed from, as the client tells them (None: not known)."""
         self._attempt_store = (
-            attemptstore.AttemptStore(client.secret, torch_elastic.node_of(client.handler).addr)
+            attemptstore.AttemptStore(client.secret, client.node_addr)
             if client.secret is not None and client.gates_training_store
             else None
         )
@@ -378,8 +159,8 @@ class PhalanxAgent(LocalElasticAgent):
         """Unix time when the running worker group started; None while none runs."""
         return self._reporter.group_started
 
-    def group_members(self) -> frozenset[rendezvous.Node] | None:
-        """The rendezvous nodes of the running group (None while none runs or when not known)."""
+    def group_members(self) -> frozenset[Any] | None:
+        """The members of the running group (None while none runs or when not known)."""
         return self._members if self._reporter.group_started is not None else None
 
     def training_pids(self) -> list[int]:
@@ -537,9 +318,7 @@ class PhalanxAgent(LocalElasticAgent):
             worker_group.master_addr, worker_group.master_port = self._attempt_store.open(
                 worker_group.store, worker_group.group_rank
             )
-        with contextlib.suppress(Exception):
-            participants = torch_elastic.round_state(self._client.handler).participants
-            self._members = frozenset(rendezvous.node_key(node) for node in participants)
+        self._members = self._client.round_members()
         self._reporter.metrics.rendezvous_seconds.set(time.monotonic() - started)
         with contextlib.suppress(*STORE_ERRORS):
             self._epoch_seen = self._client.restart_epoch()
@@ -697,9 +476,6 @@ class PhalanxAgent(LocalElasticAgent):
 
 BETWEEN_GROUPS = ("rendezvous", "standby")
 """The pod's phases while its launcher re-forms or stands by: no group of its runs."""
-
-ROUND_WAIT_FLOOR = 2.0
-"""The shortest wait of the members of a new round for each other's first words (see `RendezvousClient`)."""
 
 STUCK_STEP_FACTOR = 3.0
 STUCK_STEP_FLOOR = 1.0
@@ -978,6 +754,7 @@ class PodReporter:
 
 FLAG_FIELDS = (
     "rdzv_endpoint",
+    "rdzv_protocol",
     "max_nodes_file",
     "job_file",
     "run_id",
@@ -1086,7 +863,7 @@ class JobFollowing:
             return
         self.view = view
 
-    def start_followers(self, client: RendezvousClient, agent: PhalanxAgent) -> None:
+    def start_followers(self, client: StoreConnections, agent: PhalanxAgent) -> None:
         settings = self.settings
         source = scaling.desired_nodes_source(settings.max_nodes_file, self.view)
         if source is not None:
@@ -1103,7 +880,7 @@ class JobFollowing:
                 self.writer,
                 settings.heartbeat_interval,
                 forget=client.forget_departed,
-                members=agent.group_members,
+                includes=lambda pod_keys: client.group_includes(agent.group_members(), pod_keys),
             )
             with contextlib.suppress(*STORE_ERRORS, RuntimeError):
                 regrouper.seed()
@@ -1213,7 +990,7 @@ def _supervise(
     # store first. `left_alone`: it gives up alone, and the group goes on without it.
     outcome: rendezvous.GroupOutcome | None = None
     left_alone = False
-    client: RendezvousClient | None = None
+    client: StoreConnections | None = None
     warm_pool: warmstart.WarmPool | None = None
     following = JobFollowing(settings, autointerval.interval_file(reporter.status_dir))
     logger.info(
@@ -1234,7 +1011,7 @@ def _supervise(
     try:
         following.start_feed()
         try:
-            client = RendezvousClient(settings)
+            client = rendezvous_client(settings)
         except StoreUnreachableError as error:
             job = following.view.current() if following.view is not None else None
             if not preflight.pending(dict(os.environ), job):
@@ -1287,6 +1064,9 @@ def _supervise(
         return int(LauncherExit.SUCCESS)
     except SignalException as error:
         logger.warning("stopped by %s after the training processes saved", error.sigval.name)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.stopping()
         if error.sigval == signal.SIGTERM:
             # A trainer that lost a peer to the same stop exited before its own SIGTERM came, unsaved.
             lastsave.save_unsaved()
@@ -1329,8 +1109,7 @@ def _supervise(
         if left_alone and client is not None:
             # Out of the group at once: the others re-form now instead of after this node's keep-alive lapses.
             with contextlib.suppress(Exception):
-                torch_elastic.stop_keep_alives(client.handler)
-                client.forget_departed((settings.pod_uid or settings.pod_name,))
+                client.leave_alone()
 
 
 REPLACEABLE_EXITS = frozenset(
@@ -1353,7 +1132,7 @@ def ends_the_group(settings: LaunchSettings, code: int) -> bool:
     return not (settings.job_name and code in REPLACEABLE_EXITS)
 
 
-def _failed_outcome(client: RendezvousClient | None) -> rendezvous.GroupOutcome | None:
+def _failed_outcome(client: StoreConnections | None) -> rendezvous.GroupOutcome | None:
     """The group's failure, as the launcher that closed the rendezvous said it (None: no failure said)."""
     if client is None:
         return None
@@ -1370,7 +1149,7 @@ def _report_failed_group(outcome: rendezvous.GroupOutcome) -> int:
     return outcome.code
 
 
-def _left_a_closed_rendezvous(client: RendezvousClient | None) -> int:
+def _left_a_closed_rendezvous(client: StoreConnections | None) -> int:
     """The exit code of a standby released by a closed rendezvous: success only when the group did not fail
     (a spare leaving a failed group with 0 made the operator see the job as finished)."""
     failed = _failed_outcome(client)

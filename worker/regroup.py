@@ -167,13 +167,13 @@ class Regrouper(Ticker):
         writer: str,
         interval: float,
         forget: Callable[[tuple[str, ...]], list[str]] | None = None,
-        members: Callable[[], frozenset[rendezvous.Node] | None] | None = None,
+        includes: Callable[[tuple[str, ...]], bool | None] | None = None,
     ) -> None:
         super().__init__(interval)
         self._forget = forget
-        self._members = members
-        """The rendezvous nodes of the group that runs now (None: not known), to tell whether it includes a
-        departed pod whatever the clocks say."""
+        self._includes = includes
+        """Whether the group that runs now includes any of the pods named (None: not known), to tell whether it
+        must re-form for a departed pod whatever the clocks say."""
         self.forgotten = 0
         """The newest request epoch whose departed pods this launcher dropped from the rendezvous."""
         self._job = job
@@ -215,7 +215,7 @@ class Regrouper(Ticker):
             )
             return None
         store = self._store()
-        if self._formed_without_departed(store, request):
+        if self._formed_without_departed(request):
             self.settled = request.epoch
             logger.info(
                 "regroup %d (%s): the worker group that runs does not include %s: nothing to do",
@@ -245,15 +245,13 @@ class Regrouper(Ticker):
         )
         return claim
 
-    def _formed_without_departed(self, store: dist.Store, request: RegroupRequest) -> bool:
+    def _formed_without_departed(self, request: RegroupRequest) -> bool:
         """The running group is known to have formed without every departed pod's node. A group that re-formed
         quickly, within the margin the operator leaves for clock skew in `before`, must not restart again;
         the group's members decide where they are known, the clocks where they are not."""
-        members = self._members() if self._members is not None else None
-        if members is None or not request.departed:
+        if self._includes is None or not request.departed:
             return False
-        departed = rendezvous.departed_nodes(store, request.departed_uids + request.departed)
-        return bool(departed) and not departed & members
+        return self._includes(request.departed_uids + request.departed) is False
 
     def _forget_departed(self, request: RegroupRequest) -> None:
         # Whether or not this launcher's group must restart (survivors of a deleted pod often restart on

@@ -331,6 +331,17 @@ def departed_nodes(store: dist.Store, pod_keys: Sequence[str]) -> set[Node]:
     return found
 
 
+def group_includes(
+    store: dist.Store, members: frozenset[Node] | None, pod_keys: Sequence[str]
+) -> bool | None:
+    """Whether the group of rendezvous nodes `members` includes a node that one of the named pods' launchers
+    published (None: not known, the members are not or none of the pods published a node)."""
+    if members is None or not pod_keys:
+        return None
+    departed = departed_nodes(store, pod_keys)
+    return bool(departed & members) if departed else None
+
+
 def forget_departed(store: dist.Store, backend: Any, pod_keys: Sequence[str], attempts: int = 5) -> list[str]:
     """Expire, in torch's rendezvous state, the keep-alives of the departed pods' nodes.
 

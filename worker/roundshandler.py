@@ -13,12 +13,22 @@ address (rank 0 publishes it afresh each round, as `RendezvousStoreInfo.build` d
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Iterable
 
 import torch.distributed as dist
 
-from phalanx.worker.storerounds import PREFIX, Departed, RendezvousFailed, StoreRounds, group_prefix
+from phalanx.worker.storerounds import (
+    SPARES_LINE,
+    WORKERS_LINE,
+    Closed,
+    Departed,
+    Dropped,
+    RendezvousFailed,
+    Seat,
+    StoreRounds,
+    group_prefix,
+)
 from phalanx.worker.torch_elastic import (
     RendezvousClosedError,
     RendezvousGracefulExitError,
@@ -29,44 +39,59 @@ from phalanx.worker.torch_elastic import (
 )
 
 BACKEND = "phalanx-rounds"
-CLOSED_KEY = f"{PREFIX}/closed"
 
 
 class StoreRoundsHandler(RendezvousHandler):
     """One launcher's rendezvous: `rounds` is its member of the job's rounds (its own store connection)."""
 
-    def __init__(self, rounds: StoreRounds, run_id: str, local_addr: str | None) -> None:
+    def __init__(
+        self,
+        rounds: StoreRounds,
+        run_id: str,
+        local_addr: str | None,
+        spare: bool = False,
+        agent_store: bool = False,
+        poll: float = 0.0,
+    ) -> None:
         self.rounds = rounds
         self.run_id = run_id
         self.local_addr = local_addr
-        self._departed: set[str] = set()
-        self._lock = threading.Lock()
+        self.spare = spare
+        """A hot spare: it joins the line of spares, never the first round (a worker's place)."""
+        self._agent_store = agent_store
+        self.poll = poll
+        """The least seconds between two looks at the store by `num_nodes_waiting` (torch's agent asks every
+        monitor interval; at thousands of members those looks are most of the store's load)."""
+        self._looked_at = -float("inf")
 
     def get_backend(self) -> str:
         return BACKEND
 
     @property
     def use_agent_store(self) -> bool:
-        # The workers make their own store at the round's bootstrap address (the job's store is not theirs).
-        return False
+        # True: the launchers host the workers' store behind the job's gate (worker/attemptstore.py). False: the
+        # workers make their own at the round's bootstrap address. Never the job's store: it is not theirs.
+        return self._agent_store
 
     def get_run_id(self) -> str:
         return self.run_id
 
     def note_departed(self, uids: Iterable[str]) -> None:
-        """Pods the operator named as failed or removed: the next re-form leaves them out."""
-        with self._lock:
-            self._departed.update(uids)
+        """Pods the operator named as failed or removed: the next re-form leaves them out. Kept for later rounds
+        too (a UID is never reused, and one already gone costs its decider one read)."""
+        self.rounds.note_departed(uids)
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self.is_closed():
             raise RendezvousClosedError(f"the rendezvous of {self.run_id} is closed")
-        with self._lock:
-            departed, self._departed = sorted(self._departed), set()
+        if self.rounds.seat is not None and self.rounds.store_was_reset():
+            self.rounds.seat = None  # a restarted store: every member joins its first round afresh
         try:
-            seat = self.rounds.join() if self.rounds.seat is None else self.rounds.reform(departed)
+            seat = self._next_seat()
         except Departed as error:
             # Named departed: this launcher's pod is being replaced; it leaves without a fault of its own.
+            raise RendezvousGracefulExitError(str(error)) from None
+        except Closed as error:
             raise RendezvousGracefulExitError(str(error)) from None
         except RendezvousFailed as error:
             raise RendezvousTimeoutError(str(error)) from None
@@ -74,22 +99,35 @@ class StoreRoundsHandler(RendezvousHandler):
         bootstrap = RendezvousStoreInfo.build(seat.rank, store, self.local_addr)
         return RendezvousInfo(store, seat.rank, seat.world_size, bootstrap)
 
+    def _next_seat(self) -> Seat:
+        if self.rounds.seat is None:
+            return self.rounds.join(SPARES_LINE if self.spare else None)
+        try:
+            return self.rounds.reform()
+        except Dropped:
+            # The group went on without this member (it was silent, or past a lowered maximum): it waits as a
+            # spare for the next free place, like any pod that comes late.
+            return self.rounds.join(SPARES_LINE if self.spare else WORKERS_LINE)
+
     def num_nodes_waiting(self) -> int:
-        """Above zero when the group should re-form: a round this member has not followed was decided, or spares
-        wait while the group is below its maximum (they grow it). Hot spares beside a full group wait unseen."""
+        """Above zero when the group should re-form: another member began the next round (it checked in: a
+        peer died, or the operator asked), or members wait in line that would grow a group below its maximum
+        (see `StoreRounds.waiting_to_grow`). Hot spares beside a full group wait unseen."""
         seat = self.rounds.seat
-        if seat is None:
+        now = time.monotonic()
+        if seat is None or now - self._looked_at < self.poll:
             return 0
-        if self.rounds.current_round() > seat.round:
-            return 1
-        return self.rounds.waiting_spares() if seat.world_size < self.rounds.max_nodes else 0
+        self._looked_at = now
+        return 1 if self.rounds.reform_begun() else self.rounds.waiting_to_grow()
 
     def is_closed(self) -> bool:
-        return bool(self.rounds.store.check([CLOSED_KEY]))
+        return self.rounds.closed()
 
     def set_closed(self) -> None:
-        self.rounds.store.set(CLOSED_KEY, "1")
+        self.rounds.close()
 
     def shutdown(self) -> bool:
-        # Leaving is the operator's word (a regroup names the pod), not the handler's: nothing to withdraw.
+        """The group has ended (the launcher calls this once it said how): close the rendezvous, so that every
+        other launcher, waiting spares too, leaves."""
+        self.rounds.close()
         return True

@@ -13,6 +13,11 @@ takes minutes at a few hundred members (`phalanx bench --only rendezvous-scale`)
   and when spares run short closes the holes by moving the highest ranks down. The plan it writes names only
   the change: the departed, the spares' seats and the moves. Each survivor reads that plan once.
 - A spare waits on its own seat key, which the decider writes.
+- Liveness: a re-form's decider waits until every member it does not know to be gone has checked in to the
+  round. The operator's regroup request names the dead at once (the launcher passes them on); a member that
+  died unnamed is left out after `grace` seconds (the time torch gives a silent rendezvous peer), and told
+  so if it comes back (`Dropped`: it joins again as a spare). A launcher that leaves alone says so (`leave`).
+- A restarted store holds no rounds: each member notices the store's incarnation changed and joins afresh.
 
 So a re-form after one death moves O(N) bytes in all (each member reads a plan of constant size), and every
 wait is the store's own blocking `wait`, not polling. Values are JSON, never pickle: the store is reachable
@@ -25,19 +30,33 @@ measure it beside torch's path (`phalanx.bench.emulated_launchers --protocol rou
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 PREFIX = "phalanx/rounds"
-SPARES_PUSHED = f"{PREFIX}/spares/pushed"
-SPARES_TAKEN = f"{PREFIX}/spares/taken"
+WORKERS_LINE = "workers"
+"""The line of workers waiting for a place: late to a full first round, or left out of a round."""
+SPARES_LINE = "spares"
+"""The line of hot spares: seated after the waiting workers, so a spare never takes a worker's place."""
+LINES = (WORKERS_LINE, SPARES_LINE)
 CURRENT_KEY = f"{PREFIX}/current"
+CLOSED_KEY = f"{PREFIX}/closed"
+INCARNATION_KEY = f"{PREFIX}/incarnation"
+LEFT_PUSHED = f"{PREFIX}/left/pushed"
 FIRST_ROUND = 1
+MAX_MEMBERS = 100_000
+"""The largest group a plan may name: a bound on what a plan read from the store can make a member believe."""
 WAIT_SLICE = 30.0
 """Seconds one blocking wait on the store lasts before the caller's deadline is looked at again."""
+SPARE_SLICE = 1.0
+"""Seconds a waiting spare waits for its seat before it looks whether the rendezvous closed."""
+CHECKIN_POLL = 0.01
+"""Seconds between two looks of a round's decider at the members checked in."""
 
 
 class RendezvousFailed(RuntimeError):
@@ -46,6 +65,15 @@ class RendezvousFailed(RuntimeError):
 
 class Departed(RuntimeError):
     """The round's plan names this member among the departed: it has no seat in the group any more."""
+
+
+class Dropped(RuntimeError):
+    """The round went on without this member (it had not checked in within the grace, or the group shrank past
+    its rank): it has no seat, and may join again as a spare."""
+
+
+class Closed(RuntimeError):
+    """The job's rendezvous is closed: the group has ended."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +93,9 @@ class Plan:
     size: int
     departed: tuple[str, ...] = ()
     """UIDs of the members that left the group at this round."""
+    dropped: tuple[str, ...] = ()
+    """UIDs of members left out at this round though not known to be gone: silent past the grace, or past
+    a lowered maximum. They may come back as spares."""
     seats: dict[str, int] = field(default_factory=dict)
     """Spares seated at this round, by UID: the rank each takes."""
     moves: dict[int, int] = field(default_factory=dict)
@@ -76,6 +107,7 @@ class Plan:
                 "round": self.round,
                 "size": self.size,
                 "departed": list(self.departed),
+                "dropped": list(self.dropped),
                 "seats": self.seats,
                 "moves": {str(old): new for old, new in self.moves.items()},
             },
@@ -90,6 +122,7 @@ class Plan:
                 round=int(data["round"]),
                 size=int(data["size"]),
                 departed=tuple(str(uid) for uid in data.get("departed") or ()),
+                dropped=tuple(str(uid) for uid in data.get("dropped") or ()),
                 seats={str(uid): int(rank) for uid, rank in (data.get("seats") or {}).items()},
                 moves={int(old): int(new) for old, new in (data.get("moves") or {}).items()},
             )
@@ -107,65 +140,99 @@ def decide(
     departed: dict[str, int],
     spares: Sequence[str],
     max_nodes: int,
-) -> tuple[Plan, list[str]]:
-    """The plan of the round after a group of `size` lost the `departed` members (UID -> rank), with `spares`
-    waiting in the order they queued; returns it and the spares it leaves waiting.
+    dropped: dict[str, int] | None = None,
+) -> tuple[Plan, list[str], list[int]]:
+    """The plan of the round after a group of `size` lost the `departed` members (UID -> rank) and left out the
+    `dropped` ones, with `spares` waiting in the order they queued; returns it, the spares it leaves waiting, and
+    the survivors' ranks it leaves out because the group is above `max_nodes` (the caller names them dropped).
 
-    Spares take the departed ranks first (lowest first), then new ranks at the end up to `max_nodes`; holes
-    no spare fills are closed by moving the highest surviving ranks into them, so ranks stay 0..size-1."""
-    holes = sorted({rank for rank in departed.values() if 0 <= rank < size})
+    The group keeps ranks 0..size-1 dense. Its new size is what the survivors and spares make, at most
+    `max_nodes`. Holes below it are filled first by the survivors whose ranks lie past it (the highest ranks
+    move down), then by spares in the order they came; waiting spares then grow the group at the end."""
+    gone = {**(dropped or {}), **departed}
+    holes_left = {rank for rank in gone.values() if 0 <= rank < size}
+    survivors = [rank for rank in range(size) if rank not in holes_left]
+    new_size = min(max(1, max_nodes), len(survivors) + len(spares))
+    holes = [rank for rank in range(new_size) if rank in holes_left or rank >= size]
+    above = [rank for rank in survivors if rank >= new_size]
+    moves: dict[int, int] = {}
+    while holes and above:
+        moves[above.pop(0)] = holes.pop(0)
     waiting = list(spares)
     seats: dict[str, int] = {}
     while holes and waiting:
         seats[waiting.pop(0)] = holes.pop(0)
-    new_size = size - len(holes)
-    while waiting and new_size < max_nodes:
-        seats[waiting.pop(0)] = new_size
-        new_size += 1
-    # Holes left: the group shrinks, and the survivors above its new size move down into them.
-    movers = sorted(rank for rank in range(new_size, size) if rank not in holes)
-    moves = dict(zip(movers, (hole for hole in holes if hole < new_size), strict=True))
-    plan = Plan(round_number, new_size, tuple(sorted(departed)), seats, moves)
-    return plan, waiting
+    new_size -= len(holes)  # only when no member is left to fill them (a group of none)
+    plan = Plan(
+        round_number,
+        new_size,
+        departed=tuple(sorted(departed)),
+        dropped=tuple(sorted(set(dropped or {}) - set(departed))),
+        seats=seats,
+        moves=moves,
+    )
+    return plan, waiting, above
 
 
 class StoreRounds:
     """One member's side of the protocol, over the job's store: one thread at a time (a store client's
-    blocking wait holds its connection)."""
+    blocking wait holds its connection), but `leave` and the `current_round`-style reads may come from another
+    thread on a connection of their own."""
 
     def __init__(
         self,
         store: Any,
         uid: str,
         min_nodes: int,
-        max_nodes: int,
+        max_nodes: int | Callable[[], int],
         last_call: float = 30.0,
         timeout: float = 600.0,
+        grace: float = 30.0,
     ) -> None:
         self.store = store
         self.uid = uid
-        self.min_nodes, self.max_nodes = min_nodes, max_nodes
-        self.last_call, self.timeout = last_call, timeout
+        self.min_nodes = min_nodes
+        self._max_nodes = max_nodes
+        self.last_call, self.timeout, self.grace = last_call, timeout, grace
         self.seat: Seat | None = None
+        self.incarnation: str | None = None
+        """The store's incarnation this member's seat belongs to (a restarted store has another)."""
+        self.standing_by = False
+        """In a line, waiting for a seat."""
+        self._noted: set[str] = set()
+        self._noted_lock = threading.Lock()
+        self._joined_at = time.monotonic()
+
+    @property
+    def max_nodes(self) -> int:
+        """The most members a round seats: the value in force (the job's `phalanx/max-nodes`) when live."""
+        return self._max_nodes() if callable(self._max_nodes) else self._max_nodes
 
     # Formation and spares.
 
-    def join(self) -> Seat:
-        """Enter the group: a seat in the first round, or, once that is full, one given to this member as a
-        hot spare at a later round (blocks until then)."""
-        deadline = time.monotonic() + self.timeout
+    def join(self, line: str | None = None) -> Seat:
+        """Enter the group: a seat in the first round, or, once that is full (or right away when a `line` is
+        named), one given to this member from the line of waiting workers or of spares at a later round (blocks
+        until then)."""
+        self._joined_at = time.monotonic()
+        deadline = self._joined_at + self.timeout
+        self.seat = None
+        self.incarnation = self.store.compare_set(INCARNATION_KEY, "", uuid.uuid4().hex).decode()
+        if line is not None:
+            return self._wait_in_line(line, deadline)
         ticket = int(self.store.add(f"{PREFIX}/{FIRST_ROUND}/tickets", 1))
         plan_key = _plan_key(FIRST_ROUND)
-        if ticket == self.max_nodes:
-            self._write_plan(Plan(FIRST_ROUND, self.max_nodes))
-        elif ticket <= self.max_nodes and not self._exists(plan_key):
-            self._last_call(ticket)
+        max_nodes = self.max_nodes
+        if ticket == max_nodes:
+            self._write_plan(Plan(FIRST_ROUND, max_nodes))
+        elif ticket <= max_nodes and not self._exists(plan_key):
+            self._last_call(ticket, max_nodes)
         plan = self._read_plan(FIRST_ROUND, deadline)
         if ticket <= plan.size:
             return self._seated(Seat(FIRST_ROUND, ticket - 1, plan.size))
-        return self._wait_as_spare(deadline)
+        return self._wait_in_line(WORKERS_LINE, deadline)
 
-    def _last_call(self, ticket: int) -> None:
+    def _last_call(self, ticket: int, max_nodes: int) -> None:
         """Below `max_nodes`: wait for the group to fill until the last call, then close it with the members
         there are, if they are enough."""
         key = _plan_key(FIRST_ROUND)
@@ -173,39 +240,55 @@ class StoreRounds:
         while time.monotonic() < closes_at:
             if self._wait_for(key, min(WAIT_SLICE, max(0.01, closes_at - time.monotonic()))):
                 return
-        joined = min(int(self.store.add(f"{PREFIX}/{FIRST_ROUND}/tickets", 0)), self.max_nodes)
+        joined = min(int(self.store.add(f"{PREFIX}/{FIRST_ROUND}/tickets", 0)), max_nodes)
         if joined >= self.min_nodes:
             self._write_plan(Plan(FIRST_ROUND, joined))
 
-    def _wait_as_spare(self, deadline: float) -> Seat:
-        # A line of spares kept by two counters, not the store's own queue: torch's `queue_len` keeps the
-        # interpreter's lock while it waits for the answer, and the gate's forwarder (worker/storegate.py) is a
-        # thread of this same interpreter, so behind the gate the call never returns. The n-th spare to arrive
-        # is `spares/<n>`, and the deciders take them in that order.
-        place = int(self.store.add(SPARES_PUSHED, 1))
-        self.store.set(_spare_key(place), self.uid)
-        key = _seat_key(self.uid)
-        while not self._wait_for(key, min(WAIT_SLICE, max(0.01, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                raise RendezvousFailed(f"{self.uid}: no seat given within {self.timeout:.0f} s")
-        round_number, rank = _parse_seat(self.store.get(key))
-        plan = self._read_plan(round_number, deadline)
-        return self._seated(Seat(round_number, rank, plan.size))
+    def _wait_in_line(self, line: str, deadline: float) -> Seat:
+        """Wait for a seat for as long as it takes (a hot spare may stand by for the whole job), until the
+        rendezvous closes; `deadline` bounds what follows the seat."""
+        # A line kept by two counters, not the store's own queue: torch's `queue_len` keeps the interpreter's
+        # lock while it waits for the answer, and the gate's forwarder (worker/storegate.py) is a thread of this
+        # same interpreter, so behind the gate the call never returns. The n-th member to arrive in a line is
+        # `<line>/<n>`, and the deciders take them in that order, the workers' line first.
+        self.standing_by = True
+        try:
+            place = int(self.store.add(_pushed_key(line), 1))
+            self.store.set(_place_key(line, place), self.uid)
+            key = _seat_key(self.uid)
+            tried: set[int] = set()
+            while not self._wait_for(key, SPARE_SLICE):
+                if self.closed():
+                    raise Closed("the rendezvous closed while this member waited for a seat")
+                self._take_over(tried)
+            deadline = max(deadline, time.monotonic() + self.timeout)
+            round_number, rank = _parse_seat(self.store.get(key))
+            plan = self._read_plan(round_number, deadline)
+            seat = self._seated(Seat(round_number, rank, plan.size))
+        finally:
+            self.standing_by = False
+        # Rounds decided since this member's (it was seated in one, then the group moved on at once).
+        return self._catch_up(seat, deadline)
 
     # Re-forms.
 
     def reform(self, departed: Iterable[str] = ()) -> Seat:
         """The next round after the `departed` members (UIDs) left, or, with none named, after spares came
-        to grow the group: a survivor keeps its rank unless the group shrank past it. Every survivor calls
-        this with the same departures (the operator's regroup request names them); the first to arrive
-        decides the round. Raises `Departed` when the plan names this member."""
+        to grow the group: a survivor keeps its rank unless the group shrank past it. Each survivor checks in;
+        the first to arrive decides the round, once every member it does not know to be gone has checked in
+        (`note_departed` names departures learnt meanwhile) or the grace has passed. Raises `Departed`
+        when the plan names this member gone, `Dropped` when it left this member out."""
         if self.seat is None:
             raise RendezvousFailed("reform() before join()")
         deadline = time.monotonic() + self.timeout
-        next_round = self.seat.round + 1
-        if int(self.store.add(f"{PREFIX}/{next_round}/deciders", 1)) == 1:
-            self._decide(self.seat, next_round, sorted(set(departed)))
-        seat = self._follow(self._read_plan(next_round, deadline))
+        seat = self.seat
+        next_round = seat.round + 1
+        self.store.set(_checkin_key(next_round, seat.rank), self.uid)
+        if int(self.store.add(_checkins_key(next_round), 1)) == 1:
+            self._decide(seat, next_round, set(departed))
+        return self._catch_up(self._follow(self._read_plan(next_round, deadline)), deadline)
+
+    def _catch_up(self, seat: Seat, deadline: float) -> Seat:
         # Rounds decided since (a second departure while this member was away): each plan is a change.
         while self.current_round() > seat.round:
             seat = self._follow(self._read_plan(seat.round + 1, deadline))
@@ -214,55 +297,169 @@ class StoreRounds:
     def _follow(self, plan: Plan) -> Seat:
         """Take this member's seat in `plan`, the round after its own."""
         assert self.seat is not None
-        if self.uid in plan.departed:
+        if self.uid in plan.departed or self.uid in plan.dropped:
             self.seat = None
-            raise Departed(f"{self.uid} was named departed at round {plan.round}")
+            if self.uid in plan.departed:
+                raise Departed(f"{self.uid} was named departed at round {plan.round}")
+            raise Dropped(f"round {plan.round} went on without {self.uid}")
         rank = plan.rank_after(self.seat.rank)
         return self._seated(Seat(plan.round, rank, plan.size), moved=rank != self.seat.rank)
 
-    def _decide(self, previous: Seat, next_round: int, departed: list[str]) -> None:
-        # A departed pod that never took a seat (a spare that died waiting) has no rank to give up.
-        ranks = {
-            uid: _as_int(raw) for uid in departed if (raw := self._get_or_none(_rank_key(uid))) is not None
-        }
-        taken = int(self.store.add(SPARES_TAKEN, 0))
-        waiting = int(self.store.add(SPARES_PUSHED, 0)) - taken
-        wanted = min(waiting, len(ranks) + max(0, self.max_nodes - previous.world_size))
-        spares: list[str] = []
-        for place in range(taken + 1, taken + 1 + wanted):
-            # A spare counts itself in, then names itself: one not named yet waits for the next round.
-            if (raw := self._get_or_none(_spare_key(place))) is None:
+    def _decide(self, previous: Seat, next_round: int, departed: set[str]) -> None:
+        size = previous.world_size
+        grace_ends = time.monotonic() + self.grace
+        silent: dict[str, int] = {}
+        while True:
+            named = departed | self._known_gone()
+            ranks = self._seated_ranks(named)
+            expected = [rank for rank in range(size) if rank not in set(ranks.values())]
+            if int(self.store.add(_checkins_key(next_round), 0)) >= len(expected) and (
+                not expected or self.store.check([_checkin_key(next_round, rank) for rank in expected])
+            ):
                 break
-            spares.append(raw.decode())
-        places = range(taken + 1, taken + 1 + len(spares))
-        plan, _ = decide(next_round, previous.world_size, ranks, spares, self.max_nodes)
-        # Only this round's decider moves the line on: the spares it seats leave it, the others keep their place.
-        self.store.add(SPARES_TAKEN, len(plan.seats))
-        for place in places[: len(plan.seats)]:
-            self.store.delete_key(_spare_key(place))
+            if time.monotonic() >= grace_ends:
+                silent = self._silent(next_round, expected)
+                break
+            time.sleep(CHECKIN_POLL)
+        max_nodes = self.max_nodes
+        holes, growth = len(ranks) + len(silent), max(0, max_nodes - size)
+        lines = {WORKERS_LINE: self._waiting_in(WORKERS_LINE, holes + growth)}
+        # Spares fill the places of members lost; they grow the group only once workers had their chance.
+        room = holes + (growth if self.spares_may_grow(previous) else 0) - len(lines[WORKERS_LINE][1])
+        lines[SPARES_LINE] = self._waiting_in(SPARES_LINE, max(0, room))
+        spares = [uid for line in LINES for uid in lines[line][1]]
+        plan, _, benched = decide(next_round, size, ranks, spares, max_nodes, silent)
+        if benched:
+            plan = replace(plan, dropped=tuple(sorted({*plan.dropped, *self._occupants(benched)})))
+        # Only this round's decider moves the lines on: the members it seats leave them (a prefix of each, the
+        # workers' line first), the others keep their places.
+        seated_count = len(plan.seats)
+        for line in LINES:
+            taken, waiting = lines[line]
+            leaving = min(seated_count, len(waiting))
+            seated_count -= leaving
+            if leaving:
+                self.store.add(_taken_key(line), leaving)
+                for place in range(taken + 1, taken + 1 + leaving):
+                    self.store.delete_key(_place_key(line, place))
         self._write_plan(plan)
         if plan.seats:
             self.store.multi_set(
                 [_seat_key(uid) for uid in plan.seats],
                 [f"{next_round}:{rank}" for rank in plan.seats.values()],
             )
-        for uid in plan.departed:
+        for uid in (*plan.departed, *plan.dropped):
             self.store.delete_key(_rank_key(uid))
             self.store.delete_key(_seat_key(uid))
         self.store.set(CURRENT_KEY, str(next_round))
 
+    def _waiting_in(self, line: str, most: int) -> tuple[int, list[str]]:
+        """How many members the line has given seats so far, and up to `most` of those waiting, in order."""
+        taken = int(self.store.add(_taken_key(line), 0))
+        count = min(most, int(self.store.add(_pushed_key(line), 0)) - taken)
+        waiting: list[str] = []
+        for place in range(taken + 1, taken + 1 + count):
+            # A member counts itself in, then names itself: one not named yet waits for the next round.
+            if (raw := self._get_or_none(_place_key(line, place))) is None:
+                break
+            waiting.append(raw.decode())
+        return taken, waiting
+
+    def _silent(self, next_round: int, expected: Sequence[int]) -> dict[str, int]:
+        """The members of `expected` ranks that have not checked in to the round (UID -> rank)."""
+        missing = [rank for rank in expected if not self._exists(_checkin_key(next_round, rank))]
+        return {uid: rank for uid, rank in zip(self._occupants(missing), missing, strict=True)}
+
+    def _occupants(self, ranks: Sequence[int]) -> list[str]:
+        """The UIDs seated at `ranks` (each seated member names itself under its rank)."""
+        return [bytes(raw).decode() for raw in self.store.multi_get([_member_key(rank) for rank in ranks])]
+
+    # Departures, leaving, closing, a lost store.
+
+    def note_departed(self, uids: Iterable[str]) -> None:
+        """Pods the operator named failed or removed (any thread): every later round leaves them out at once.
+        Kept (a UID is never reused, and one already gone costs a decider one read)."""
+        with self._noted_lock:
+            self._noted.update(uids)
+
+    def _known_gone(self) -> set[str]:
+        """Members known to be gone: named by the operator, or said they left."""
+        with self._noted_lock:
+            noted = set(self._noted)
+        return noted | self._left()
+
+    def _seated_ranks(self, uids: Iterable[str]) -> dict[str, int]:
+        """The ranks of those of `uids` that hold a seat (a pod that never had one has no rank to give up)."""
+        return {uid: _as_int(raw) for uid in uids if (raw := self._get_or_none(_rank_key(uid))) is not None}
+
+    def _take_over(self, tried: set[int]) -> None:
+        """A member waiting in line begins the next round itself when a member of the current one is known to be
+        gone: with every member gone (the operator named them all, or they left), no survivor would. It decides
+        the round unless a survivor began it first; survivors still alive check in as for any re-form."""
+        current = self.current_round()
+        if current < FIRST_ROUND or current in tried or not self._seated_ranks(self._known_gone()):
+            return
+        tried.add(current)
+        next_round = current + 1
+        if int(self.store.add(_checkins_key(next_round), 1)) == 1:
+            size = Plan.parse(self.store.get(_plan_key(current))).size
+            self._decide(Seat(current, -1, size), next_round, set())
+
+    def leave(self) -> None:
+        """Say that this member leaves the group for good: the next round's decider counts it gone at once."""
+        leave(self.store, self.uid)
+
+    def _left(self) -> set[str]:
+        """Members that said they left (few: pods that gave up alone over the job's life)."""
+        count = int(self.store.add(LEFT_PUSHED, 0))
+        keys = [f"{PREFIX}/left/{place}" for place in range(1, count + 1)]
+        return {bytes(raw).decode() for raw in self.store.multi_get(keys)} if keys else set()
+
+    def closed(self) -> bool:
+        return bool(self.store.check([CLOSED_KEY]))
+
+    def close(self) -> None:
+        self.store.set(CLOSED_KEY, "1")
+
+    def store_was_reset(self) -> bool:
+        """Whether the store is not the one this member's seat was given in (it restarted, empty)."""
+        return (
+            self.incarnation is not None and self._get_or_none(INCARNATION_KEY) != self.incarnation.encode()
+        )
+
     # The store.
 
     def _seated(self, seat: Seat, moved: bool = True) -> Seat:
-        """Record the seat: only a member whose rank changed writes."""
+        """Record the seat: only a member whose rank changed writes (its rank, and itself under the rank)."""
         if moved:
-            self.store.set(_rank_key(self.uid), str(seat.rank))
+            self.store.multi_set([_rank_key(self.uid), _member_key(seat.rank)], [str(seat.rank), self.uid])
         self.seat = seat
         return seat
 
     def waiting_spares(self) -> int:
-        """Spares queued for a seat."""
-        return int(self.store.add(SPARES_PUSHED, 0)) - int(self.store.add(SPARES_TAKEN, 0))
+        """Members waiting in line for a seat (workers and spares)."""
+        return sum(self._in_line(line) for line in LINES)
+
+    def waiting_to_grow(self) -> int:
+        """Members waiting in line that a re-form would seat to grow the group (0 when it is full)."""
+        seat = self.seat
+        if seat is None or seat.world_size >= self.max_nodes:
+            return 0
+        waiting = self._in_line(WORKERS_LINE)
+        return waiting if waiting or not self.spares_may_grow(seat) else self._in_line(SPARES_LINE)
+
+    def spares_may_grow(self, seat: Seat) -> bool:
+        """Whether spares may grow a group below its maximum, not only fill the places of members lost: once it
+        has re-formed (it runs short of a member lost), or once the workers missing from the first round had
+        the join timeout to come. Until then a spare would take a late worker's place."""
+        return seat.round > FIRST_ROUND or time.monotonic() - self._joined_at >= self.timeout
+
+    def _in_line(self, line: str) -> int:
+        return int(self.store.add(_pushed_key(line), 0)) - int(self.store.add(_taken_key(line), 0))
+
+    def reform_begun(self) -> bool:
+        """Whether a member checked in to the round after this member's own: the group is re-forming."""
+        return self.seat is not None and int(self.store.add(_checkins_key(self.seat.round + 1), 0)) > 0
 
     def current_round(self) -> int:
         """The newest round decided (0: none yet): above a member's own, the group moved on without it."""
@@ -279,7 +476,7 @@ class StoreRounds:
             if time.monotonic() >= deadline:
                 raise RendezvousFailed(f"round {round_number} was not decided within {self.timeout:.0f} s")
         plan = Plan.parse(self.store.get(key))
-        if plan.round != round_number or not 0 < plan.size <= self.max_nodes:
+        if plan.round != round_number or not 0 < plan.size <= MAX_MEMBERS:
             raise RendezvousFailed(f"round {round_number}'s plan does not fit the group: {plan}")
         return plan
 
@@ -299,6 +496,17 @@ class StoreRounds:
         return bytes(self.store.get(key)) if self._exists(key) else None
 
 
+def leave(store: Any, uid: str) -> None:
+    """Say in `store` that the member `uid` leaves the group for good (any connection to the job's store)."""
+    place = int(store.add(LEFT_PUSHED, 1))
+    store.set(f"{PREFIX}/left/{place}", uid)
+
+
+def seated(store: Any, uids: Iterable[str]) -> list[str]:
+    """Those of `uids` that hold a seat in the group (any connection to the job's store)."""
+    return [uid for uid in uids if store.check([_rank_key(uid)])]
+
+
 def _plan_key(round_number: int) -> str:
     return f"{PREFIX}/{round_number}/plan"
 
@@ -308,12 +516,36 @@ def group_prefix(round_number: int) -> str:
     return f"{PREFIX}/{round_number}/group"
 
 
+def _checkins_key(round_number: int) -> str:
+    return f"{PREFIX}/{round_number}/in"
+
+
+def _checkin_key(round_number: int, rank: int) -> str:
+    """A survivor's check-in to a re-form, under its rank in the round before."""
+    return f"{PREFIX}/{round_number}/in/{rank}"
+
+
+def _member_key(rank: int) -> str:
+    """Who holds `rank` (its UID), for the decider that must name a silent member."""
+    return f"{PREFIX}/member/{rank}"
+
+
 def _seat_key(uid: str) -> str:
     return f"{PREFIX}/seat/{uid}"
 
 
-def _spare_key(place: int) -> str:
-    return f"{PREFIX}/spares/{place}"
+def _pushed_key(line: str) -> str:
+    """How many members have ever queued in `line`."""
+    return f"{PREFIX}/line/{line}/pushed"
+
+
+def _taken_key(line: str) -> str:
+    """How many members of `line` have been given seats."""
+    return f"{PREFIX}/line/{line}/taken"
+
+
+def _place_key(line: str, place: int) -> str:
+    return f"{PREFIX}/line/{line}/{place}"
 
 
 def _rank_key(uid: str) -> str:

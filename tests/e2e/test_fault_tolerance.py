@@ -122,10 +122,11 @@ def trainer_pids(pod: str) -> set[int]:
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("protocol", ["c10d", "rounds"])
 def test_sigkilled_worker_is_replaced_by_the_spare(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, protocol: str
 ) -> None:
-    cluster.apply(fault_job("killed"), namespace)
+    cluster.apply(fault_job("killed", rendezvous={"protocol": protocol}), namespace)
     victim = training_worker(cluster, namespace, "killed")
     (survivor,) = [
         pod.metadata.name
@@ -157,10 +158,11 @@ def test_deleted_worker_pod_is_replaced(cluster: Cluster, operator: Operator, na
     assert_recovered(job, victim.metadata.name, "PodDeleted")
 
 
+@pytest.mark.parametrize("protocol", ["c10d", "rounds"])
 def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, protocol: str
 ) -> None:
-    cluster.apply(fault_job("frozen"), namespace)
+    cluster.apply(fault_job("frozen", rendezvous={"protocol": protocol}), namespace)
     victim = training_worker(cluster, namespace, "frozen")
     cluster.kubectl("annotate", "pod", victim.metadata.name, "-n", namespace, "phalanx.dev/freeze=true")
     job = wait_succeeded(cluster, namespace, "frozen", timeout=400)

@@ -48,9 +48,13 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 class LocalJob:
     """Rendezvous store + launcher "nodes", each node with its own snapshot directory (its /dev/shm)."""
 
-    def __init__(self, root: Path, run_id: str = "job", secret: bytes | None = None) -> None:
+    def __init__(
+        self, root: Path, run_id: str = "job", secret: bytes | None = None, protocol: str = "c10d"
+    ) -> None:
         self.root = root
         self.run_id = run_id
+        self.protocol = protocol
+        """The rendezvous protocol every node uses (`--rdzv-protocol`)."""
         self.secret_env: dict[str, str] = {}
         """The store secret's file for the store and every node, when the job has one (as the operator
         mounts it)."""
@@ -133,6 +137,8 @@ class LocalJob:
             self.endpoint,
             "--rdzv-id",
             self.run_id,
+            "--rdzv-protocol",
+            self.protocol,
             "--nnodes",
             nnodes,
             "--nproc-per-node",
@@ -238,10 +244,12 @@ class LocalJob:
 
 
 @contextlib.contextmanager
-def running_job(root: Path, test_name: str, secret: bytes | None = None) -> Iterator[LocalJob]:
+def running_job(
+    root: Path, test_name: str, secret: bytes | None = None, protocol: str = "c10d"
+) -> Iterator[LocalJob]:
     """A rendezvous store process (behind its gate when the job has a `secret`), and launcher nodes the test
     starts; everything is killed afterwards."""
-    local_job = LocalJob(root, run_id=f"job-{test_name}"[:60], secret=secret)
+    local_job = LocalJob(root, run_id=f"job-{test_name}"[:60], secret=secret, protocol=protocol)
     local_job.start_store()
     try:
         yield local_job

@@ -21,6 +21,7 @@ from phalanx.worker import livegroup
 EXAMPLE = ["--steps", "45", "--step-delay", "0.1", "--global-batch", "16"]
 
 
+@pytest.mark.parametrize("job", ["c10d", "rounds"], indirect=True)
 def test_survivor_keeps_its_training_process_when_the_spare_replaces_a_killed_node(job: LocalJob) -> None:
     job.start_pair_with_spare(EXAMPLE, trained=12)
     survivor_pids = [process.pid for process in job.trainers("a")]
@@ -49,6 +50,7 @@ def test_without_live_regroup_the_survivor_restarts_its_training_process(job: Lo
     assert "training processes kept" not in job.node_output("a")
 
 
+@pytest.mark.parametrize("job", ["c10d", "rounds"], indirect=True)
 def test_a_new_node_joins_a_running_group_without_restarting_it(job: LocalJob) -> None:
     # Steps enough for the second node to start and import torch on a busy machine before the first is done.
     example = ["--steps", "150", "--step-delay", "0.1", "--global-batch", "16"]
@@ -112,6 +114,7 @@ def test_only_a_lost_peer_is_a_reason_to_regroup() -> None:
     assert not livegroup.peer_lost(ValueError("shape mismatch"))
 
 
+@pytest.mark.parametrize("job", ["c10d", "rounds"], indirect=True)
 def test_a_survivor_stuck_with_a_frozen_peer_is_restarted_at_once(job: LocalJob) -> None:
     job.start_pair_with_spare(EXAMPLE, trained=8)
     frozen = [

@@ -384,7 +384,12 @@ def test_a_group_formed_without_the_departed_is_left_alone_whatever_the_clocks(s
     )
     members: frozenset[rendezvous.Node] = frozenset({("10.0.0.1", 1, 0), ("10.0.0.2", 2, 0)})
     regrouper = Regrouper(
-        lambda: job, lambda: store, lambda: NOW.timestamp(), "w1", interval=60, members=lambda: members
+        lambda: job,
+        lambda: store,
+        lambda: NOW.timestamp(),
+        "w1",
+        interval=60,
+        includes=lambda keys: rendezvous.group_includes(store, members, keys),
     )
     assert regrouper.tick() is None and regrouper.settled == 1
     assert rendezvous.read_restart_epoch(store) == 0

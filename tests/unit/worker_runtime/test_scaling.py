@@ -131,6 +131,7 @@ def _restarts(output: str) -> list[str]:
     return re.findall(r"restarting the worker group: (.*)", output)
 
 
+@pytest.mark.parametrize("job", ["c10d", "rounds"], indirect=True)
 def test_group_grows_to_three_when_the_desired_count_changes(job: LocalJob, tmp_path: Path) -> None:
     desired = tmp_path / "desired-nodes"
     desired.write_text("2")

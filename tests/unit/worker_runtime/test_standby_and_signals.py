@@ -10,6 +10,7 @@ from localjob import LocalJob, wait_for
 from phalanx.worker.rendezvous import RoundView, spare_may_join
 
 
+@pytest.mark.parametrize("job", ["c10d", "rounds"], indirect=True)
 def test_standby_replaces_a_killed_node_with_state_from_peers(job: LocalJob) -> None:
     example = ["--steps", "45", "--step-delay", "0.1", "--global-batch", "16"]
     job.start_pair_with_spare(example, trained=12)
@@ -20,6 +21,7 @@ def test_standby_replaces_a_killed_node_with_state_from_peers(job: LocalJob) -> 
     job.assert_spare_finished_from_memory(45, step_before_kill)
 
 
+@pytest.mark.parametrize("job", ["c10d", "rounds"], indirect=True)
 def test_spare_started_first_leaves_both_slots_to_the_workers(job: LocalJob) -> None:
     # 1:2 nodes: the first round forms with worker a alone, so a spare that joined then would take
     # worker b's slot when b arrives a little later.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,17 @@ import pytest
 import torch.distributed as dist
 
 from phalanx.worker import rendezvous
-from phalanx.worker.storerounds import Departed, Plan, RendezvousFailed, Seat, StoreRounds, decide
+from phalanx.worker.storerounds import (
+    SPARES_LINE,
+    Closed,
+    Departed,
+    Dropped,
+    Plan,
+    RendezvousFailed,
+    Seat,
+    StoreRounds,
+    decide,
+)
 
 
 @pytest.fixture
@@ -60,34 +71,50 @@ def formed(server: dist.TCPStore, size: int, **options: Any) -> list[StoreRounds
     return members
 
 
-def standing_by(spare: StoreRounds, seen_by: StoreRounds) -> tuple[threading.Thread, list[Any]]:
+def standing_by(
+    spare: StoreRounds, seen_by: StoreRounds, waiting: int = 1
+) -> tuple[threading.Thread, list[Any]]:
     """The spare joins on a thread of its own; returns once `seen_by` (a member: the spare's own connection
     is busy waiting) sees it queued."""
     outcome: list[Any] = []
     thread = threading.Thread(target=lambda: outcome.append(spare.join()))
     thread.start()
-    while seen_by.waiting_spares() == 0:
+    while seen_by.waiting_spares() < waiting:
         thread.join(0.01)
     return thread, outcome
 
 
 def test_a_spare_takes_the_departed_rank_and_ranks_stay_dense_when_spares_run_short() -> None:
-    plan, left = decide(2, 8, {"dead": 3}, ["s1", "s2"], max_nodes=8)
-    assert (plan.size, plan.seats, plan.moves, left) == (8, {"s1": 3}, {}, ["s2"])
-    # Two deaths, one spare: the spare fills the lower hole, rank 7 moves into the other.
-    plan, left = decide(2, 8, {"a": 5, "b": 2}, ["s1"], max_nodes=8)
-    assert (plan.size, plan.seats, plan.moves, left) == (7, {"s1": 2}, {7: 5}, [])
+    plan, left, benched = decide(2, 8, {"dead": 3}, ["s1", "s2"], max_nodes=8)
+    assert (plan.size, plan.seats, plan.moves, left, benched) == (8, {"s1": 3}, {}, ["s2"], [])
+    # Two deaths, one spare: rank 7, past the new size, moves into the lower hole; the spare fills the other.
+    plan, left, _ = decide(2, 8, {"a": 5, "b": 2}, ["s1"], max_nodes=8)
+    assert (plan.size, plan.seats, plan.moves, left) == (7, {"s1": 5}, {7: 2}, [])
     # No spare: the highest ranks move down; a hole above the new size needs no mover.
-    plan, _ = decide(2, 8, {"a": 7, "b": 1, "c": 4}, [], max_nodes=8)
+    plan, _, _ = decide(2, 8, {"a": 7, "b": 1, "c": 4}, [], max_nodes=8)
     assert (plan.size, plan.moves) == (5, {5: 1, 6: 4})
     # No death: waiting spares grow the group up to its maximum, at the end.
-    plan, left = decide(3, 5, {}, ["s1", "s2", "s3"], max_nodes=6)
+    plan, left, _ = decide(3, 5, {}, ["s1", "s2", "s3"], max_nodes=6)
     assert (plan.size, plan.seats, left) == (6, {"s1": 5}, ["s2", "s3"])
 
 
+def test_a_lowered_maximum_leaves_out_the_highest_ranks_and_a_silent_member_is_dropped_not_departed() -> None:
+    plan, left, benched = decide(2, 6, {}, ["s1"], max_nodes=4)
+    assert (plan.size, plan.seats, plan.moves, left, benched) == (4, {}, {}, ["s1"], [4, 5])
+    # A silent member's rank is a hole like a departed one's, but the plan says it may come back.
+    plan, _, benched = decide(2, 4, {"gone": 1}, [], max_nodes=4, dropped={"quiet": 2})
+    assert (plan.size, plan.departed, plan.dropped, plan.moves, benched) == (
+        2,
+        ("gone",),
+        ("quiet",),
+        {3: 1},
+        [],
+    )
+
+
 def test_the_plan_of_one_death_is_the_same_size_whatever_the_group() -> None:
-    small, _ = decide(2, 8, {"uid-3": 3}, ["uid-spare"], max_nodes=8)
-    large, _ = decide(2, 12_500, {"uid-3": 3}, ["uid-spare"], max_nodes=12_500)
+    small, _, _ = decide(2, 8, {"uid-3": 3}, ["uid-spare"], max_nodes=8)
+    large, _, _ = decide(2, 12_500, {"uid-3": 3}, ["uid-spare"], max_nodes=12_500)
     assert len(large.encode()) - len(small.encode()) <= 4  # only the size's digits differ
     assert Plan.parse(large.encode()) == large
 
@@ -132,17 +159,76 @@ def test_without_a_spare_the_group_shrinks_and_only_the_ranks_past_its_end_move(
     assert ranks[by_rank[5].uid] == 1  # rank 5 moved into the lower hole
 
 
-def test_a_member_away_for_two_rounds_catches_up_through_both_plans(server: dist.TCPStore) -> None:
-    members = formed(server, 4)
+def test_a_round_waits_for_a_survivor_that_checks_in_late_within_the_grace(server: dist.TCPStore) -> None:
+    members = formed(server, 4, grace=10.0)
     by_rank = {m.seat.rank: m for m in members}
     laggard = by_rank[3]
     first, second = by_rank[1], by_rank[0]
-    # Two deaths in turn, the laggard taking part in neither re-form.
-    together([lambda m=m: m.reform([first.uid]) for m in (by_rank[0], by_rank[2])])
-    by_rank[2].reform([second.uid])
-    seat = laggard.reform([first.uid])
-    assert seat.round == 3 and seat.world_size == 2
-    assert sorted([seat.rank, by_rank[2].seat.rank]) == [0, 1]
+    # The decider of round 2 waits for the laggard, which checks in late but within the grace.
+    early = threading.Thread(
+        target=lambda: together([lambda m=m: m.reform([first.uid]) for m in (by_rank[0], by_rank[2])])
+    )
+    early.start()
+    threading.Event().wait(0.5)
+    observer = member(server, "observer")  # a connection of its own: the others' wait on theirs
+    assert observer.current_round() == 1, "the round was decided without the laggard"
+    laggard.reform([first.uid])
+    early.join(30)
+    assert laggard.seat.round == 2 and laggard.seat.world_size == 3
+    # Nobody has begun round 3 yet; after a second death both survivors re-form into it.
+    assert laggard.reform_begun() is False
+    third = by_rank[2]
+    both = together([lambda: third.reform([second.uid]), lambda: laggard.reform([second.uid])])
+    assert {seat.round for seat in both} == {3} and sorted(seat.rank for seat in both) == [0, 1]
+
+
+def test_a_silent_member_is_dropped_after_the_grace_and_may_come_back_as_a_spare(
+    server: dist.TCPStore,
+) -> None:
+    members = formed(server, 3, grace=0.5)
+    by_rank = {m.seat.rank: m for m in members}
+    silent = by_rank[1]
+    seats = together([lambda m=m: m.reform() for m in (by_rank[0], by_rank[2])])
+    assert sorted(seat.rank for seat in seats) == [0, 1] and {seat.world_size for seat in seats} == {2}
+    with pytest.raises(Dropped):
+        silent.reform()
+    # Back as a spare, it is seated when the group grows again (the maximum is 3).
+    thread, outcome = standing_by(silent, by_rank[0])
+    assert by_rank[0].seat is not None
+    together([lambda m=m: m.reform() for m in (by_rank[0], by_rank[2])])
+    thread.join(30)
+    assert outcome == [Seat(3, 2, 3)]
+
+
+def test_a_member_that_left_is_not_waited_for(server: dist.TCPStore) -> None:
+    members = formed(server, 3, grace=30.0)
+    leaver = next(m for m in members if m.seat.rank == 0)
+    leaver.leave()
+    started = time.monotonic()
+    seats = together([lambda m=m: m.reform() for m in members if m is not leaver])
+    assert time.monotonic() - started < 10 and sorted(seat.rank for seat in seats) == [0, 1]
+
+
+def test_new_members_form_the_next_round_when_the_whole_group_is_gone(server: dist.TCPStore) -> None:
+    """Nobody of the group is left to re-form it: the members it left waiting begin the round themselves once
+    they know the group's members are gone (they left, or the operator named them)."""
+    members = formed(server, 2, grace=30.0)
+    members[0].leave()
+    newcomers = [member(server, f"new{index}", min_nodes=2, max_nodes=2) for index in range(2)]
+    for newcomer in newcomers:  # the operator's regroup request reaches every launcher
+        newcomer.note_departed([members[1].uid])
+    started = time.monotonic()
+    seats = together([m.join for m in newcomers])
+    assert time.monotonic() - started < 10
+    assert sorted(seat.rank for seat in seats) == [0, 1] and {(s.round, s.world_size) for s in seats} == {(2, 2)}
+
+
+def test_a_restarted_store_is_noticed_and_the_group_forms_afresh(server: dist.TCPStore) -> None:
+    members = formed(server, 2)
+    assert not any(m.store_was_reset() for m in members)
+    for key in ("phalanx/rounds/incarnation",):
+        members[0].store.delete_key(key)
+    assert all(m.store_was_reset() for m in members)
 
 
 def test_below_its_maximum_the_group_closes_at_the_last_call(server: dist.TCPStore) -> None:
@@ -155,6 +241,31 @@ def test_below_its_maximum_the_group_closes_at_the_last_call(server: dist.TCPSto
     together([lambda m=m: m.reform() for m in members])
     thread.join(30)
     assert outcome == [Seat(2, 3, 4)] and {m.seat.world_size for m in members} == {4}
+
+
+def test_a_late_worker_is_seated_before_a_spare_that_came_first(server: dist.TCPStore) -> None:
+    first = member(server, "first", min_nodes=1, max_nodes=2, last_call=0.3)
+    first.join()
+    spare = member(server, "spare", min_nodes=1, max_nodes=2)
+    spare_outcome: list[Any] = []
+    spare_thread = threading.Thread(
+        target=lambda: spare_outcome.extend(together([lambda: spare.join(SPARES_LINE)]))
+    )
+    spare_thread.start()
+    while first.waiting_spares() == 0:
+        spare_thread.join(0.01)
+    # Below its maximum in its first round, the group does not grow with a spare: a worker may still come.
+    assert first.waiting_to_grow() == 0
+    late = member(server, "late", min_nodes=1, max_nodes=2)
+    thread, outcome = standing_by(late, first, waiting=2)
+    assert first.waiting_to_grow() == 1
+    first.reform()
+    thread.join(30)
+    assert outcome == [Seat(2, 1, 2)] and spare.seat is None
+    # The spare stands by until the rendezvous closes, then hears so.
+    first.close()
+    spare_thread.join(30)
+    assert [type(error) for error in spare_outcome] == [Closed]
 
 
 def test_too_few_members_by_the_last_call_is_a_failure_in_time(server: dist.TCPStore) -> None:
