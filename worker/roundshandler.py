@@ -100,14 +100,14 @@ class StoreRoundsHandler(RendezvousHandler):
         return RendezvousInfo(store, seat.rank, seat.world_size, bootstrap)
 
     def _next_seat(self) -> Seat:
-        if self.rounds.seat is None:
-            return self.rounds.join(SPARES_LINE if self.spare else None)
-        try:
-            return self.rounds.reform()
-        except Dropped:
-            # The group went on without this member (it was silent, or past a lowered maximum): it waits as a
-            # spare for the next free place, like any pod that comes late.
-            return self.rounds.join(SPARES_LINE if self.spare else WORKERS_LINE)
+        line = SPARES_LINE if self.spare else None
+        while True:
+            try:
+                return self.rounds.join(line) if self.rounds.seat is None else self.rounds.reform()
+            except Dropped:
+                # The group went on without this member (it was silent, or past a lowered maximum): it waits in
+                # line for the next free place, like any pod that comes late.
+                line = SPARES_LINE if self.spare else WORKERS_LINE
 
     def num_nodes_waiting(self) -> int:
         """Above zero when the group should re-form: another member began the next round (it checked in: a

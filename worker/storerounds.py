@@ -253,16 +253,23 @@ class StoreRounds:
         # `<line>/<n>`, and the deciders take them in that order, the workers' line first.
         self.standing_by = True
         try:
+            key = _seat_key(self.uid)
+            # A seat of this member's from before (it was seated, then left out) is not for this wait.
+            self.store.delete_key(key)
+            queued_at = self.current_round()
             place = int(self.store.add(_pushed_key(line), 1))
             self.store.set(_place_key(line, place), self.uid)
-            key = _seat_key(self.uid)
             tried: set[int] = set()
-            while not self._wait_for(key, SPARE_SLICE):
+            while True:
+                if self._wait_for(key, SPARE_SLICE):
+                    round_number, rank = _parse_seat(self.store.get(key))
+                    if round_number > queued_at:
+                        break
+                    self.store.delete_key(key)  # left by the decider that left this member out, late
                 if self.closed():
                     raise Closed("the rendezvous closed while this member waited for a seat")
                 self._take_over(tried)
             deadline = max(deadline, time.monotonic() + self.timeout)
-            round_number, rank = _parse_seat(self.store.get(key))
             plan = self._read_plan(round_number, deadline)
             seat = self._seated(Seat(round_number, rank, plan.size))
         finally:

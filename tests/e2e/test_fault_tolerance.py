@@ -105,8 +105,16 @@ def assert_story(cluster: Cluster, namespace: str, name: str, cause: str) -> Non
     assert reasons.index(cause) < reasons.index("Recovered"), reasons
 
 
-def _event_order(event: dict[str, Any]) -> tuple[str, str]:
-    return (event.get("lastTimestamp") or "", event["metadata"].get("creationTimestamp") or "")
+def _event_order(event: dict[str, Any]) -> tuple[str, str, int]:
+    # Timestamps have a second's precision: a recovery within the second of its failure (the operator can see
+    # both in one reconcile) ties, and the operator posts the events of one reconcile in order, so the store's
+    # revision of each event breaks the tie.
+    meta = event["metadata"]
+    return (
+        event.get("lastTimestamp") or "",
+        meta.get("creationTimestamp") or "",
+        int(meta["resourceVersion"]),
+    )
 
 
 def trainer_pids(pod: str) -> set[int]:
