@@ -88,9 +88,6 @@ class StoreRoundsHandler(RendezvousHandler):
             self.rounds.seat = None  # a restarted store: every member joins its first round afresh
         try:
             seat = self._next_seat()
-        except Departed as error:
-            # Named departed: this launcher's pod is being replaced; it leaves without a fault of its own.
-            raise RendezvousGracefulExitError(str(error)) from None
         except Closed as error:
             raise RendezvousGracefulExitError(str(error)) from None
         except RendezvousFailed as error:
@@ -104,6 +101,10 @@ class StoreRoundsHandler(RendezvousHandler):
         while True:
             try:
                 return self.rounds.join(line) if self.rounds.seat is None else self.rounds.reform()
+            except Departed:
+                # Named departed while it runs: its pod is being replaced. It stands by, as a member that c10d
+                # dropped does, until the operator deletes it or the job ends.
+                self.rounds.stand_aside()
             except Dropped:
                 # The group went on without this member (it was silent, or past a lowered maximum): it waits in
                 # line for the next free place, like any pod that comes late.

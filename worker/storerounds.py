@@ -389,6 +389,16 @@ class StoreRounds:
         with self._noted_lock:
             self._noted.update(uids)
 
+    def stand_aside(self) -> None:
+        """For a member named departed while it still runs (the operator replaces it): hold no place and wait
+        in no line, standing by until the rendezvous closes (then `Closed`); the operator deletes the pod
+        meanwhile. A place in a line would be given away again at once: every decider counts it gone."""
+        self.seat = None
+        self.standing_by = True
+        while not self._wait_for(CLOSED_KEY, WAIT_SLICE):
+            pass
+        raise Closed("the rendezvous closed while this member stood aside")
+
     def _known_gone(self) -> set[str]:
         """Members known to be gone: named by the operator, or said they left."""
         with self._noted_lock:
