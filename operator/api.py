@@ -39,7 +39,11 @@ DATE_TIME: JsonDict = {"format": "date-time"}
 FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]
 PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
-RendezvousProtocol = Literal["c10d", "rounds"]
+RendezvousProtocol = Literal["auto", "c10d", "rounds"]
+ROUNDS_FROM_PODS = 32
+"""With `rendezvous.protocol: auto`, jobs whose group may reach this many pods (maxReplicas + spares) use `rounds`:
+torch's c10d rendezvous takes 13 s to re-form 32 members on a 2-core machine and does not form 64 within 5 min
+(`phalanx bench --only rendezvous-scale`)."""
 JobState = contract.JobState
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 AUTO_INTERVAL = "auto"
@@ -410,11 +414,12 @@ class RendezvousSpec(ApiModel):
         ),
     )
 
-    protocol: RendezvousProtocol = "c10d"
+    protocol: RendezvousProtocol = "auto"
     """How the workers form and re-form their group (`PHALANX_RDZV_PROTOCOL`). `c10d`: torch's dynamic rendezvous,
     one shared state that every worker reads and rewrites, its cost per re-form growing with the square of the
     workers. `rounds`: rounds decided in the store, where survivors keep their ranks, a hot spare takes the failed
-    worker's, and a re-form costs in proportion to the change; for groups of hundreds of pods and more."""
+    worker's, and a re-form costs in proportion to the change. `auto`: `rounds` for groups that may reach 32 pods
+    (maxReplicas + spares), `c10d` below."""
     port: int = Field(default=29400, ge=1, le=65535)
     """Port of the rendezvous store."""
     image: str | None = None
@@ -695,6 +700,14 @@ class TrainingJobSpec(ApiModel):
     @property
     def effective_max_replicas(self) -> int:
         return self.replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def rendezvous_protocol(self) -> Literal["c10d", "rounds"]:
+        """The protocol the launchers use: `rendezvous.protocol`, with `auto` resolved by the group's size."""
+        chosen = self.rendezvous.protocol
+        if chosen != "auto":
+            return chosen
+        return "rounds" if self.effective_max_replicas + self.spares >= ROUNDS_FROM_PODS else "c10d"
 
 
 # -------------------------------------------------------------------------------------------- status

@@ -62,7 +62,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_MAX_NODES": spec.replicas,
         "PHALANX_NPROC_PER_NODE": spec.nproc_per_node,
         "PHALANX_ROLE": role,
-        "PHALANX_RDZV_PROTOCOL": rendezvous.protocol,
+        "PHALANX_RDZV_PROTOCOL": spec.rendezvous_protocol,
         "PHALANX_RDZV_JOIN_TIMEOUT": rendezvous.join_timeout_seconds,
         "PHALANX_RDZV_LAST_CALL_TIMEOUT": rendezvous.last_call_timeout_seconds,
         "PHALANX_RDZV_KEEPALIVE_INTERVAL": rendezvous.keepalive_interval_seconds,

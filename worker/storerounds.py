@@ -57,6 +57,9 @@ SPARE_SLICE = 1.0
 """Seconds a waiting spare waits for its seat before it looks whether the rendezvous closed."""
 CHECKIN_POLL = 0.01
 """Seconds between two looks of a round's decider at the members checked in."""
+TAKEOVER_MARGIN = 5.0
+"""Seconds past the grace that members wait for their round's decider to write its plan before one of them
+decides instead."""
 
 
 class RendezvousFailed(RuntimeError):
@@ -259,7 +262,7 @@ class StoreRounds:
             queued_at = self.current_round()
             place = int(self.store.add(_pushed_key(line), 1))
             self.store.set(_place_key(line, place), self.uid)
-            tried: set[int] = set()
+            begun: dict[int, list[float]] = {}
             while True:
                 if self._wait_for(key, SPARE_SLICE):
                     round_number, rank = _parse_seat(self.store.get(key))
@@ -268,7 +271,7 @@ class StoreRounds:
                     self.store.delete_key(key)  # left by the decider that left this member out, late
                 if self.closed():
                     raise Closed("the rendezvous closed while this member waited for a seat")
-                self._take_over(tried)
+                self._take_over(begun)
             deadline = max(deadline, time.monotonic() + self.timeout)
             plan = self._read_plan(round_number, deadline)
             seat = self._seated(Seat(round_number, rank, plan.size))
@@ -292,8 +295,28 @@ class StoreRounds:
         next_round = seat.round + 1
         self.store.set(_checkin_key(next_round, seat.rank), self.uid)
         if int(self.store.add(_checkins_key(next_round), 1)) == 1:
-            self._decide(seat, next_round, set(departed))
-        return self._catch_up(self._follow(self._read_plan(next_round, deadline)), deadline)
+            self._decide(seat, next_round, set(departed), attempt=1)
+        return self._catch_up(self._follow(self._await_plan(seat, next_round, deadline)), deadline)
+
+    def _await_plan(self, seat: Seat, next_round: int, deadline: float) -> Plan:
+        """The plan of the round this member checked in to. A decider that writes none within the grace and
+        `TAKEOVER_MARGIN` (it died, or stands still) is replaced: the first member to claim the next attempt
+        decides instead, leaving the earlier claimants out (they may come back in line)."""
+        key = _plan_key(next_round)
+        attempt = 1
+        while not self._wait_until(key, min(deadline, time.monotonic() + self.grace + TAKEOVER_MARGIN)):
+            if time.monotonic() >= deadline:
+                raise RendezvousFailed(f"round {next_round} was not decided within {self.timeout:.0f} s")
+            attempt += 1
+            if int(self.store.add(_claim_key(next_round, attempt), 1)) == 1:
+                self._decide(seat, next_round, set(), attempt)
+        return self._read_plan(next_round, deadline)
+
+    def _wait_until(self, key: str, until: float) -> bool:
+        while not self._wait_for(key, min(WAIT_SLICE, max(0.01, until - time.monotonic()))):
+            if time.monotonic() >= until:
+                return False
+        return True
 
     def _catch_up(self, seat: Seat, deadline: float) -> Seat:
         # Rounds decided since (a second departure while this member was away): each plan is a change.
@@ -312,22 +335,31 @@ class StoreRounds:
         rank = plan.rank_after(self.seat.rank)
         return self._seated(Seat(plan.round, rank, plan.size), moved=rank != self.seat.rank)
 
-    def _decide(self, previous: Seat, next_round: int, departed: set[str]) -> None:
+    def _decide(self, previous: Seat, next_round: int, departed: set[str], attempt: int) -> None:
+        """Decide the round as its `attempt`-th claimant: wait for the check-ins, then write the plan. Only the
+        claimant whose plan lands (compare-and-set) moves the lines and gives the seats."""
         size = previous.world_size
+        self.store.set(_claimant_key(next_round, attempt), self.uid)
+        # Earlier claimants wrote no plan in time: they are left out, though they may only have stood still.
+        earlier = [_claimant_key(next_round, number) for number in range(1, attempt)]
+        claimants = {bytes(raw).decode() for raw in self.store.multi_get(earlier)} if earlier else set()
+        stale = self._seated_ranks(claimants - {self.uid})
         grace_ends = time.monotonic() + self.grace
-        silent: dict[str, int] = {}
+        silent: dict[str, int] = dict(stale)
         while True:
             named = departed | self._known_gone()
             ranks = self._seated_ranks(named)
-            expected = [rank for rank in range(size) if rank not in set(ranks.values())]
+            gone = set(ranks.values()) | set(stale.values())
+            expected = [rank for rank in range(size) if rank not in gone]
             if int(self.store.add(_checkins_key(next_round), 0)) >= len(expected) and (
                 not expected or self.store.check([_checkin_key(next_round, rank) for rank in expected])
             ):
                 break
             if time.monotonic() >= grace_ends:
-                silent = self._silent(next_round, expected)
+                silent.update(self._silent(next_round, expected))
                 break
             time.sleep(CHECKIN_POLL)
+        silent = {uid: rank for uid, rank in silent.items() if uid not in ranks}
         max_nodes = self.max_nodes
         holes, growth = len(ranks) + len(silent), max(0, max_nodes - size)
         lines = {WORKERS_LINE: self._waiting_in(WORKERS_LINE, holes + growth)}
@@ -338,6 +370,8 @@ class StoreRounds:
         plan, _, benched = decide(next_round, size, ranks, spares, max_nodes, silent)
         if benched:
             plan = replace(plan, dropped=tuple(sorted({*plan.dropped, *self._occupants(benched)})))
+        if not self._write_plan(plan):
+            return  # another claimant's plan landed first: it moves the lines
         # Only this round's decider moves the lines on: the members it seats leave them (a prefix of each, the
         # workers' line first), the others keep their places.
         seated_count = len(plan.seats)
@@ -349,7 +383,6 @@ class StoreRounds:
                 self.store.add(_taken_key(line), leaving)
                 for place in range(taken + 1, taken + 1 + leaving):
                     self.store.delete_key(_place_key(line, place))
-        self._write_plan(plan)
         if plan.seats:
             self.store.multi_set(
                 [_seat_key(uid) for uid in plan.seats],
@@ -409,18 +442,33 @@ class StoreRounds:
         """The ranks of those of `uids` that hold a seat (a pod that never had one has no rank to give up)."""
         return {uid: _as_int(raw) for uid in uids if (raw := self._get_or_none(_rank_key(uid))) is not None}
 
-    def _take_over(self, tried: set[int]) -> None:
+    def _take_over(self, begun: dict[int, list[float]]) -> None:
         """A member waiting in line begins the next round itself when a member of the current one is known to be
         gone: with every member gone (the operator named them all, or they left), no survivor would. It decides
-        the round unless a survivor began it first; survivors still alive check in as for any re-form."""
+        the round unless a survivor began it first; survivors still alive check in as for any re-form. A decider
+        that writes no plan in time is replaced, as among survivors (`_await_plan`). `begun`: the rounds this
+        member began, with when it last looked and the attempt in force."""
         current = self.current_round()
-        if current < FIRST_ROUND or current in tried or not self._seated_ranks(self._known_gone()):
+        if current < FIRST_ROUND:
             return
-        tried.add(current)
         next_round = current + 1
-        if int(self.store.add(_checkins_key(next_round), 1)) == 1:
-            size = Plan.parse(self.store.get(_plan_key(current))).size
-            self._decide(Seat(current, -1, size), next_round, set())
+        if current not in begun:
+            if not self._seated_ranks(self._known_gone()):
+                return
+            begun[current] = [time.monotonic(), 1.0]
+            if int(self.store.add(_checkins_key(next_round), 1)) != 1:
+                return
+            attempt = 1
+        else:
+            since, tried = begun[current]
+            if time.monotonic() - since < self.grace + TAKEOVER_MARGIN or self._exists(_plan_key(next_round)):
+                return
+            attempt = int(tried) + 1
+            begun[current] = [time.monotonic(), float(attempt)]
+            if int(self.store.add(_claim_key(next_round, attempt), 1)) != 1:
+                return
+        size = Plan.parse(self.store.get(_plan_key(current))).size
+        self._decide(Seat(current, -1, size), next_round, set(), attempt)
 
     def leave(self) -> None:
         """Say that this member leaves the group for good: the next round's decider counts it gone at once."""
@@ -482,10 +530,13 @@ class StoreRounds:
         """The newest round decided (0: none yet): above a member's own, the group moved on without it."""
         return _as_int(self._get_or_none(CURRENT_KEY))
 
-    def _write_plan(self, plan: Plan) -> None:
-        self.store.compare_set(_plan_key(plan.round), "", plan.encode())
+    def _write_plan(self, plan: Plan) -> bool:
+        """Write the round's plan unless one is written already; True when this one landed."""
+        mine = plan.encode()
+        landed = bytes(self.store.compare_set(_plan_key(plan.round), "", mine)).decode() == mine
         if plan.round == FIRST_ROUND:
             self.store.compare_set(CURRENT_KEY, "", str(FIRST_ROUND))
+        return landed
 
     def _read_plan(self, round_number: int, deadline: float) -> Plan:
         key = _plan_key(round_number)
@@ -531,6 +582,16 @@ def _plan_key(round_number: int) -> str:
 def group_prefix(round_number: int) -> str:
     """Where a round's group keeps its own keys in the store (torchelastic's, the workers' bootstrap)."""
     return f"{PREFIX}/{round_number}/group"
+
+
+def _claim_key(round_number: int, attempt: int) -> str:
+    """Counted by the members that would take over the round's decision at `attempt` (the first count wins)."""
+    return f"{PREFIX}/{round_number}/claim/{attempt}"
+
+
+def _claimant_key(round_number: int, attempt: int) -> str:
+    """The UID of the round's `attempt`-th decider."""
+    return f"{PREFIX}/{round_number}/claimant/{attempt}"
 
 
 def _checkins_key(round_number: int) -> str:

@@ -72,6 +72,24 @@ def test_worker_pod_carries_the_whole_env_contract(make_job: MakeJob) -> None:
     assert len(names) == len(set(names))
 
 
+@pytest.mark.parametrize(
+    ("sizes", "protocol", "expected"),
+    [
+        ({"replicas": 2, "spares": 1}, None, "c10d"),
+        ({"replicas": 30, "spares": 2}, None, "rounds"),
+        ({"replicas": 8, "maxReplicas": 40, "minReplicas": 4}, None, "rounds"),
+        ({"replicas": 64}, "c10d", "c10d"),
+        ({"replicas": 2}, "rounds", "rounds"),
+    ],
+)
+def test_the_rendezvous_protocol_is_chosen_by_the_groups_size_unless_the_spec_names_one(
+    make_job: MakeJob, sizes: dict[str, int], protocol: str | None, expected: str
+) -> None:
+    job = make_job(**sizes, **({"rendezvous": {"protocol": protocol}} if protocol else {}))
+    env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
+    assert env["PHALANX_RDZV_PROTOCOL"] == expected
+
+
 def test_worker_pod_names_labels_ownership_and_dns(make_job: MakeJob) -> None:
     job = make_job()
     pod = builders.build_worker_pod(job, _spec(job), 0, "worker")

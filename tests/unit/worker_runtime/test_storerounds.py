@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from phalanx.worker import rendezvous
+from phalanx.worker import rendezvous, storerounds
 from phalanx.worker.storerounds import (
     SPARES_LINE,
     Closed,
@@ -221,6 +221,24 @@ def test_new_members_form_the_next_round_when_the_whole_group_is_gone(server: di
     seats = together([m.join for m in newcomers])
     assert time.monotonic() - started < 10
     assert sorted(seat.rank for seat in seats) == [0, 1] and {(s.round, s.world_size) for s in seats} == {(2, 2)}
+
+
+def test_a_decider_that_dies_before_its_plan_is_replaced(
+    server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storerounds, "TAKEOVER_MARGIN", 0.5)
+    members = formed(server, 3, grace=0.5)
+    by_rank = {m.seat.rank: m for m in members}
+    doomed = by_rank[1]
+    # It checks in first, so it is the round's decider, and dies before it writes the plan.
+    doomed.store.set(f"phalanx/rounds/2/in/{doomed.seat.rank}", doomed.uid)
+    assert doomed.store.add("phalanx/rounds/2/in", 1) == 1
+    doomed.store.set("phalanx/rounds/2/claimant/1", doomed.uid)
+    seats = together([lambda m=m: m.reform() for m in (by_rank[0], by_rank[2])])
+    assert [(seat.round, seat.rank, seat.world_size) for seat in seats] == [(2, 0, 2), (2, 1, 2)]
+    # It was only left out: if it comes back, it hears so and may wait in line.
+    with pytest.raises(Dropped):
+        doomed.reform()
 
 
 def test_a_restarted_store_is_noticed_and_the_group_forms_afresh(server: dist.TCPStore) -> None:
