@@ -383,17 +383,27 @@ class BenchCluster:
             wait_for(self.operator_metrics, 120, message="the operator's metrics endpoint")
         return self.operator
 
+    def upgrade_operator(self, values: dict[str, Any], settings: dict[str, str] | None = None) -> None:
+        """`helm upgrade` of the installed release with `values`, its other values kept; with `settings`
+        (`PHALANX_OPERATOR_*` variables), wait until the operator acting holds them."""
+        self.ensure_operator()
+        self.log(f"upgrading the operator with Helm (values {values})")
+        self._helm().upgrade(
+            str(assets.chart_dir()), OPERATOR_RELEASE, values, namespace=OPERATOR_NAMESPACE, reuse_values=True
+        )
+        if not settings:
+            return
+
+        def holds_them() -> bool:
+            self.operator = None
+            return settings.items() <= self.ensure_operator().settings.items()
+
+        wait_for(holds_them, 300, message=f"the operator acting with {settings}")
+
     def scale_operator(self, replicas: int) -> None:
         """Run `replicas` operator replicas (`helm upgrade` of the installed release, its other values kept), and
         wait until that many run, one of them holding the operator's Lease."""
-        self.ensure_operator()
-        self._helm().upgrade(
-            str(assets.chart_dir()),
-            OPERATOR_RELEASE,
-            {"replicaCount": replicas},
-            namespace=OPERATOR_NAMESPACE,
-            reuse_values=True,
-        )
+        self.upgrade_operator({"replicaCount": replicas})
         wait_for(
             lambda: (
                 len([p for p in self.operator_pods() if is_ready(p)]) == len(self.operator_pods()) == replicas

@@ -40,8 +40,9 @@ def the_incident_of(job: dict[str, Any], pod_uid: str) -> dict[str, Any]:
 @pytest.mark.pod_security(
     "privileged", reason="the trainers write their step log to the test's folder through a hostPath volume"
 )
+@pytest.mark.parametrize("protocol", ["c10d", "rounds"])
 def test_a_worker_and_then_the_promoted_spare_killed_lose_at_most_one_step(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, protocol: str
 ) -> None:
     """Two failures that overlap: a worker is killed, and the spare taking its slot is killed as soon as it
     leaves standby to join the round that replaces the first group (its heartbeat says so at once). The
@@ -49,7 +50,7 @@ def test_a_worker_and_then_the_promoted_spare_killed_lose_at_most_one_step(
     from it (at most the step in flight is lost), not from the durable checkpoint many steps back. Each
     incident's figures are the step log's."""
     tmp_path.chmod(0o777)
-    job = fault_job("twice")
+    job = fault_job("twice", rendezvous={"protocol": protocol})
     template = job["spec"]["template"]["spec"]
     (container,) = template["containers"]
     container["args"] += ["--log-file", "/steplog/steps.jsonl"]
