@@ -185,9 +185,9 @@ def figures(protocol: str, reports: list[dict[str, Any]]) -> Measured:
     # c10d's metrics keep the names of the reports before the store rounds were measured beside it.
     tag = "" if protocol == "c10d" else f"{PROTOCOLS[protocol]}: "
     path = (
-        "c10d, today's path"
+        "c10d, the launcher's protocol below 32 pods"
         if protocol == "c10d"
-        else "store rounds, worker/storerounds.py: the protocol alone, which the launcher does not use yet"
+        else "store rounds, worker/storerounds.py: the launcher's `rounds` protocol, the default from 32 pods"
     )
     out = Measured()
     for report in reports:
@@ -295,13 +295,15 @@ def run(context: Any, quick: bool) -> Any:
 
     measured = {protocol: figures(protocol, reports[protocol]) for protocol in PROTOCOLS}
     notes = [
-        "Two protocols side by side, each against a fresh store per size. c10d is today's path and the "
-        "baseline: torch's dynamic rendezvous as the launcher sets it up (poll interval scaled with the group, "
+        "Two protocols side by side, each against a fresh store per size. c10d is the baseline: torch's "
+        "dynamic rendezvous as the launcher sets it up (poll interval scaled with the group, "
         "worker/rendezvous.py), its state one pickled object that every member reads and rewrites by "
-        "compare-and-set. Store rounds (worker/storerounds.py) decide each round in the store: a ticket per "
-        "member at formation, and at a re-form one decider that writes only the change (the departed, the "
-        "spare's seat, the ranks that move); survivors keep their ranks. The launcher does not use store "
-        "rounds yet: their figures are the protocol's, through the same gate and store.",
+        "compare-and-set; the launcher uses it below 32 pods (`rendezvous.protocol: auto`). Store rounds "
+        "(worker/storerounds.py, the launcher's `rounds` protocol) decide each round in the store: a ticket "
+        "per member at formation, and at a re-form every survivor checks in and one decider, once all have, "
+        "writes only the change (the departed, the spare's seat, the ranks that move); survivors keep their "
+        "ranks. The emulation runs the protocol's calls as the launchers make them, through the same gate and "
+        "store.",
         "The store runs as in the job's rendezvous pod, behind the job's gate (every byte passes the gate's "
         "relay); the members are emulated launchers in one process of their own, one thread each: on 2 cores "
         "the members' own CPU competes with the store's, which a real job spreads over N machines.",

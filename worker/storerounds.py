@@ -310,7 +310,7 @@ class StoreRounds:
             attempt += 1
             if int(self.store.add(_claim_key(next_round, attempt), 1)) == 1:
                 self._decide(seat, next_round, set(), attempt)
-        return self._read_plan(next_round, deadline)
+        return self._plan_of(next_round)
 
     def _wait_until(self, key: str, until: float) -> bool:
         while not self._wait_for(key, min(WAIT_SLICE, max(0.01, until - time.monotonic()))):
@@ -467,7 +467,7 @@ class StoreRounds:
             begun[current] = [time.monotonic(), float(attempt)]
             if int(self.store.add(_claim_key(next_round, attempt), 1)) != 1:
                 return
-        size = Plan.parse(self.store.get(_plan_key(current))).size
+        size = self._plan_of(current).size
         self._decide(Seat(current, -1, size), next_round, set(), attempt)
 
     def leave(self) -> None:
@@ -528,14 +528,16 @@ class StoreRounds:
 
     def current_round(self) -> int:
         """The newest round decided (0: none yet): above a member's own, the group moved on without it."""
-        return _as_int(self._get_or_none(CURRENT_KEY))
+        return int(self.store.add(CURRENT_KEY, 0))  # one round trip; an absent key reads 0
 
     def _write_plan(self, plan: Plan) -> bool:
         """Write the round's plan unless one is written already; True when this one landed."""
         mine = plan.encode()
         landed = bytes(self.store.compare_set(_plan_key(plan.round), "", mine)).decode() == mine
         if plan.round == FIRST_ROUND:
-            self.store.compare_set(CURRENT_KEY, "", str(FIRST_ROUND))
+            # `current_round` may have made the key, at 0.
+            self.store.add(CURRENT_KEY, 0)
+            self.store.compare_set(CURRENT_KEY, "0", str(FIRST_ROUND))
         return landed
 
     def _read_plan(self, round_number: int, deadline: float) -> Plan:
@@ -543,7 +545,11 @@ class StoreRounds:
         while not self._wait_for(key, min(WAIT_SLICE, max(0.01, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 raise RendezvousFailed(f"round {round_number} was not decided within {self.timeout:.0f} s")
-        plan = Plan.parse(self.store.get(key))
+        return self._plan_of(round_number)
+
+    def _plan_of(self, round_number: int) -> Plan:
+        """The round's plan, written already."""
+        plan = Plan.parse(self.store.get(_plan_key(round_number)))
         if plan.round != round_number or not 0 < plan.size <= MAX_MEMBERS:
             raise RendezvousFailed(f"round {round_number}'s plan does not fit the group: {plan}")
         return plan
