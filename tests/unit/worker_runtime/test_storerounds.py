@@ -220,7 +220,9 @@ def test_new_members_form_the_next_round_when_the_whole_group_is_gone(server: di
     started = time.monotonic()
     seats = together([m.join for m in newcomers])
     assert time.monotonic() - started < 10
-    assert sorted(seat.rank for seat in seats) == [0, 1] and {(s.round, s.world_size) for s in seats} == {(2, 2)}
+    assert sorted(seat.rank for seat in seats) == [0, 1] and {(s.round, s.world_size) for s in seats} == {
+        (2, 2)
+    }
 
 
 def test_a_decider_that_dies_before_its_plan_is_replaced(
