@@ -238,11 +238,8 @@ class StoreRounds:
     def _last_call(self, ticket: int, max_nodes: int) -> None:
         """Below `max_nodes`: wait for the group to fill until the last call, then close it with the members
         there are, if they are enough."""
-        key = _plan_key(FIRST_ROUND)
-        closes_at = time.monotonic() + self.last_call
-        while time.monotonic() < closes_at:
-            if self._wait_for(key, min(WAIT_SLICE, max(0.01, closes_at - time.monotonic()))):
-                return
+        if self._wait_until(_plan_key(FIRST_ROUND), time.monotonic() + self.last_call):
+            return
         joined = min(int(self.store.add(f"{PREFIX}/{FIRST_ROUND}/tickets", 0)), max_nodes)
         if joined >= self.min_nodes:
             self._write_plan(Plan(FIRST_ROUND, joined))
@@ -262,7 +259,7 @@ class StoreRounds:
             queued_at = self.current_round()
             place = int(self.store.add(_pushed_key(line), 1))
             self.store.set(_place_key(line, place), self.uid)
-            begun: dict[int, list[float]] = {}
+            begun: dict[int, tuple[float, int]] = {}
             while True:
                 if self._wait_for(key, SPARE_SLICE):
                     round_number, rank = _parse_seat(self.store.get(key))
@@ -313,6 +310,7 @@ class StoreRounds:
         return self._plan_of(next_round)
 
     def _wait_until(self, key: str, until: float) -> bool:
+        """Wait for `key` until the monotonic time `until`, in slices; False when it did not come."""
         while not self._wait_for(key, min(WAIT_SLICE, max(0.01, until - time.monotonic()))):
             if time.monotonic() >= until:
                 return False
@@ -442,7 +440,7 @@ class StoreRounds:
         """The ranks of those of `uids` that hold a seat (a pod that never had one has no rank to give up)."""
         return {uid: _as_int(raw) for uid in uids if (raw := self._get_or_none(_rank_key(uid))) is not None}
 
-    def _take_over(self, begun: dict[int, list[float]]) -> None:
+    def _take_over(self, begun: dict[int, tuple[float, int]]) -> None:
         """A member waiting in line begins the next round itself when a member of the current one is known to be
         gone: with every member gone (the operator named them all, or they left), no survivor would. It decides
         the round unless a survivor began it first; survivors still alive check in as for any re-form. A decider
@@ -455,16 +453,16 @@ class StoreRounds:
         if current not in begun:
             if not self._seated_ranks(self._known_gone()):
                 return
-            begun[current] = [time.monotonic(), 1.0]
+            begun[current] = (time.monotonic(), 1)
             if int(self.store.add(_checkins_key(next_round), 1)) != 1:
                 return
             attempt = 1
         else:
-            since, tried = begun[current]
+            since, attempt = begun[current]
             if time.monotonic() - since < self.grace + TAKEOVER_MARGIN or self._exists(_plan_key(next_round)):
                 return
-            attempt = int(tried) + 1
-            begun[current] = [time.monotonic(), float(attempt)]
+            attempt += 1
+            begun[current] = (time.monotonic(), attempt)
             if int(self.store.add(_claim_key(next_round, attempt), 1)) != 1:
                 return
         size = self._plan_of(current).size
@@ -541,10 +539,8 @@ class StoreRounds:
         return landed
 
     def _read_plan(self, round_number: int, deadline: float) -> Plan:
-        key = _plan_key(round_number)
-        while not self._wait_for(key, min(WAIT_SLICE, max(0.01, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                raise RendezvousFailed(f"round {round_number} was not decided within {self.timeout:.0f} s")
+        if not self._wait_until(_plan_key(round_number), deadline):
+            raise RendezvousFailed(f"round {round_number} was not decided within {self.timeout:.0f} s")
         return self._plan_of(round_number)
 
     def _plan_of(self, round_number: int) -> Plan:
