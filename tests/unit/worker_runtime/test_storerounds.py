@@ -288,6 +288,26 @@ def test_a_late_worker_is_seated_before_a_spare_that_came_first(server: dist.TCP
     assert [type(error) for error in spare_outcome] == [Closed]
 
 
+def test_a_dead_members_place_goes_to_a_waiting_worker_before_a_spare(server: dist.TCPStore) -> None:
+    members = formed(server, 2)
+    spare = member(server, "spare", min_nodes=2, max_nodes=2)
+    spare_outcome: list[Any] = []
+    spare_thread = threading.Thread(
+        target=lambda: spare_outcome.extend(together([lambda: spare.join(SPARES_LINE)]))
+    )
+    spare_thread.start()
+    while members[0].waiting_spares() == 0:
+        spare_thread.join(0.01)
+    late = member(server, "late", min_nodes=2, max_nodes=2)
+    thread, outcome = standing_by(late, members[0], waiting=2)
+    dead, survivor = sorted(members, key=lambda m: m.seat.rank)
+    survivor.reform([dead.uid])
+    thread.join(30)
+    assert outcome == [Seat(2, 0, 2)] and spare.seat is None
+    survivor.close()
+    spare_thread.join(30)
+
+
 def test_too_few_members_by_the_last_call_is_a_failure_in_time(server: dist.TCPStore) -> None:
     alone = member(server, "alone", min_nodes=2, max_nodes=4, last_call=0.2, timeout=1.0)
     with pytest.raises(RendezvousFailed, match="not decided"):
