@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -130,7 +131,11 @@ def test_a_survivor_stuck_with_a_frozen_peer_is_restarted_at_once(job: LocalJob)
         store.add("phalanx/restart-epoch", 1)  # what the operator's regroup request leads to
         wait_for(lambda: job.last_step() > step + 2, 90, "training to go on without the frozen node")
         output = job.node_output("a")
-        assert "training processes restarted, not kept: rank 0 has been in step" in output, output
+        # The survivor's own rank is the one it names: its trainer is the one left waiting in the step.
+        survivor_rank = re.search(r"group attempt 1 \(start\): rank (\d+) of", output)
+        assert survivor_rank is not None, output
+        expected = f"training processes restarted, not kept: rank {survivor_rank.group(1)} has been in step"
+        assert expected in output, output
         assert "did not leave group" not in output  # no leave timeout was waited out
     finally:
         for process in frozen:
