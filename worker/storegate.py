@@ -39,7 +39,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -269,14 +269,14 @@ class Forwarder:
         self._remote = (host, port)
         self._secret = secret
         self._timeout = timeout
-        self._serve_descendants = serve_descendants
         listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = listener.getsockname()[1]
+        self._ownership = _OwnershipChecks(self.port, serve_descendants)
         self._server = _EventLoop.run(asyncio.start_server(self._relay, sock=listener))
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        if not own_connection(peer[1], self.port, self._serve_descendants):
+        if not await self._ownership.own(peer[1]):
             logger.warning("store forwarder: refused %s: not a connection of this process", peer)
             writer.close()
             return
@@ -307,37 +307,97 @@ def forwarder_for(host: str, port: int, secret: bytes) -> Forwarder:
         return made[1]
 
 
+class _OwnershipChecks:
+    """Answers a forwarder's question, whose is this connection, for all the connections waiting at once.
+
+    Each answer reads the kernel's TCP tables and this process's open files, and both grow with the
+    connections the process holds: a launcher holds a few, but a process that opens thousands (the scale
+    benchmark's emulated launchers) would pay for every connection a read of all the others, the square of
+    them in all. Connections that arrive while one look runs share the next one, off the loop's thread."""
+
+    def __init__(self, local_port: int, or_descendants: bool) -> None:
+        self._local_port = local_port
+        self._or_descendants = or_descendants
+        self._waiting: list[tuple[int, asyncio.Future[bool]]] = []
+        self._looking: asyncio.Task[None] | None = None
+
+    async def own(self, peer_port: int) -> bool:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bool] = loop.create_future()
+        self._waiting.append((peer_port, answer))
+        if self._looking is None:
+            self._looking = loop.create_task(self._look())
+        return await answer
+
+    async def _look(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    owned = await loop.run_in_executor(
+                        None,
+                        own_connections,
+                        [port for port, _ in batch],
+                        self._local_port,
+                        self._or_descendants,
+                    )
+                except Exception as error:  # an answer for each waiting connection, even when it is a failure
+                    owned = [False] * len(batch)
+                    logger.warning("store forwarder: cannot tell whose connections these are: %s", error)
+                for (_, answer), mine in zip(batch, owned, strict=True):
+                    if not answer.done():
+                        answer.set_result(mine)
+        finally:
+            self._looking = None
+
+
 def own_connection(peer_port: int, local_port: int, or_descendants: bool = False) -> bool:
     """Whether the loopback connection from `peer_port` to `local_port` was made by a socket of this process
     (or, with `or_descendants`, of a process it started, or one they started): its inode, found in the
     kernel's TCP table, is among that process's open files."""
-    inode = _loopback_socket_inode(peer_port, local_port)
-    if inode is None:
-        return False
-    link = f"socket:[{inode}]"
+    return own_connections([peer_port], local_port, or_descendants)[0]
+
+
+def own_connections(peer_ports: Sequence[int], local_port: int, or_descendants: bool = False) -> list[bool]:
+    """`own_connection` for each of `peer_ports`, with one read of the TCP tables and of the open files."""
+    inodes = _loopback_socket_inodes(set(peer_ports), local_port)
+    owned = _owned_sockets(or_descendants) if inodes else set()
+    return [inodes.get(port) in owned for port in peer_ports]
+
+
+def _owned_sockets(or_descendants: bool) -> set[str]:
+    """The links (`socket:[inode]`) of the sockets this process holds open, and its descendants' with
+    `or_descendants`."""
     owners = [os.getpid()]
     if or_descendants:
         with contextlib.suppress(psutil.Error):
             owners.extend(child.pid for child in psutil.Process().children(recursive=True))
+    links: set[str] = set()
     for pid in owners:
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
-                        return True
-    return False
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:"):
+                        links.add(link)
+    return links
 
 
-def _loopback_socket_inode(peer_port: int, local_port: int) -> str | None:
-    """The inode of the TCP socket bound to 127.0.0.1:`peer_port` and connected to 127.0.0.1:`local_port`:
-    an IPv4 socket, or an IPv6 one speaking IPv4-mapped addresses (torch's client makes those)."""
+def _loopback_socket_inodes(peer_ports: set[int], local_port: int) -> dict[int, str]:
+    """The links (`socket:[inode]`) of the TCP sockets bound to 127.0.0.1 at one of `peer_ports` and
+    connected to 127.0.0.1:`local_port`, by port: IPv4 sockets, or IPv6 ones speaking IPv4-mapped addresses
+    (torch's client makes those)."""
     tables = (("/proc/self/net/tcp", "0100007F"), ("/proc/self/net/tcp6", "0000000000000000FFFF00000100007F"))
+    found: dict[int, str] = {}
     for path, loopback in tables:
-        wanted = (f"{loopback}:{peer_port:04X}", f"{loopback}:{local_port:04X}")
+        local_prefix, remote = f"{loopback}:", f"{loopback}:{local_port:04X}"
         with contextlib.suppress(OSError), open(path) as table:
             next(table, None)
             for line in table:
                 fields = line.split()
-                if len(fields) > 9 and (fields[1], fields[2]) == wanted:
-                    return fields[9]
-    return None
+                if len(fields) > 9 and fields[2] == remote and fields[1].startswith(local_prefix):
+                    port = int(fields[1][len(local_prefix) :], 16)
+                    if port in peer_ports:
+                        found[port] = f"socket:[{fields[9]}]"
+    return found

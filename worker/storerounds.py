@@ -60,6 +60,9 @@ CHECKIN_POLL = 0.01
 TAKEOVER_MARGIN = 5.0
 """Seconds past the grace that members wait for their round's decider to write its plan before one of them
 decides instead."""
+ABSENT = "\x00absent"
+"""What `_get_or_none` asks the store to compare a key with: never a value of the protocol's, so the store
+answers with the key's value, or with this when there is none."""
 
 
 class RendezvousFailed(RuntimeError):
@@ -261,8 +264,8 @@ class StoreRounds:
             self.store.set(_place_key(line, place), self.uid)
             begun: dict[int, tuple[float, int]] = {}
             while True:
-                if self._wait_for(key, SPARE_SLICE):
-                    round_number, rank = _parse_seat(self.store.get(key))
+                if self._wait_for(key, SPARE_SLICE) and (raw := self._get_or_none(key)) is not None:
+                    round_number, rank = _parse_seat(raw)
                     if round_number > queued_at:
                         break
                     self.store.delete_key(key)  # left by the decider that left this member out, late
@@ -293,7 +296,9 @@ class StoreRounds:
         self.store.set(_checkin_key(next_round, seat.rank), self.uid)
         if int(self.store.add(_checkins_key(next_round), 1)) == 1:
             self._decide(seat, next_round, set(departed), attempt=1)
-        return self._catch_up(self._follow(self._await_plan(seat, next_round, deadline)), deadline)
+        # No look for later rounds: one could be decided only without this member's check-in (it was dropped
+        # or named departed), and then `reform_begun` says so at the member's next look, which follows it.
+        return self._follow(self._await_plan(seat, next_round, deadline))
 
     def _await_plan(self, seat: Seat, next_round: int, deadline: float) -> Plan:
         """The plan of the round this member checked in to. A decider that writes none within the grace and
@@ -545,7 +550,10 @@ class StoreRounds:
 
     def _plan_of(self, round_number: int) -> Plan:
         """The round's plan, written already."""
-        plan = Plan.parse(self.store.get(_plan_key(round_number)))
+        raw = self._get_or_none(_plan_key(round_number))
+        if raw is None:
+            raise RendezvousFailed(f"round {round_number}'s plan is gone from the store")
+        plan = Plan.parse(raw)
         if plan.round != round_number or not 0 < plan.size <= MAX_MEMBERS:
             raise RendezvousFailed(f"round {round_number}'s plan does not fit the group: {plan}")
         return plan
@@ -563,7 +571,10 @@ class StoreRounds:
         return bool(self.store.check([key]))
 
     def _get_or_none(self, key: str) -> bytes | None:
-        return bytes(self.store.get(key)) if self._exists(key) else None
+        """The key's value, None when it has none: one round trip, where `check` then `get` take three (the
+        store client's `get` waits for the key first)."""
+        raw = bytes(self.store.compare_set(key, ABSENT, ABSENT))
+        return None if raw == ABSENT.encode() else raw
 
 
 def leave(store: Any, uid: str) -> None:

@@ -124,6 +124,62 @@ def test_the_forwarder_serves_only_its_own_process(gated: rendezvous.GatedServer
     assert mine.get("mine") == b"1"  # the launcher's own connections go on
 
 
+def test_one_look_tells_which_of_many_connections_are_this_process_s() -> None:
+    """The forwarder answers for all the connections waiting at once: one read of the TCP tables and of the open
+    files tells them apart, a stranger's among this process's own."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    code = (
+        "import socket, sys, time\n"
+        f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    stranger = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    mine = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    try:
+        assert stranger.stdout is not None
+        strangers_port = int(stranger.stdout.readline())
+        ports = [mine[0].getsockname()[1], strangers_port, *(sock.getsockname()[1] for sock in mine[1:])]
+        assert storegate.own_connections(ports, port) == [True, False, True, True]
+        assert storegate.own_connections(ports, port, or_descendants=True) == [True] * 4
+        assert storegate.own_connections([strangers_port], port + 1) == [False]  # not to this port
+    finally:
+        stranger.kill()
+        stranger.wait()
+        for sock in mine:
+            sock.close()
+        listener.close()
+
+
+def test_many_connections_at_once_all_pass_the_forwarder(gated: rendezvous.GatedServer) -> None:
+    """Connections that arrive while the forwarder looks whose they are share its next look: each gets its
+    answer, none is refused or left waiting."""
+    forwarder = storegate.forwarder_for("127.0.0.1", gated.port, SECRET)
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        try:
+            store = dist.TCPStore(
+                "127.0.0.1",
+                forwarder.port,
+                is_master=False,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=60),
+            )
+            store.add(f"client/{index}", 1)  # answered: the store has it once this returns
+        except BaseException as error:
+            errors.append(error)
+
+    clients = [threading.Thread(target=client, args=(index,)) for index in range(40)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join(90)
+    assert not errors, errors
+    assert gated.store.check([f"client/{index}" for index in range(40)])
+
+
 def test_gates_and_forwarders_close_on_their_loop_s_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """asyncio's Server is not thread-safe: closed from the caller's thread while a relayed connection ended
     on the loop, it raised from inside asyncio (about once in 300 closes)."""
