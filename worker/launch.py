@@ -376,6 +376,7 @@ class PhalanxAgent(LocalElasticAgent):
             self._reporter.launcher_phase = "standby"
             self._client.wait_for_formed_group()
         self._initialize_resilient()
+        self._client.watch_events()
         while True:
             time.sleep(spec.monitor_interval)
             result = self._monitor_workers(self._worker_group)
@@ -457,6 +458,8 @@ class PhalanxAgent(LocalElasticAgent):
             )
             self._store_lost_at = None
             return "store-reconnected"
+        if not self._client.events.due():
+            return None  # nothing announced, and the idle look is not due yet
         try:
             epoch = self._client.restart_epoch()
             if epoch != self._epoch_seen:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.worker import rendezvous, scaling, storegate
+from phalanx.worker import rendezvous, scaling, storeevents, storegate
 from phalanx.worker.env import LaunchSettings
 from phalanx.worker.torch_elastic import RendezvousConnectionError, RendezvousHandler
 
@@ -56,6 +56,11 @@ class StoreConnections:
         # other use of the store (torch's keep-alives, the launcher's own keys) too.
         self.round_store = self._connect_until(deadline, timeout=self.round_wait)
         self.max_nodes = scaling.StoreMaxNodes(lambda: self.store, settings.max_nodes)
+        self.events = storeevents.StoreEvents(
+            self._watch_connection,
+            storeevents.idle_look_interval(settings.max_nodes, settings.monitor_interval),
+        )
+        """When the running group should look at the store (`watch_events` starts it)."""
 
     @property
     def secret(self) -> bytes | None:
@@ -82,6 +87,17 @@ class StoreConnections:
         return self.settings.local_addr
 
     # -- connections ------------------------------------------------------------------------------
+
+    def watch_events(self) -> None:
+        """Start watching the store's announced events (once a group of this node's runs)."""
+        if not self.events.started:
+            self.events.start()
+
+    def _watch_connection(self) -> dist.TCPStore:
+        # The watcher's own: its wait for the next event holds the connection it waits on.
+        return rendezvous.connect(
+            self.settings.rdzv_host, self.settings.rdzv_port, self.settings.store_timeout, self._secret
+        )
 
     def _connect_until(self, deadline: float, timeout: float | None = None) -> dist.TCPStore:
         wanted = self.settings.store_timeout if timeout is None else timeout

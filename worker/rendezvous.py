@@ -29,7 +29,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.worker import safepickle, storegate
+from phalanx.worker import safepickle, storeevents, storegate
 from phalanx.worker.env import FRESHEST_KEY, MAX_NODES_KEY, OUTCOME_KEY, RESTART_EPOCH_KEY
 
 logger = logging.getLogger("phalanx.launch")
@@ -121,7 +121,9 @@ def read_restart_epoch(store: dist.Store) -> int:
 
 def request_restart(store: dist.Store) -> int:
     """Ask every launcher of the job to restart its worker group now; returns the new epoch."""
-    return int(store.add(RESTART_EPOCH_KEY, 1))
+    epoch = int(store.add(RESTART_EPOCH_KEY, 1))
+    storeevents.announce(store)
+    return epoch
 
 
 @dataclass(frozen=True)

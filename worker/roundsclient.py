@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.worker import rendezvous, storerounds
+from phalanx.worker import storerounds
 from phalanx.worker.checkpoint import shm_store
 from phalanx.worker.env import LaunchSettings
 from phalanx.worker.rdzvclient import StoreConnections
@@ -52,8 +52,8 @@ class RoundsClient(StoreConnections):
             settings.local_addr,
             spare=settings.role == "spare",
             agent_store=self.gates_training_store,
-            # All members together look about as often as c10d's waiting nodes read its state.
-            poll=rendezvous.sync_poll_interval(settings.max_nodes),
+            # No throttle of its own: the launcher looks when an event was announced (a member checked in to
+            # the next round, a pod queued) or at its idle interval (worker/storeevents.py).
         )
 
     def _use_connections(self, store: dist.TCPStore, round_store: dist.TCPStore, prepared: Any) -> None:

@@ -35,8 +35,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any
+
+from phalanx.worker import storeevents
 
 PREFIX = "phalanx/rounds"
 WORKERS_LINE = "workers"
@@ -262,6 +263,7 @@ class StoreRounds:
             queued_at = self.current_round()
             place = int(self.store.add(_pushed_key(line), 1))
             self.store.set(_place_key(line, place), self.uid)
+            storeevents.announce(self.store)  # a group below its maximum grows by this member
             begun: dict[int, tuple[float, int]] = {}
             while True:
                 if self._wait_for(key, SPARE_SLICE) and (raw := self._get_or_none(key)) is not None:
@@ -295,6 +297,7 @@ class StoreRounds:
         next_round = seat.round + 1
         self.store.set(_checkin_key(next_round, seat.rank), self.uid)
         if int(self.store.add(_checkins_key(next_round), 1)) == 1:
+            storeevents.announce(self.store)  # the other members' launchers look now, not at their next poll
             self._decide(seat, next_round, set(departed), attempt=1)
         # No look for later rounds: one could be decided only without this member's check-in (it was dropped
         # or named departed), and then `reform_begun` says so at the member's next look, which follows it.
@@ -461,6 +464,7 @@ class StoreRounds:
             begun[current] = (time.monotonic(), 1)
             if int(self.store.add(_checkins_key(next_round), 1)) != 1:
                 return
+            storeevents.announce(self.store)
             attempt = 1
         else:
             since, attempt = begun[current]
@@ -559,13 +563,7 @@ class StoreRounds:
         return plan
 
     def _wait_for(self, key: str, seconds: float) -> bool:
-        try:
-            self.store.wait([key], timedelta(seconds=seconds))
-        except Exception as error:  # DistStoreError on a timeout; anything else is not ours to hide
-            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
-                return False
-            raise
-        return True
+        return storeevents.wait_for_key(self.store, key, seconds)
 
     def _exists(self, key: str) -> bool:
         return bool(self.store.check([key]))

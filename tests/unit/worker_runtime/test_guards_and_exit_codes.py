@@ -6,7 +6,8 @@ import sys
 
 from localjob import LocalJob, wait_for
 
-from phalanx.worker import rendezvous, termination
+from phalanx.worker import rendezvous, storeevents, termination
+from phalanx.worker.env import RESTART_EPOCH_KEY
 from phalanx.worker.exitcodes import LauncherExit, TrainerExit
 
 
@@ -67,6 +68,22 @@ def test_restart_epoch_makes_the_group_restart_at_once(job: LocalJob) -> None:
     assert "restart-epoch 0->1" in job.node_output("a")
     resumed = [event for event in job.restores() if event["step"] > 0]
     assert [event["source"] for event in resumed] == ["memory"]
+
+
+def test_a_launcher_of_a_large_group_looks_at_the_store_when_told_not_at_every_tick(job: LocalJob) -> None:
+    """Up to 100,000 nodes (`idle_look_interval`: 200 s between unasked looks), a restart epoch moved without
+    an announcement waits for that look, and the announcement is acted on at once."""
+    job.start_node("a", ["--steps", "400", "--step-delay", "0.1"], nnodes="1:100000")
+    wait_for(lambda: job.last_step() >= 5, 60, "training to start")
+    store = rendezvous.connect("127.0.0.1", job.port, timeout=5)
+    store.add(RESTART_EPOCH_KEY, 1)  # not announced
+    step = job.last_step()
+    wait_for(lambda: job.last_step() >= step + 10, 60, "training to go on")
+    assert "restart-epoch" not in job.node_output("a")
+    storeevents.announce(store)
+    wait_for(lambda: "restart-epoch 0->1" in job.node_output("a"), 30, "the announced restart")
+    job.nodes["a"].terminate()
+    job.wait_node("a", 60)
 
 
 def test_training_survives_the_rendezvous_store_restarting(job: LocalJob) -> None:
