@@ -12,11 +12,13 @@ worker/storegate.py on H:P, and clients pass the gate (`connect(..., secret=...)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
 import pickle
+import resource
 import signal
 import socket
 import sys
@@ -223,6 +225,24 @@ def spare_may_join(view: RoundView, max_nodes: int, waited_out: bool) -> str | N
     return None
 
 
+CONNECTIONS_PER_LAUNCHER = 3
+"""A launcher's connections to the job's store: its own keys, its round's waits, its watch of the events."""
+FILES_PER_CONNECTION = 3
+"""Open files one connection costs the rendezvous pod: the gate's two sockets and the store's one."""
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's open-files limit to its hard limit, and return it: each launcher costs the store
+    `CONNECTIONS_PER_LAUNCHER * FILES_PER_CONNECTION` of them (a 12,500-pod job about 112,500), and a container
+    runtime may start processes at a soft limit of 1,024 under a hard one of 524,288 (Go's runtime raises its
+    own, Python's does not)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m phalanx.worker.rendezvous", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (the pod IP)")
@@ -245,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     gated = " gated" if secret is not None else ""
     print(f"{READY_PREFIX} host={args.host} port={server.port}{gated}", flush=True)
+    print(f"phalanx-rendezvous: up to {raise_open_files_limit()} open files", flush=True)
     while not stop.wait(1.0):
         pass
     print("phalanx-rendezvous stopping", flush=True)

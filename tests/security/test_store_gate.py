@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -347,3 +348,18 @@ def test_a_launcher_whose_secret_file_is_missing_stops_with_a_configuration_erro
         job.start_node("a", ["--steps", "5"], nnodes="1", env={"PHALANX_STORE_SECRET_FILE": "/nonexistent"})
         assert job.wait_node("a", 90) == 2, job.node_output("a")
         assert "cannot read the job's store secret /nonexistent" in job.node_output("a")
+
+
+def test_the_rendezvous_server_raises_its_open_files_limit_to_the_hard_one() -> None:
+    """Each launcher costs the rendezvous pod 9 open files; a runtime may start it at a soft limit of 1,024."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    code = "from phalanx.worker import rendezvous; print(rendezvous.raise_open_files_limit())"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert int(result.stdout) == hard
