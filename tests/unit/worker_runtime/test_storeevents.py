@@ -4,7 +4,7 @@ monitor tick; a writer that never set its marker, or a store that restarted, hid
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +22,20 @@ def server() -> Iterator[dist.TCPStore]:
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
     )
     yield store
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[..., StoreEvents]]:
+    """Starts watchers, closed after the test."""
+    started: list[StoreEvents] = []
+
+    def start(connect: Callable[[], Any], idle_interval: float) -> StoreEvents:
+        started.append(StoreEvents(connect, idle_interval).start())
+        return started[-1]
+
+    yield start
+    for events in started:
+        events.close()
 
 
 def client(port: int) -> dist.TCPStore:
@@ -54,34 +68,32 @@ def test_the_idle_interval_grows_with_the_group_and_never_drops_below_the_monito
     assert storeevents.idle_look_interval(12_500, 0.2) == 25.0  # all launchers together: 500 looks a second
 
 
-def test_a_look_is_due_at_once_then_only_when_an_event_comes(server: dist.TCPStore) -> None:
-    events = StoreEvents(lambda: client(server.port), idle_interval=3600).start()
-    try:
-        assert events.due()  # the first look
-        wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
-        events.due()  # anything announced before the watcher waited: one more look
-        assert not events.due()
-        storeevents.announce(client(server.port))
-        wait_for(events.due, 10, "the announced event")
-        assert not events.due()  # one look per event
-    finally:
-        events.close()
+def test_a_look_is_due_at_once_then_only_when_an_event_comes(
+    server: dist.TCPStore, watch: Callable[..., StoreEvents]
+) -> None:
+    events = watch(lambda: client(server.port), idle_interval=3600)
+    assert events.due()  # the first look
+    wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
+    events.due()  # anything announced before the watcher waited: one more look
+    assert not events.due()
+    storeevents.announce(client(server.port))
+    wait_for(events.due, 10, "the announced event")
+    assert not events.due()  # one look per event
 
 
-def test_without_events_a_look_is_due_each_idle_interval(server: dist.TCPStore) -> None:
-    events = StoreEvents(lambda: client(server.port), idle_interval=0.3).start()
-    try:
-        wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
-        assert events.due()
-        assert not events.due()
-        time.sleep(0.35)
-        assert events.due()
-    finally:
-        events.close()
+def test_without_events_a_look_is_due_each_idle_interval(
+    server: dist.TCPStore, watch: Callable[..., StoreEvents]
+) -> None:
+    events = watch(lambda: client(server.port), idle_interval=0.3)
+    wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
+    assert events.due()
+    assert not events.due()
+    time.sleep(0.35)
+    assert events.due()
 
 
 def test_an_idle_watcher_makes_one_wait_and_one_read_per_slice(
-    server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch
+    server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch, watch: Callable[..., StoreEvents]
 ) -> None:
     monkeypatch.setattr(storeevents, "WATCH_SLICE", 0.2)
     connections: list[CountingStore] = []
@@ -90,52 +102,45 @@ def test_an_idle_watcher_makes_one_wait_and_one_read_per_slice(
         connections.append(CountingStore(client(server.port)))
         return connections[-1]
 
-    events = StoreEvents(connect, idle_interval=0.1).start()
-    try:
-        time.sleep(1.1)
-        # About 5 slices: each one wait and one read of the count, besides the first read.
-        assert len(connections) == 1
-        assert 4 <= connections[0].requests <= 14, connections[0].requests
-    finally:
-        events.close()
+    watch(connect, idle_interval=0.1)
+    time.sleep(1.1)
+    # About 5 slices: each one wait and one read of the count, besides the first read.
+    assert len(connections) == 1
+    assert 4 <= connections[0].requests <= 14, connections[0].requests
 
 
 def test_a_writer_that_never_set_its_marker_hides_no_later_event(
-    server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch
+    server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch, watch: Callable[..., StoreEvents]
 ) -> None:
     monkeypatch.setattr(storeevents, "WATCH_SLICE", 0.3)
-    events = StoreEvents(lambda: client(server.port), idle_interval=3600).start()
-    try:
-        assert events.due()
-        wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
-        writer = client(server.port)
-        writer.add(storeevents.EVENTS_KEY, 1)  # counted, then the writer died before its marker
-        storeevents.announce(writer)
-        wait_for(events.due, 10, "the later event")
-    finally:
-        events.close()
+    events = watch(lambda: client(server.port), idle_interval=3600)
+    assert events.due()
+    wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
+    writer = client(server.port)
+    writer.add(storeevents.EVENTS_KEY, 1)  # counted, then the writer died before its marker
+    storeevents.announce(writer)
+    wait_for(events.due, 10, "the later event")
 
 
-def test_while_the_store_is_gone_every_look_is_due_and_the_watcher_comes_back() -> None:
+def test_while_the_store_is_gone_every_look_is_due_and_the_watcher_comes_back(
+    watch: Callable[..., StoreEvents],
+) -> None:
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
     )
     port = store.port
-    events = StoreEvents(lambda: client(port), idle_interval=3600).start()
-    try:
-        wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
-        events.due()
-        del store  # the store's server stops
-        wait_for(lambda: not events.watching, 30, "the watcher to notice the store is gone")
-        assert events.due() and events.due()
-        restarted = dist.TCPStore(
-            "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
-        )
-        assert restarted.port == port
-        wait_for(lambda: events.watching, 30, "the watcher to come back")
-        events.due()  # what was announced while it had no connection
-        assert not events.due()
-        storeevents.announce(client(port))
-        wait_for(events.due, 10, "an event on the restarted store")
-    finally:
-        events.close()
+    events = watch(lambda: client(port), idle_interval=3600)
+    wait_for(lambda: events.watching, 10, "the watcher to wait on the store")
+    events.due()
+    del store  # the store's server stops
+    wait_for(lambda: not events.watching, 30, "the watcher to notice the store is gone")
+    assert events.due() and events.due()
+    restarted = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+    assert restarted.port == port
+    wait_for(lambda: events.watching, 30, "the watcher to come back")
+    events.due()  # what was announced while it had no connection
+    assert not events.due()
+    storeevents.announce(client(port))
+    wait_for(events.due, 10, "an event on the restarted store")
