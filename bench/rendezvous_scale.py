@@ -298,6 +298,35 @@ def projections_of(protocol: str, measured: Measured) -> tuple[dict[str, dict[in
     return projections, notes
 
 
+def per_member_cpu_notes(reports: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """What one member's share of a re-form costs the emulation at each size, beside the store's own CPU: a
+    share that grows with N is the emulating interpreter's (its threads contend for its lock), not the
+    protocol's, whose per-member work is the same few round trips at any size."""
+    notes = []
+    for protocol, name in PROTOCOLS.items():
+        if protocol == "c10d":
+            continue
+        shares = []
+        for report in reports.get(protocol, []):
+            phases = completed(reform_phases(report))
+            if phases:
+                members = sum(phase["members_cpu_seconds"] for phase in phases) / len(phases)
+                store = sum(phase["store_cpu_seconds"] for phase in phases) / len(phases)
+                nodes = report["nodes"]
+                shares.append(
+                    f"{members / nodes * 1000:.2f} ms a member and {store:.2f} s the store at N = {nodes:,}"
+                )
+        if shares:
+            notes.append(
+                f"{name}: CPU per re-form, "
+                + "; ".join(shares)
+                + ". A member's share is the same four round trips at every size; where it grows with N, the "
+                "emulating interpreter's threads are contending for its lock (a real job's members each have a "
+                "machine). The store's CPU is the part a real job pays in one place."
+            )
+    return notes
+
+
 def run(context: Any, quick: bool) -> Any:
     """Harness entry point (`phalanx bench --only rendezvous-scale`)."""
     from phalanx.bench.core import BenchResult, Series, Timeout
@@ -359,6 +388,7 @@ def run(context: Any, quick: bool) -> Any:
                 "what one machine takes to run every member's share of the protocol, an upper bound on a real "
                 "job's, whose members each have a machine; the bytes and the store's CPU are the store's own."
             )
+    notes.extend(per_member_cpu_notes(reports))
     projections: dict[str, dict[str, dict[int, float]]] = {}
     for protocol in PROTOCOLS:
         projections[protocol], projected_notes = projections_of(protocol, measured[protocol])
