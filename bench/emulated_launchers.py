@@ -360,8 +360,26 @@ def main(argv: list[str] | None = None) -> int:
         default="c10d",
         help="c10d: the launcher's rendezvous today; rounds: the store-decided rounds of worker/storerounds.py",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="rounds: spread the members over this many processes (bench/rounds_pool.py)",
+    )
     args = parser.parse_args(argv)
-    if args.protocol == "rounds":
+    if args.protocol == "rounds" and args.processes > 1:
+        from phalanx.bench import rounds_pool
+
+        report = rounds_pool.emulate(
+            args.nodes,
+            args.reforms,
+            args.processes,
+            args.endpoint,
+            args.secret_file,
+            args.store_pid,
+            args.timeout,
+        )
+    elif args.protocol == "rounds":
         report = emulate_rounds(
             args.nodes, args.reforms, args.endpoint, args.secret_file, args.store_pid, args.timeout
         )

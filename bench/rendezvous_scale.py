@@ -39,6 +39,9 @@ files there (the gate's two sockets, the store's one) and as many in the emulati
 holds a process to 20,000 (a hard limit it cannot raise), so 12,500 runs without the gate (`UNGATED_SIZES`)."""
 ROUNDS_QUICK_SIZES = (8, 64)
 UNGATED_SIZES = (12_500,)
+MEMBERS_PER_PROCESS = 2048
+"""The most store-rounds members one emulating process holds: past it the interpreter's threads spend more CPU
+contending for its lock than on the protocol (bench/rounds_pool.py)."""
 OPEN_FILES_PER_GATED_MEMBER = 3
 PROTOCOLS = {"c10d": "c10d", "rounds": "store rounds", "rounds-ungated": "store rounds without the gate"}
 """The variants measured side by side and their names in the report."""
@@ -90,7 +93,13 @@ def start_store(secret_file: Path | None) -> tuple[subprocess.Popen[str], int]:
 
 
 def run_size(
-    nodes: int, reforms: int, port: int, secret_file: Path | None, store_pid: int, protocol: str = "c10d"
+    nodes: int,
+    reforms: int,
+    port: int,
+    secret_file: Path | None,
+    store_pid: int,
+    protocol: str = "c10d",
+    processes: int = 1,
 ) -> dict[str, Any]:
     """One size of one protocol in a driver process of its own; its JSON report, or why there is none."""
     budget = RENDEZVOUS_TIMEOUT * (reforms + 1) + 120 + nodes * 0.2
@@ -99,6 +108,7 @@ def run_size(
         "--reforms", str(reforms), "--endpoint", f"127.0.0.1:{port}", "--secret-file", str(secret_file or ""),
         "--store-pid", str(store_pid), "--timeout", str(RENDEZVOUS_TIMEOUT),
         "--keepalive", *(str(value) for value in KEEPALIVE), "--protocol", protocol,
+        "--processes", str(processes),
     ]  # fmt: skip
     started = time.monotonic()
     try:
@@ -159,6 +169,12 @@ def emulation_limit(report: dict[str, Any]) -> str:
     )
 
 
+def emulating_processes(protocol: str, nodes: int) -> int:
+    """How many processes hold the emulated members: store rounds' members in processes of at most
+    `MEMBERS_PER_PROCESS` (bench/rounds_pool.py); c10d's in one, as measured so far."""
+    return 1 if EMULATED[protocol] == "c10d" else math.ceil(nodes / MEMBERS_PER_PROCESS)
+
+
 def open_files_hard_limit() -> int:
     import resource
 
@@ -176,7 +192,15 @@ def measure(
         gate_secret = secret_file if GATED[protocol] else None
         store, port = start_store(gate_secret)
         try:
-            report = run_size(nodes, reforms, port, gate_secret, store.pid, EMULATED[protocol])
+            report = run_size(
+                nodes,
+                reforms,
+                port,
+                gate_secret,
+                store.pid,
+                EMULATED[protocol],
+                emulating_processes(protocol, nodes),
+            )
         finally:
             store.terminate()
             try:
@@ -320,7 +344,7 @@ def per_member_cpu_notes(reports: dict[str, list[dict[str, Any]]]) -> list[str]:
             notes.append(
                 f"{name}: CPU per re-form, "
                 + "; ".join(shares)
-                + ". A member's share is the same four round trips at every size; where it grows with N, the "
+                + ". A member's share is the same four round trips at every size; where it grows with N, an "
                 "emulating interpreter's threads are contending for its lock (a real job's members each have a "
                 "machine). The store's CPU is the part a real job pays in one place."
             )
@@ -357,8 +381,9 @@ def run(context: Any, quick: bool) -> Any:
         "ranks. The emulation runs the protocol's calls as the launchers make them, through the same gate and "
         "store.",
         "The store runs as in the job's rendezvous pod, behind the job's gate (every byte passes the gate's "
-        "relay); the members are emulated launchers in one process of their own, one thread each: on 2 cores "
-        "the members' own CPU competes with the store's, which a real job spreads over N machines.",
+        "relay); the members are emulated launchers, one thread each, in a process of their own (store rounds: "
+        f"in processes of at most {MEMBERS_PER_PROCESS:,} members, bench/rounds_pool.py): on 2 cores the "
+        "members' own CPU competes with the store's, which a real job spreads over N machines.",
         "A re-form starts at the member's death, with the operator's regroup already at hand (its node expired "
         "at once); the operator's detection time and the launchers' monitor interval (0.2 s) come on top.",
         f"Through the gate every member costs the store's process {OPEN_FILES_PER_GATED_MEMBER} open files and "
@@ -384,7 +409,7 @@ def run(context: Any, quick: bool) -> Any:
             notes.append(
                 f"{PROTOCOLS[protocol]}: the emulated members kept "
                 + ", ".join(f"{cores:.1f} cores busy at N = {nodes}" for nodes, cores in by_size.items())
-                + f" of the machine's {os.cpu_count()} (most in one interpreter, under its lock): the times are "
+                + f" of the machine's {os.cpu_count()}: the times are "
                 "what one machine takes to run every member's share of the protocol, an upper bound on a real "
                 "job's, whose members each have a machine; the bytes and the store's CPU are the store's own."
             )
