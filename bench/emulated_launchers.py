@@ -6,8 +6,8 @@ its keep-alives, its node published for the operator's word, the freshness guard
 launcher drives it, one thread each: `next_rendezvous()` to form the group; on a member's death the operator's
 regroup (its node expired at once, `forget_departed`), after which every survivor re-enters the rendezvous and
 the waiting hot spare fills the place. With `--protocol rounds` the same group and deaths go through the
-store-decided rounds of worker/storerounds.py instead (`emulate_rounds`). Nothing trains: what is measured is
-the rendezvous alone.
+store-decided rounds of worker/storerounds.py instead (bench/rounds_pool.py, the members in `--processes`
+processes). Nothing trains: what is measured is the rendezvous alone.
 
 Run as its own process (`python -m phalanx.bench.emulated_launchers ...`), so that its threads and the store
 process it talks to are measured apart from the harness. It prints one JSON object: the timings and the
@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import random
-import resource
 import sys
 import threading
 import time
@@ -67,12 +66,6 @@ def cpu_seconds(pid: int | str = "self") -> float:
     """User and system CPU time of a process, seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def raise_open_files_limit(wanted: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
 
 
 def settings_for(
@@ -224,10 +217,10 @@ def emulate(
 ) -> dict[str, Any]:
     """Form a group of `nodes` emulated launchers, then re-form it `reforms` times, each after one member's
     death with a hot spare waiting to take its place."""
-    from phalanx.worker import torch_elastic
+    from phalanx.worker import rendezvous, torch_elastic
     from phalanx.worker.launch import RendezvousClient
 
-    raise_open_files_limit(8 * (nodes + reforms) + 256)
+    rendezvous.raise_open_files_limit()
     # As the launcher sets it (worker/launch.py): each round's rank 0 publishes its address afresh, instead of
     # the first rank 0 serving every later round.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -272,75 +265,6 @@ def emulate(
     return report
 
 
-def emulate_rounds(
-    nodes: int, reforms: int, endpoint: str, secret_file: str, store_pid: int, timeout: float
-) -> dict[str, Any]:
-    """The same group and the same deaths through the store-decided rounds of worker/storerounds.py: each
-    member its own store connection through the job's gate, `join()` to form, `reform(departed)` after a
-    death (the operator's regroup names the dead member), the hot spare waiting in `join()` for a seat."""
-    from phalanx.worker import rendezvous, storegate
-    from phalanx.worker.storerounds import StoreRounds
-
-    raise_open_files_limit(4 * (nodes + reforms) + 256)
-    host, port = endpoint.rsplit(":", 1)
-    secret = storegate.read_secret(secret_file) if secret_file else None
-
-    def launcher(index: int) -> StoreRounds:
-        store = rendezvous.connect(host, int(port), timeout, secret)
-        return StoreRounds(store, f"uid-{index}", nodes, nodes, timeout=timeout)
-
-    def seat_of(call: Callable[[], Any]) -> tuple[int, int]:
-        seat = call()
-        return seat.round, seat.world_size
-
-    started = time.monotonic()
-    members, errors, finished = [], [], True
-    # In waves below the gate's bound on handshakes under way (storegate.MAX_PENDING_HANDSHAKES): it drops
-    # the connections past it, which a launcher would retry.
-    wave = storegate.MAX_PENDING_HANDSHAKES // 2
-    for first in range(0, nodes, wave):
-        connected, failed, done = in_parallel(
-            [functools.partial(launcher, index) for index in range(first, min(nodes, first + wave))],
-            LAUNCHER_START_TIMEOUT,
-        )
-        members += connected
-        errors += failed
-        finished = finished and done
-    report: dict[str, Any] = {
-        "nodes": nodes, "protocol": "rounds", "start_seconds": time.monotonic() - started, "phases": []
-    }  # fmt: skip
-    if errors or not finished:
-        report["error"] = f"launchers could not start: {errors[:3] or 'timed out'}"
-        return report
-    formation = timed_phase(
-        "formation", [functools.partial(seat_of, m.join) for m in members], store_pid, timeout
-    )
-    if not recorded(report, formation, "the group did not form"):
-        return report
-    chooser = random.Random(nodes)
-    for attempt in range(reforms):
-        spare = launcher(nodes + attempt)
-        outcome: list[Any] = []
-        thread = threading.Thread(target=lambda s=spare, o=outcome: o.append(seat_of(s.join)), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + LAUNCHER_START_TIMEOUT
-        while members[0].waiting_spares() == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        victim = members.pop(chooser.randrange(len(members)))
-        phase = timed_phase(
-            f"re-form {attempt + 1}",
-            [functools.partial(seat_of, functools.partial(m.reform, [victim.uid])) for m in members],
-            store_pid,
-            timeout,
-            waiting=[(thread, outcome)],
-        )
-        members.append(spare)
-        if not recorded(report, phase):
-            break
-    report["seconds"] = time.monotonic() - started
-    return report
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m phalanx.bench.emulated_launchers", description=__doc__)
     parser.add_argument("--nodes", type=int, required=True)
@@ -367,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds: spread the members over this many processes (bench/rounds_pool.py)",
     )
     args = parser.parse_args(argv)
-    if args.protocol == "rounds" and args.processes > 1:
+    if args.protocol == "rounds":
         from phalanx.bench import rounds_pool
 
         report = rounds_pool.emulate(
@@ -378,10 +302,6 @@ def main(argv: list[str] | None = None) -> int:
             args.secret_file,
             args.store_pid,
             args.timeout,
-        )
-    elif args.protocol == "rounds":
-        report = emulate_rounds(
-            args.nodes, args.reforms, args.endpoint, args.secret_file, args.store_pid, args.timeout
         )
     else:
         report = emulate(

@@ -171,19 +171,20 @@ def emulate(
     store_pid: int,
     timeout: float,
 ) -> dict[str, Any]:
-    """`emulated_launchers.emulate_rounds` with the members in `processes` processes: the same group, the
-    same deaths (one member, named by the operator's regroup, with a hot spare in line), the same report."""
+    """Form a group of `nodes` store-rounds members, held by `processes` processes, then re-form it `reforms`
+    times, each after one member's death (named by the operator's regroup) with a hot spare in line: each
+    member its own store connection through the job's gate, `join()` to form, `reform(departed)` after a death,
+    the spare waiting in `join()` for a seat."""
     from phalanx.bench.emulated_launchers import (
         Phase,
         cpu_seconds,
-        raise_open_files_limit,
         recorded,
         store_io_bytes,
     )
     from phalanx.worker import rendezvous, storegate
     from phalanx.worker.storerounds import StoreRounds
 
-    raise_open_files_limit(4 * (nodes + reforms) + 256)
+    rendezvous.raise_open_files_limit()
     host, port = endpoint.rsplit(":", 1)
     secret = storegate.read_secret(secret_file) if secret_file else None
 

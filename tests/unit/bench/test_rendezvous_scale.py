@@ -61,9 +61,10 @@ def test_emulated_launchers_form_and_re_form_a_group_through_the_gated_store(sto
 
 def test_store_rounds_re_form_through_the_gated_store_with_the_spare_in_place(store) -> None:  # type: ignore[no-untyped-def]
     process, port, secret_file = store
-    report = emulated_launchers.emulate_rounds(
+    report = rounds_pool.emulate(
         nodes=4,
         reforms=2,
+        processes=1,
         endpoint=f"127.0.0.1:{port}",
         secret_file=str(secret_file),
         store_pid=process.pid,
