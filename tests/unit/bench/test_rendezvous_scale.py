@@ -59,12 +59,17 @@ def test_emulated_launchers_form_and_re_form_a_group_through_the_gated_store(sto
         assert phase["store_bytes"] > 1000
 
 
-def test_store_rounds_re_form_through_the_gated_store_with_the_spare_in_place(store) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("nodes", "processes"), [(4, 1), (7, 3)])
+def test_store_rounds_re_form_through_the_gated_store_with_the_spare_in_place(  # type: ignore[no-untyped-def]
+    store, nodes: int, processes: int
+) -> None:
+    """With `--processes 3` the members live in three forked processes: each phase is timed to the last of them,
+    and the spare stands in one of them and takes the dead member's place."""
     process, port, secret_file = store
     report = rounds_pool.emulate(
-        nodes=4,
+        nodes=nodes,
         reforms=2,
-        processes=1,
+        processes=processes,
         endpoint=f"127.0.0.1:{port}",
         secret_file=str(secret_file),
         store_pid=process.pid,
@@ -74,24 +79,5 @@ def test_store_rounds_re_form_through_the_gated_store_with_the_spare_in_place(st
     assert [phase["rounds"] for phase in report["phases"]] == [[1], [2], [3]]
     for phase in report["phases"]:
         # The spare's seat is among the results: the group is whole again at every round.
-        assert phase["world_sizes"] == [4] and not phase["failures"] and phase["store_bytes"] > 100
-
-
-def test_store_rounds_members_spread_over_processes_re_form_as_one_group(store) -> None:  # type: ignore[no-untyped-def]
-    """The members of `--processes 3` live in three forked processes; each phase is timed to the last of them,
-    the spare stands in one of them and takes the dead member's place."""
-    process, port, secret_file = store
-    report = rounds_pool.emulate(
-        nodes=7,
-        reforms=2,
-        processes=3,
-        endpoint=f"127.0.0.1:{port}",
-        secret_file=str(secret_file),
-        store_pid=process.pid,
-        timeout=60,
-    )
-    assert "error" not in report, report
-    assert [phase["rounds"] for phase in report["phases"]] == [[1], [2], [3]]
-    for phase in report["phases"]:
-        assert phase["world_sizes"] == [7] and not phase["failures"] and phase["seconds"] > 0
-        assert phase["members_cpu_seconds"] is not None  # the emulating processes' CPU, summed
+        assert phase["world_sizes"] == [nodes] and not phase["failures"] and phase["seconds"] > 0
+        assert phase["store_bytes"] > 100 and phase["members_cpu_seconds"] is not None
