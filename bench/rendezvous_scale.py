@@ -353,8 +353,14 @@ def per_member_cpu_notes(reports: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 def run(context: Any, quick: bool) -> Any:
     """Harness entry point (`phalanx bench --only rendezvous-scale`)."""
-    from phalanx.bench.core import BenchResult, Series, Timeout
+    reports, stopped = measure_variants(tuple(PROTOCOLS), quick)
+    return result_of(reports, stopped)
 
+
+def measure_variants(
+    variants: tuple[str, ...], quick: bool
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Each variant's reports by size, and why each stopped short ('' when it ran every size)."""
     sizes = {
         "c10d": QUICK_SIZES if quick else SIZES,
         "rounds": ROUNDS_QUICK_SIZES if quick else ROUNDS_SIZES,
@@ -366,8 +372,15 @@ def run(context: Any, quick: bool) -> Any:
         secret_file = Path(scratch) / "secret"
         secret_file.write_text(secrets.token_hex(32))
         secret_file.chmod(0o600)
-        for protocol in PROTOCOLS:
+        for protocol in variants:
             reports[protocol], stopped[protocol] = measure(protocol, sizes[protocol], quick, secret_file)
+    return reports, stopped
+
+
+def result_of(reports: dict[str, list[dict[str, Any]]], stopped: dict[str, str]) -> Any:
+    """The benchmark's result from every variant's reports (`details` keeps them, and why each stopped, so a
+    variant measured again can be set beside the others' stored figures)."""
+    from phalanx.bench.core import BenchResult, Series, Timeout
 
     measured = {protocol: figures(protocol, reports[protocol]) for protocol in PROTOCOLS}
     notes = [
@@ -440,5 +453,5 @@ def run(context: Any, quick: bool) -> Any:
         ],
         notes=notes,
         series=series,
-        details={"sizes": reports, "projections": projections},
+        details={"sizes": reports, "stopped": stopped, "projections": projections},
     )

@@ -81,3 +81,24 @@ def test_store_rounds_re_form_through_the_gated_store_with_the_spare_in_place(  
         # The spare's seat is among the results: the group is whole again at every round.
         assert phase["world_sizes"] == [nodes] and not phase["failures"] and phase["seconds"] > 0
         assert phase["store_bytes"] > 100 and phase["members_cpu_seconds"] is not None
+
+
+def test_the_result_keeps_every_variant_s_reports_and_why_each_stopped() -> None:
+    """So that one variant measured again can be set beside the others' stored figures."""
+
+    def size(nodes: int, seconds: float) -> dict[str, object]:
+        phase = {
+            "seconds": seconds,
+            "store_bytes": 1000 * nodes,
+            "members_cpu_seconds": 0.5,
+            "store_cpu_seconds": 0.1,
+        }
+        return {"nodes": nodes, "phases": [{"name": "formation", **phase}, {"name": "re-form 1", **phase}]}
+
+    reports = {"c10d": [size(8, 0.4)], "rounds": [size(8, 0.01), size(64, 0.05)], "rounds-ungated": []}
+    stopped = {"c10d": "c10d: N = 16 was not carried: timed out", "rounds": "", "rounds-ungated": ""}
+    result = rendezvous_scale.result_of(reports, stopped)
+    assert result.details["sizes"] == reports and result.details["stopped"] == stopped
+    assert result.notes[0].startswith("c10d: N = 16 was not carried")
+    names = {metric.name for metric in result.metrics}
+    assert {"re-form, N=8", "store rounds: re-form, N=64"} <= names
