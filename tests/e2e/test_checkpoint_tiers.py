@@ -55,6 +55,13 @@ def lose_every_pod_when_local_is_ahead(
     """Once the local tier holds a newer checkpoint than the durable tier, SIGKILL every worker at once (no
     emergency save, no snapshot survives); returns the local tier's step and the durable steps then."""
     wait_for(lambda: step_of(cluster, namespace, name) >= 30, 240, message="step 30")
+    # Found before the wait, so that the kill follows the look at once: the group trains on meanwhile, and a
+    # second's delay let a save reach the durable tier past the local step seen (CI, stop 38).
+    processes = [
+        pid
+        for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker")
+        for pid in _pod_processes(pod.metadata.name)
+    ]
 
     def local_ahead() -> tuple[int, list[int]] | None:
         local, on_durable = fast_tier_step(cluster, namespace, name), durable_steps()
@@ -63,11 +70,9 @@ def lose_every_pod_when_local_is_ahead(
     local, on_durable = wait_for(
         local_ahead, 120, interval=0.1, message="the local tier ahead of the durable one"
     )
-    pods = job_pods(cluster, namespace, name, "phalanx.dev/role=worker")
-    for pod in pods:
-        for pid in _pod_processes(pod.metadata.name):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return local, durable_steps() or on_durable
 
 
