@@ -221,8 +221,9 @@ def emulate(
             return report
         chooser = random.Random(nodes)
         for attempt in range(reforms):
+            victim = pool.victim(chooser)  # a seated member: chosen before the spare joins the members
             pool.add_spare(nodes + attempt)
-            if not recorded(report, timed(f"re-form {attempt + 1}", "reform", pool.victim(chooser))):
+            if not recorded(report, timed(f"re-form {attempt + 1}", "reform", victim)):
                 break
         report["seconds"] = time.monotonic() - started
         return report
