@@ -42,7 +42,6 @@ UNGATED_SIZES = (12_500,)
 MEMBERS_PER_PROCESS = 2048
 """The most store-rounds members one emulating process holds: past it the interpreter's threads spend more CPU
 contending for its lock than on the protocol (bench/rounds_pool.py)."""
-OPEN_FILES_PER_GATED_MEMBER = 3
 PROTOCOLS = {"c10d": "c10d", "rounds": "store rounds", "rounds-ungated": "store rounds without the gate"}
 """The variants measured side by side and their names in the report."""
 EMULATED = {"c10d": "c10d", "rounds": "rounds", "rounds-ungated": "rounds"}
@@ -381,6 +380,7 @@ def result_of(reports: dict[str, list[dict[str, Any]]], stopped: dict[str, str])
     """The benchmark's result from every variant's reports (`details` keeps them, and why each stopped, so a
     variant measured again can be set beside the others' stored figures)."""
     from phalanx.bench.core import BenchResult, Series, Timeout
+    from phalanx.worker import rendezvous
 
     measured = {protocol: figures(protocol, reports[protocol]) for protocol in PROTOCOLS}
     notes = [
@@ -399,7 +399,7 @@ def result_of(reports: dict[str, list[dict[str, Any]]], stopped: dict[str, str])
         "members' own CPU competes with the store's, which a real job spreads over N machines.",
         "A re-form starts at the member's death, with the operator's regroup already at hand (its node expired "
         "at once); the operator's detection time and the launchers' monitor interval (0.2 s) come on top.",
-        f"Through the gate every member costs the store's process {OPEN_FILES_PER_GATED_MEMBER} open files and "
+        f"Through the gate every member costs the store's process {rendezvous.FILES_PER_CONNECTION} open files and "
         f"the emulating process as many; this machine holds a process to {open_files_hard_limit():,} (a hard "
         "limit it cannot raise), so store rounds run through the gate up to "
         f"{max(ROUNDS_SIZES):,} members and without it at {', '.join(f'{n:,}' for n in UNGATED_SIZES)}: there "

@@ -352,15 +352,11 @@ class _OwnershipChecks:
             self._looking = None
 
 
-def own_connection(peer_port: int, local_port: int, or_descendants: bool = False) -> bool:
-    """Whether the loopback connection from `peer_port` to `local_port` was made by a socket of this process
-    (or, with `or_descendants`, of a process it started, or one they started): its inode, found in the
-    kernel's TCP table, is among that process's open files."""
-    return own_connections([peer_port], local_port, or_descendants)[0]
-
-
 def own_connections(peer_ports: Sequence[int], local_port: int, or_descendants: bool = False) -> list[bool]:
-    """`own_connection` for each of `peer_ports`, with one read of the TCP tables and of the open files."""
+    """For each of `peer_ports`, whether the loopback connection from it to `local_port` was made by a socket of
+    this process (or, with `or_descendants`, of a process it started, or one they started): its inode, found
+    in the kernel's TCP table, is among that process's open files. One read of the tables and of the open files
+    serves them all."""
     inodes = _loopback_socket_inodes(set(peer_ports), local_port)
     owned = _owned_sockets(or_descendants) if inodes else set()
     return [inodes.get(port) in owned for port in peer_ports]
