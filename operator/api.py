@@ -857,6 +857,21 @@ class WorkerTrack(ApiModel):
     """Its failure was ignored by a rule: the pod is left as it is."""
 
 
+class TrackedPods(ApiModel):
+    """The trainer pods the operator remembers without a `tracking` entry, as index ranges (e.g. `["0-511", "514"]`):
+    their memory follows from the pod and its heartbeat, so a status stays small whatever the gang's size."""
+
+    known: list[str] = Field(default_factory=list)
+    """Indices of the pods the operator has seen and still tracks."""
+    done: list[str] = Field(default_factory=list)
+    """Indices of those the operator is done with (`WorkerTrack.done`)."""
+    kept: list[str] = Field(default_factory=list)
+    """Indices of those whose failure a rule ignored (`WorkerTrack.kept`)."""
+    clocks_since: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    """When every worker's no-progress clock last started over (after an incident): a clock rebuilt from a
+    heartbeat's `step-at` never starts before it."""
+
+
 class RendezvousTrack(ApiModel):
     """What the operator remembers of the job's rendezvous pod (so its loss is noticed, even across an
     operator restart)."""
@@ -1122,13 +1137,19 @@ class TrainingJobStatus(ApiModel):
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     """Restarts over the job's life, by cause."""
     workers: list[WorkerStatus] = Field(default_factory=list)
-    """Worker and spare pods, their nodes, domains and ranks."""
+    """Worker and spare pods, their nodes, domains and ranks: at most 64, those not running first, then the
+    spares, then the lowest indices (every pod's detail is on the pod)."""
+    unlisted_workers: int | None = None
+    """Worker and spare pods `workers` leaves out (unset: none)."""
     gang: GangStatus = Field(default_factory=GangStatus)
     """All-or-nothing scheduling progress."""
     incidents: list[Incident] = Field(default_factory=list)
     """The most recent failures handled (newest last)."""
     tracking: list[WorkerTrack] = Field(default_factory=list)
-    """Per-worker heartbeat memory (steps, no-progress clocks, straggler streaks)."""
+    """Per-worker heartbeat memory (steps, no-progress clocks, straggler streaks, restarts) of the pods whose
+    memory their pod and heartbeat cannot tell again: at most 256, whatever the gang's size (`tracked`)."""
+    tracked: TrackedPods | None = None
+    """The other pods the operator tracks, as index ranges."""
     rendezvous: RendezvousTrack | None = None
     """The rendezvous pod last seen running."""
     regroup: RegroupRequest | None = None

@@ -334,7 +334,7 @@ def update_tracks(
         if not is_training or step is None:
             track.since = None
         elif new_step or old.since is None:
-            track.since = _step_reached(lease, old.since, now) or stamp
+            track.since = step_reached(lease, old.since, now) or stamp
         track.step = step if step is not None else old.step
         if is_training and new_step and heartbeat.straggler_factor > 0:
             # Each new step is one new measurement of the worker's step time.
@@ -351,7 +351,7 @@ def update_tracks(
     return result
 
 
-def _step_reached(lease: dict[str, Any] | None, floor: str | None, now: datetime) -> str | None:
+def step_reached(lease: dict[str, Any] | None, floor: str | None, now: datetime) -> str | None:
     """When the worker reached its current step, by its heartbeat's `step-at` (kept between `floor`, the
     clock's previous start, and now); None when the heartbeat does not say."""
     reached = parse_time((lease or {}).get("step-at"))

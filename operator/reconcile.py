@@ -28,6 +28,7 @@ from phalanx.operator import (
     preflight,
     queueing,
     topology,
+    trackmemory,
     validation,
     viewclock,
 )
@@ -207,7 +208,19 @@ class _Builder:
         self.generation = job["metadata"].get("generation")
         self.status = api.TrainingJobStatus.model_validate(job.get("status") or {})
         self.previous_workers = {worker.name: worker for worker in self.status.workers}
+        self.clocks_since = self.status.tracked.clocks_since if self.status.tracked is not None else None
+        # `_tracks_of`'s index and the list it was built from (held, so its identity cannot be reused).
+        self._track_index: dict[tuple[str, str | None], list[api.WorkerTrack]] = {}
+        self._indexed: list[api.WorkerTrack] | None = None
+        self._indexed_length = 0
+        self.status.tracking = trackmemory.expand(
+            self.status, observed.pods, observed.leases, job["metadata"]["name"], self.now
+        )
         self.plan = Plan()
+        # The names in `plan.delete_pods` and `plan.force_delete_pods`, which only `delete` fills.
+        self._deleting: set[str] = set()
+        self._force_deleting: set[str] = set()
+        self._heartbeats: dict[tuple[str, str | None], dict[str, Any] | None] = {}
         self.regroups: list[Regroup] = []
 
     def condition(
@@ -241,16 +254,26 @@ class _Builder:
             name = observe.pod_name(pod)
             self.mark_done(name, pod["metadata"].get("uid"))
             if force:
-                if name not in self.plan.force_delete_pods:
+                if name not in self._force_deleting:
+                    self._force_deleting.add(name)
                     self.plan.force_delete_pods.append(name)
-                if name in self.plan.delete_pods:
+                if name in self._deleting:
+                    self._deleting.discard(name)
                     self.plan.delete_pods.remove(name)
-            elif (
-                not observe.is_terminating(pod)
-                and name not in self.plan.delete_pods
-                and name not in self.plan.force_delete_pods
-            ):
+            elif not observe.is_terminating(pod) and not self.deleting(name):
+                self._deleting.add(name)
                 self.plan.delete_pods.append(name)
+
+    def heartbeat(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod's own Lease (`detection.heartbeat_of`), judged once per pod and reconcile."""
+        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
+        if key not in self._heartbeats:
+            self._heartbeats[key] = detection.heartbeat_of(pod, self.observed.leases)
+        return self._heartbeats[key]
+
+    def deleting(self, pod_name: str) -> bool:
+        """Whether this reconcile deletes the pod."""
+        return pod_name in self._deleting or pod_name in self._force_deleting
 
     def wake_within(self, seconds: float) -> None:
         """Reconcile again at the latest `seconds` from now (an earlier wake-up already planned stands)."""
@@ -258,10 +281,20 @@ class _Builder:
         self.plan.wake_after = seconds if wake is None else min(wake, seconds)
 
     def mark_done(self, pod_name: str, uid: str | None, kept: bool = False) -> None:
-        for track in self.status.tracking:
-            if track.pod == pod_name and track.uid == uid:
-                track.done = True
-                track.kept = track.kept or kept
+        for track in self._tracks_of(pod_name, uid):
+            track.done = True
+            track.kept = track.kept or kept
+
+    def _tracks_of(self, pod_name: str, uid: str | None) -> list[api.WorkerTrack]:
+        """The tracks of one pod, by an index of `status.tracking` rebuilt whenever the list is replaced or
+        grows (deleting a whole 12,500-pod gang marks every pod done: one scan each would be quadratic)."""
+        tracks = self.status.tracking
+        if self._indexed is not tracks or self._indexed_length != len(tracks):
+            index: dict[tuple[str, str | None], list[api.WorkerTrack]] = {}
+            for track in tracks:
+                index.setdefault((track.pod, track.uid), []).append(track)
+            self._track_index, self._indexed, self._indexed_length = index, tracks, len(tracks)
+        return self._track_index.get((pod_name, uid), [])
 
     def regroup(self, before: datetime, reason: str, departed: str, uid: str | None) -> None:
         """Ask the launchers to re-form groups started before `before` without the pod `departed` (of UID
@@ -285,8 +318,21 @@ class _Builder:
             departed_uids=sorted({regroup.uid for regroup in self.regroups if regroup.uid}),
         )
 
+    def restart_clocks(self) -> None:
+        """After an incident every survivor waits on the group: every no-progress clock starts over."""
+        detection.restart_clocks(self.status.tracking, self.now)
+        self.clocks_since = format_time(self.now)
+
     def finish(self) -> Plan:
         self._write_regroup()
+        self.status.tracking, self.status.tracked = trackmemory.compact(
+            self.status.tracking,
+            self.observed.pods,
+            self.observed.leases,
+            self.job["metadata"]["name"],
+            self.clocks_since,
+            self.now,
+        )
         if queueing.queue_name(self.job) is not None and _terminal(self):
             # Kueue frees the quota of a finished Workload; the finalizer goes with the last running pod.
             succeeded = conditions.is_true(self.status.conditions, conditions.SUCCEEDED)
@@ -325,7 +371,7 @@ def _observe_into_status(b: _Builder, spec: api.TrainingJobSpec | None, trainer:
     b.status.ready_workers = f"{b.status.replicas.ready}/{desired}"
     b.status.selector = names.active_worker_selector(b.job["metadata"]["name"])
     topology_spec = spec.topology if spec is not None else None
-    b.status.workers = observe.worker_statuses(
+    b.status.workers, b.status.unlisted_workers = observe.worker_statuses(
         visible, b.observed.leases, b.observed.node_labels, topology_spec
     )
     step = observe.latest_step(trainers, b.observed.leases)
@@ -401,7 +447,7 @@ def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
 
 
 def _heartbeat(pod: dict[str, Any], b: _Builder) -> dict[str, Any] | None:
-    return detection.heartbeat_of(pod, b.observed.leases)
+    return b.heartbeat(pod)
 
 
 def _effective_role(pod: dict[str, Any], b: _Builder) -> str:
@@ -640,7 +686,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
             )
     disrupted = _follow_rendezvous(b, unreported) or disrupted
     if disrupted:
-        detection.restart_clocks(b.status.tracking, b.now)
+        b.restart_clocks()
     return False
 
 
@@ -1109,11 +1155,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
 
     trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
     live = [
-        pod
-        for pod in trainers
-        if observe.is_live(pod, trainer)
-        and observe.pod_name(pod) not in b.plan.delete_pods
-        and observe.pod_name(pod) not in b.plan.force_delete_pods
+        pod for pod in trainers if observe.is_live(pod, trainer) and not b.deleting(observe.pod_name(pod))
     ]
     _relabel(b, live)
     workers = [pod for pod in live if _effective_role(pod, b) == names.ROLE_WORKER]

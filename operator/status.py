@@ -374,13 +374,19 @@ def standing_by(pod: dict[str, Any], lease: dict[str, Any] | None) -> bool:
     return observed_role(pod, lease) == names.ROLE_SPARE
 
 
+MAX_LISTED_WORKERS = 64
+"""Pods `status.workers` lists at most, whatever the gang's size (a 12,500-pod list alone would pass etcd's
+limit on an object): every pod's detail is on the pod itself (`kubectl get pods -l phalanx.dev/job-name=...`)."""
+
+
 def worker_statuses(
     trainers: list[dict[str, Any]],
     leases: dict[str, dict[str, Any]],
     node_labels: dict[str, dict[str, str]],
     topology_spec: api.TopologySpec | None,
-) -> list[api.WorkerStatus]:
-    """Where each worker and spare runs, in index order."""
+) -> tuple[list[api.WorkerStatus], int | None]:
+    """Where each worker and spare runs, in index order, and how many were left out: at most
+    `MAX_LISTED_WORKERS`, those not running first, then the spares, then the lowest indices (None: none left out)."""
     result = []
     for pod in sorted(trainers, key=index):
         node = (pod.get("spec") or {}).get("nodeName")
@@ -394,7 +400,14 @@ def worker_statuses(
                 phase=phase(pod),
             )
         )
-    return result
+    if len(result) <= MAX_LISTED_WORKERS:
+        return result, None
+    order = sorted(
+        range(len(result)),
+        key=lambda at: (result[at].phase == "Running", result[at].role != names.ROLE_SPARE, at),
+    )
+    listed = sorted(order[:MAX_LISTED_WORKERS])
+    return [result[at] for at in listed], len(result) - len(listed)
 
 
 def replica_counts(desired: int, trainers: list[dict[str, Any]], trainer_name: str) -> api.ReplicaCounts:
