@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from phalanx.devcluster import controlplane
+from phalanx.operator import trackmemory
 
 from ..e2e.conftest import Cluster, Operator, operator_ready, wait_for
 from ..e2e.test_fault_scenarios import _checkpoint_claim
@@ -150,6 +151,44 @@ def test_an_operator_restarted_mid_recovery_recovers_once(
     assert {pod: now_uids.get(pod) for pod in survivors} == survivors
     trainers = job_pods(cluster, namespace, "restarted", TRAINERS)
     assert len({pod.metadata.name for pod in trainers}) == len(trainers)
+
+
+def test_a_pod_that_vanished_while_the_operator_was_away_is_judged_from_its_status(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """A worker remembered only as an index range in `status.tracked`, removed at once while the operator is
+    frozen, and the operator then replaced: the new one never saw the pod, and judges its loss from the job's
+    status alone (PodDeleted, one incident, the job trained to its end)."""
+    cluster.apply(fault_job("forgotten"), namespace)
+    victim = training_worker(cluster, namespace, "forgotten")
+    index = int(victim.metadata.labels["phalanx.dev/index"])
+
+    def as_a_range() -> bool:
+        status = get_job(cluster, namespace, "forgotten").get("status", {})
+        stored = {track["pod"] for track in status.get("tracking", [])}
+        known = trackmemory.IndexRanges((status.get("tracked") or {}).get("known", []))
+        return victim.metadata.name not in stored and index in known
+
+    wait_for(as_a_range, 60, message=f"{victim.metadata.name} remembered as an index range")
+    frozen = operator_pod(cluster, operator)
+    cluster.kubectl(
+        "annotate", "pod", frozen, "-n", operator.namespace, "phalanx.dev/freeze=true", "--overwrite"
+    )
+    cluster.kubectl(
+        "delete", "pod", victim.metadata.name, "-n", namespace, "--grace-period=0", "--force", "--wait=false"
+    )
+    wait_for(
+        lambda: victim.metadata.name not in pod_uids(cluster, namespace, "forgotten"),
+        30,
+        message="the pod gone",
+    )
+    cluster.kubectl("delete", "pod", frozen, "-n", operator.namespace, "--grace-period=0", "--force")
+    wait_for(lambda: operator_ready(cluster), 120, message="the operator to come back")
+    job = wait_succeeded(cluster, namespace, "forgotten", timeout=400)
+    mine = incidents_of(job, victim.metadata.name)
+    assert [incident["cause"] for incident in mine] == ["PodDeleted"], job["status"].get("incidents")
+    assert "disappeared" in mine[0]["message"], mine
+    assert len(incidents_of(job)) == 1, job["status"].get("incidents")
 
 
 def test_jobs_applied_together_are_admitted_one_by_one(
