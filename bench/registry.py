@@ -78,6 +78,12 @@ BENCHMARKS: tuple[Entry, ...] = (
         "a group of N = 8 to 12,500 emulated launchers formed and re-formed after a death: time and bytes",
     ),
     Entry(
+        "reconcile-cost",
+        "phalanx.bench.reconcile_cost",
+        False,
+        "one reconcile of one job of 8 to 12,500 workers: time, and the status written against 64 KiB",
+    ),
+    Entry(
         "recovery",
         "phalanx.bench.recovery",
         True,
