@@ -6,12 +6,12 @@ deterministically, so creating "what is missing" is idempotent across operator r
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from phalanx.operator import api, gang, names, topology
+from phalanx.operator.plaincopy import plain_copy
 from phalanx.operator.validation import trainer_container_index
 
 LAUNCHER = ("python", "-m", "phalanx.worker.launch", "--")
@@ -81,7 +81,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_STORE_SECRET_FILE": names.STORE_SECRET_FILE,
     }
     return [
-        *copy.deepcopy(DOWNWARD_ENV),
+        *plain_copy(DOWNWARD_ENV),
         *({"name": key, "value": str(value)} for key, value in values.items()),
     ]
 
@@ -135,7 +135,7 @@ def _checkpoint_volumes(spec: api.TrainingJobSpec) -> list[tuple[dict[str, Any],
         volumes.append((claim, checkpoint.path))
     elif checkpoint.volume:
         source = {key: value for key, value in checkpoint.volume.items() if key != "name"}
-        volumes.append(({"name": names.CHECKPOINT_VOLUME, **copy.deepcopy(source)}, checkpoint.path))
+        volumes.append(({"name": names.CHECKPOINT_VOLUME, **plain_copy(source)}, checkpoint.path))
     store = checkpoint.object_store
     if store is not None and store.secret_name:
         # Files, not the environment: read where a filesystem is built, never inherited by every process.
@@ -307,7 +307,7 @@ def build_worker_pod(
     `near`: (node label, value) of a domain the pod prefers (a spare standing in for a failed worker
     prefers that worker's domain). `avoid`: nodes the pod may not be scheduled onto (lost ones)."""
     job_name = job["metadata"]["name"]
-    template = copy.deepcopy(spec.template)
+    template = plain_copy(spec.template)
     template_meta = template.get("metadata") or {}
     pod_spec = template["spec"]
     group_labels, group_annotations = gang.pod_group_metadata(job_name, spec)
@@ -337,10 +337,11 @@ def build_worker_pod(
     pod_spec.setdefault("serviceAccountName", names.worker_account_name(job_name))
     if gang.scheduler_name(spec) and not pod_spec.get("schedulerName"):
         pod_spec["schedulerName"] = gang.scheduler_name(spec)
-    pod_spec = topology.apply_topology(pod_spec, job_name, spec.topology)
+    # `pod_spec` is this pod's own copy of the template's: the hints go straight into it.
+    topology.add_topology(pod_spec, job_name, spec.topology)
     if near is not None:
-        pod_spec = topology.prefer_domain(pod_spec, *near)
-    pod_spec = topology.avoid_nodes(pod_spec, avoid)
+        topology.add_domain_preference(pod_spec, *near)
+    topology.add_node_exclusions(pod_spec, avoid)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -376,7 +377,7 @@ def build_rendezvous_pod(
     }
     if identity:
         # The trainer's image, run as the trainer is: a root image the template lets run as root still runs.
-        container["securityContext"] = copy.deepcopy(identity)
+        container["securityContext"] = plain_copy(identity)
     secret = [store_secret_volume(job_name)]
     _mount(container, secret)
     pod_spec: dict[str, Any] = {
@@ -389,7 +390,7 @@ def build_rendezvous_pod(
     }
     for key in ("nodeSelector", "tolerations", "imagePullSecrets", "securityContext", "priorityClassName"):
         if template_spec.get(key):
-            pod_spec[key] = copy.deepcopy(template_spec[key])
+            pod_spec[key] = plain_copy(template_spec[key])
     restrict_pod_spec(pod_spec)
     labels = {names.LABEL_COMPONENT: names.COMPONENT_RENDEZVOUS, names.LABEL_ROLE: names.ROLE_RENDEZVOUS}
     return {
@@ -460,7 +461,7 @@ def build_worker_rbac(
     ]
     leases: list[dict[str, Any]] = []
     if lease_role is None:
-        rules.insert(0, copy.deepcopy(LEASE_RULE))
+        rules.insert(0, plain_copy(LEASE_RULE))
     else:
         leases.append(
             {
@@ -472,7 +473,7 @@ def build_worker_rbac(
                     "kind": "ClusterRole",
                     "name": lease_role,
                 },
-                "subjects": copy.deepcopy(subjects),
+                "subjects": plain_copy(subjects),
             }
         )
     return [

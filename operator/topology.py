@@ -13,10 +13,10 @@ and a spread constraint's (topologyKey, whenUnsatisfiable) pair may appear once 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from phalanx.operator import api, names
+from phalanx.operator.plaincopy import plain_copy
 
 # The domain label when the job sets no topology.
 DEFAULT_DOMAIN_KEY = "topology.kubernetes.io/zone"
@@ -50,7 +50,7 @@ def spread_constraints(job_name: str, topology: api.TopologySpec) -> list[dict[s
 
 
 def _merge_affinity(existing: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(existing)
+    merged = plain_copy(existing)
     for kind, rules in extra.items():
         target = merged.setdefault(kind, {})
         for strength, terms in rules.items():
@@ -69,17 +69,24 @@ def apply_topology(
 
     The API server refuses a pod with two spread constraints of the same topology key and
     `whenUnsatisfiable`: where the template already has one, it is kept and ours is left out."""
-    result = copy.deepcopy(pod_spec)
+    result = plain_copy(pod_spec)
+    add_topology(result, job_name, topology)
+    return result
+
+
+def add_topology(pod_spec: dict[str, Any], job_name: str, topology: api.TopologySpec | None) -> None:
+    """`apply_topology` on `pod_spec` itself (one the caller owns)."""
     if topology is None:
-        return result
+        return
     if topology.policy == "Pack":
-        result["affinity"] = _merge_affinity(result.get("affinity") or {}, pack_affinity(job_name, topology))
+        pod_spec["affinity"] = _merge_affinity(
+            pod_spec.get("affinity") or {}, pack_affinity(job_name, topology)
+        )
     else:
-        constraints = list(result.get("topologySpreadConstraints") or [])
+        constraints = list(pod_spec.get("topologySpreadConstraints") or [])
         taken = {_spread_slot(constraint) for constraint in constraints}
         ours = [c for c in spread_constraints(job_name, topology) if _spread_slot(c) not in taken]
-        result["topologySpreadConstraints"] = constraints + ours
-    return result
+        pod_spec["topologySpreadConstraints"] = constraints + ours
 
 
 def domain_key(topology: api.TopologySpec | None) -> str:
@@ -95,14 +102,19 @@ def zone_of(node_labels: dict[str, str] | None, topology: api.TopologySpec | Non
 def prefer_domain(pod_spec: dict[str, Any], key: str, value: str) -> dict[str, Any]:
     """A copy of `pod_spec` preferring nodes whose label `key` is `value` (a preference, never a
     requirement: a spare elsewhere is better than none)."""
+    result = plain_copy(pod_spec)
+    add_domain_preference(result, key, value)
+    return result
+
+
+def add_domain_preference(pod_spec: dict[str, Any], key: str, value: str) -> None:
+    """`prefer_domain` on `pod_spec` itself (one the caller owns)."""
     term = {
         "weight": DOMAIN_PREFERENCE_WEIGHT,
         "preference": {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]},
     }
-    result = copy.deepcopy(pod_spec)
     extra = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
-    result["affinity"] = _merge_affinity(result.get("affinity") or {}, extra)
-    return result
+    pod_spec["affinity"] = _merge_affinity(pod_spec.get("affinity") or {}, extra)
 
 
 def avoid_nodes(pod_spec: dict[str, Any], nodes: frozenset[str]) -> dict[str, Any]:
@@ -112,17 +124,22 @@ def avoid_nodes(pod_spec: dict[str, Any], nodes: frozenset[str]) -> dict[str, An
     requirement of its own; the requirements of one term must all hold. Required node selector terms are
     alternatives (any one may match), so the exclusions join each of the user's terms; without any, they make
     the only term."""
-    result = copy.deepcopy(pod_spec)
+    result = plain_copy(pod_spec)
+    add_node_exclusions(result, nodes)
+    return result
+
+
+def add_node_exclusions(pod_spec: dict[str, Any], nodes: frozenset[str]) -> None:
+    """`avoid_nodes` on `pod_spec` itself (one the caller owns)."""
     if not nodes:
-        return result
+        return
     exclusions = [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in sorted(nodes)]
-    node_affinity = result.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    node_affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
     for term in terms:
         term["matchFields"] = [*(term.get("matchFields") or []), *exclusions]
     required["nodeSelectorTerms"] = terms
-    return result
 
 
 def avoided_nodes(pod_spec: dict[str, Any]) -> frozenset[str]:
