@@ -12,7 +12,8 @@ T = TypeVar("T")
 def plain_copy(value: T) -> T:
     """A deep copy of `value`: dicts, lists and tuples copied level by level, strings, numbers, booleans and None
     shared (immutable), anything else by `copy.deepcopy`."""
-    return _copy(value)  # type: ignore[no-any-return]
+    copied: T = _copy(value)
+    return copied
 
 
 def _copy(value: Any) -> Any:
