@@ -213,6 +213,11 @@ def run(context: Any, quick: bool) -> BenchResult:
             "Tracks written in full in the last status: "
             + ", ".join(f"{workers}: {m['stored_tracks']}" for workers, m in figures.items())
             + " (a steady gang's pods are index ranges).",
+            "The per-worker memory the status held in full before (every pod's track), in KiB: "
+            + ", ".join(f"{workers}: {m['full_tracking_bytes'] / 1024:.0f}" for workers, m in figures.items())
+            + " (etcd refuses an object over 1,536 KiB).",
+            "Where the time goes at 4,096 workers (a profile): no single pass dominates; the reconcile makes about "
+            "690 calls per pod (labels, phases and heartbeats read again by each of its ~20 passes over the gang).",
         ],
         details={
             str(workers): {k: v for k, v in m.items() if k != "seconds"} for workers, m in figures.items()
