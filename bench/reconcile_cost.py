@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target
-from phalanx.operator import api, reconcile
+from phalanx.operator import api, detection, reconcile, trackmemory
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time
 
@@ -124,7 +124,9 @@ def measure(workers: int, rounds: int) -> dict[str, Any]:
         result = reconcile.plan(current, observed)
         seconds.append(time.perf_counter() - started)
     status = api.TrainingJobStatus.model_validate(result.status)
-    full_tracking = reconcile.trackmemory.expand(status, pods, observed.leases, job["metadata"]["name"], now)
+    full_tracking = trackmemory.expand(
+        status, pods, lambda pod: detection.heartbeat_of(pod, observed.leases), job["metadata"]["name"], now
+    )
     return {
         "seconds": seconds,
         "status_bytes": len(json.dumps(result.status, separators=(",", ":"))),

@@ -208,20 +208,20 @@ class _Builder:
         self.generation = job["metadata"].get("generation")
         self.status = api.TrainingJobStatus.model_validate(job.get("status") or {})
         self.previous_workers = {worker.name: worker for worker in self.status.workers}
-        self.clocks_since = self.status.tracked.clocks_since if self.status.tracked is not None else None
-        # `_tracks_of`'s index and the list it was built from (held, so its identity cannot be reused).
-        self._track_index: dict[tuple[str, str | None], list[api.WorkerTrack]] = {}
-        self._indexed: list[api.WorkerTrack] | None = None
-        self._indexed_length = 0
-        self.status.tracking = trackmemory.expand(
-            self.status, observed.pods, observed.leases, job["metadata"]["name"], self.now
-        )
         self.plan = Plan()
         # The names in `plan.delete_pods` and `plan.force_delete_pods`, which only `delete` fills.
         self._deleting: set[str] = set()
         self._force_deleting: set[str] = set()
         self._heartbeats: dict[tuple[str, str | None], dict[str, Any] | None] = {}
         self.regroups: list[Regroup] = []
+        self.clocks_since = self.status.tracked.clocks_since if self.status.tracked is not None else None
+        # `_tracks_of`'s index and the list it was built from (held, so its identity cannot be reused).
+        self._track_index: dict[tuple[str, str | None], list[api.WorkerTrack]] = {}
+        self._indexed: list[api.WorkerTrack] | None = None
+        self._indexed_length = 0
+        self.status.tracking = trackmemory.expand(
+            self.status, observed.pods, self.heartbeat, job["metadata"]["name"], self.now
+        )
 
     def condition(
         self,
@@ -328,7 +328,7 @@ class _Builder:
         self.status.tracking, self.status.tracked = trackmemory.compact(
             self.status.tracking,
             self.observed.pods,
-            self.observed.leases,
+            self.heartbeat,
             self.job["metadata"]["name"],
             self.clocks_since,
             self.now,

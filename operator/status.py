@@ -387,8 +387,21 @@ def worker_statuses(
 ) -> tuple[list[api.WorkerStatus], int | None]:
     """Where each worker and spare runs, in index order, and how many were left out: at most
     `MAX_LISTED_WORKERS`, those not running first, then the spares, then the lowest indices (None: none left out)."""
+    ordered = sorted(trainers, key=index)
+    listed = ordered
+    if len(ordered) > MAX_LISTED_WORKERS:
+        # Only the listed pods become models: a 12,500-pod gang's status lists 64.
+        order = sorted(
+            range(len(ordered)),
+            key=lambda at: (
+                phase(ordered[at]) == "Running",
+                observed_role(ordered[at], leases.get(pod_name(ordered[at]))) != names.ROLE_SPARE,
+                at,
+            ),
+        )
+        listed = [ordered[at] for at in sorted(order[:MAX_LISTED_WORKERS])]
     result = []
-    for pod in sorted(trainers, key=index):
+    for pod in listed:
         node = (pod.get("spec") or {}).get("nodeName")
         result.append(
             api.WorkerStatus(
@@ -400,14 +413,7 @@ def worker_statuses(
                 phase=phase(pod),
             )
         )
-    if len(result) <= MAX_LISTED_WORKERS:
-        return result, None
-    order = sorted(
-        range(len(result)),
-        key=lambda at: (result[at].phase == "Running", result[at].role != names.ROLE_SPARE, at),
-    )
-    listed = sorted(order[:MAX_LISTED_WORKERS])
-    return [result[at] for at in listed], len(result) - len(listed)
+    return result, (len(ordered) - len(listed)) or None
 
 
 def replica_counts(desired: int, trainers: list[dict[str, Any]], trainer_name: str) -> api.ReplicaCounts:

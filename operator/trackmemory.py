@@ -18,7 +18,7 @@ toward a streak's start (a streak needs `stragglerSteps` in a row, and the secon
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -27,9 +27,12 @@ from phalanx.operator import status as observe
 from phalanx.operator.timeutil import parse_time
 
 MAX_STORED_TRACKS = 256
-"""Tracks written out in full at most (the CRD's `maxItems` on `status.tracking`). Beyond it the least needed
+"""Tracks written out in full at most. Beyond it the least needed
 are rebuilt from their pods at the next reconcile like any other: a straggler streak starts over, a no-progress
 clock restarts at the heartbeat's step."""
+
+Heartbeat = Callable[[dict[str, Any]], dict[str, Any] | None]
+"""A pod's own heartbeat Lease summary, or None (`detection.heartbeat_of`, judged once per pod by the reconcile)."""
 
 MAX_TRACKED_INDEX = 1_000_000
 """Pod indices beyond this are never read from `status.tracked` (a gang is bounded far below it, and a status
@@ -97,7 +100,7 @@ def _parse_span(part: str) -> tuple[int, int] | None:
 def expand(
     status: api.TrainingJobStatus,
     pods: list[dict[str, Any]],
-    leases: dict[str, dict[str, Any]],
+    heartbeat: Heartbeat,
     job_name: str,
     now: datetime,
 ) -> list[api.WorkerTrack]:
@@ -110,10 +113,9 @@ def expand(
     known, done, kept = IndexRanges(summary.known), IndexRanges(summary.done), IndexRanges(summary.kept)
     named = {track.pod for track in stored}
     trainers = {
-        observe.index(pod): pod
+        index: pod
         for pod in pods
-        if observe.is_trainer(pod)
-        and observe.pod_name(pod) == names.worker_pod_name(job_name, observe.index(pod))
+        if observe.is_trainer(pod) and (index := _own_index(observe.pod_name(pod), job_name)) is not None
     }
     rebuilt: list[api.WorkerTrack] = []
     for index in known:
@@ -124,7 +126,7 @@ def expand(
         if pod is None:
             rebuilt.append(api.WorkerTrack(pod=name, done=index in done, kept=index in kept))
             continue
-        lease = detection.heartbeat_of(pod, leases)
+        lease = heartbeat(pod)
         rebuilt.append(
             api.WorkerTrack(
                 pod=name,
@@ -141,7 +143,7 @@ def expand(
 def compact(
     tracks: list[api.WorkerTrack],
     pods: list[dict[str, Any]],
-    leases: dict[str, dict[str, Any]],
+    heartbeat: Heartbeat,
     job_name: str,
     clocks_since: str | None,
     now: datetime,
@@ -156,14 +158,14 @@ def compact(
     known: list[int] = []
     done: list[int] = []
     kept: list[int] = []
-    stored: list[tuple[int, api.WorkerTrack]] = []
+    stored: list[tuple[int, int | None, api.WorkerTrack]] = []
     for track in tracks:
         index = _own_index(track.pod, job_name)
         pod = observed.get((track.pod, track.uid))
         if pod is None and track.done:
             continue  # handled and gone: `detection.update_tracks` forgets it as well
-        if index is None or not _rebuilds(track, pod, leases, clocks_since, now):
-            stored.append((_need(track, pod is not None), track))
+        if index is None or not _rebuilds(track, pod, heartbeat, clocks_since, now):
+            stored.append((_need(track, pod is not None), index, track))
             continue
         known.append(index)
         if track.done:
@@ -171,15 +173,14 @@ def compact(
         if track.kept:
             kept.append(index)
     stored.sort(key=lambda entry: entry[0])
-    for _, track in stored[MAX_STORED_TRACKS:]:
-        # No room: rebuilt from its pod like the others (a streak or a restart count starts over).
-        index = _own_index(track.pod, job_name)
-        if index is not None:
-            known.append(index)
-    written = sorted(
-        (track for _, track in stored[:MAX_STORED_TRACKS]),
-        key=lambda track: (_own_index(track.pod, job_name) or -1, track.pod),
-    )
+    # No room for the rest: rebuilt from their pods like the others (a streak or a restart count starts over).
+    known.extend(index for _, index, _ in stored[MAX_STORED_TRACKS:] if index is not None)
+    written = [
+        track
+        for _, index, track in sorted(
+            stored[:MAX_STORED_TRACKS], key=lambda entry: (-1 if entry[1] is None else entry[1], entry[2].pod)
+        )
+    ]
     summary = api.TrackedPods(
         known=format_ranges(known),
         done=format_ranges(done),
@@ -192,7 +193,7 @@ def compact(
 def _rebuilds(
     track: api.WorkerTrack,
     pod: dict[str, Any] | None,
-    leases: dict[str, dict[str, Any]],
+    heartbeat: Heartbeat,
     clocks_since: str | None,
     now: datetime,
 ) -> bool:
@@ -204,7 +205,7 @@ def _rebuilds(
         return True
     if track.slow or track.restarts or track.node != (pod.get("spec") or {}).get("nodeName"):
         return False
-    lease = detection.heartbeat_of(pod, leases)
+    lease = heartbeat(pod)
     if track.step is not None and track.step != detection.lease_step(lease):
         return False
     rebuilt = _clock_start(lease, clocks_since, now)
@@ -225,15 +226,11 @@ def _clock_start(lease: dict[str, Any] | None, clocks_since: str | None, now: da
 
 def _own_index(pod_name: str, job_name: str) -> int | None:
     """The index in `pod_name` when it is the job's own trainer pod name for that index."""
-    prefix = names.worker_pod_name(job_name, 0)[:-1]
-    suffix = pod_name[len(prefix) :] if pod_name.startswith(prefix) else ""
-    if (
-        not suffix.isdigit()
-        or int(suffix) > MAX_TRACKED_INDEX
-        or names.worker_pod_name(job_name, int(suffix)) != pod_name
-    ):
+    suffix = pod_name.rpartition("-")[2]
+    if not suffix.isdigit() or int(suffix) > MAX_TRACKED_INDEX:
         return None
-    return int(suffix)
+    index = int(suffix)
+    return index if names.worker_pod_name(job_name, index) == pod_name else None
 
 
 def _need(track: api.WorkerTrack, observed: bool) -> int:

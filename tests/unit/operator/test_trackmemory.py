@@ -53,6 +53,10 @@ def _nodes(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {pod["spec"]["nodeName"]: {"labels": {}, "ready": "True", "noExecute": []} for pod in pods}
 
 
+def _no_heartbeat(pod: dict[str, Any]) -> dict[str, Any] | None:
+    return None
+
+
 def _next(job: dict[str, Any], result: Plan) -> dict[str, Any]:
     return {**job, "status": result.status}
 
@@ -176,11 +180,11 @@ def test_what_a_pod_cannot_tell_is_written_out_the_most_needed_first_and_at_most
     for track in tracks[100:110]:
         track.restarts = 1
     vanished = api.WorkerTrack(pod="demo-worker-500", uid="uid-gone", node="node-500")
-    stored, summary = trackmemory.compact([*tracks, vanished], pods, {}, "demo", None, now)
+    stored, summary = trackmemory.compact([*tracks, vanished], pods, _no_heartbeat, "demo", None, now)
     assert len(stored) == trackmemory.MAX_STORED_TRACKS
     assert vanished in stored and all(track in stored for track in tracks[100:110])
     assert summary is not None and summary.known == ["255-399"]
     rebuilt = trackmemory.expand(
-        api.TrainingJobStatus(tracking=stored, tracked=summary), pods, {}, "demo", now
+        api.TrainingJobStatus(tracking=stored, tracked=summary), pods, _no_heartbeat, "demo", now
     )
     assert sorted(track.pod for track in rebuilt) == sorted(f"demo-worker-{i}" for i in [*range(400), 500])
