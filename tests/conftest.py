@@ -51,6 +51,9 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reuse = os.environ.get("PHALANX_TEST_STATE_DIR")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if reuse and worker:  # a cluster each
+        reuse = f"{reuse}-{worker}"
     state_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("cluster")
     layout = controlplane.up(state_dir, nodes=REAL_NODES, simulated_nodes=SIMULATED_NODES, quiet=True)
     api = config.new_client_from_config(config_file=str(layout.kubeconfig))
@@ -242,12 +245,50 @@ need to finish; its launcher tests are there so that the two groups take about a
 test time), and the rest of the unit tests fill in beside them."""
 
 
+CLUSTER_SUITES = ("tests/e2e/", "tests/chaos/")
+"""The suites on a local cluster. With `-n 2 --dist loadgroup` (`make e2e`) each xdist worker brings up a cluster of
+its own (session fixtures are per worker; the two take the host's two routed pod networks), and a test file runs
+whole on one worker: its module fixtures are set up once, and its tests run in order."""
+SHARED_CLUSTER_GROUPS = {"kueue": ("tests/e2e/test_kueue.py", "tests/e2e/test_kueue_cluster.py")}
+"""Files that run on the same worker, so that a fixture of the session (Kueue's controller) starts once."""
+LONGEST_FIRST = (
+    "tests/e2e/test_image.py",
+    "tests/chaos/test_operator_faults.py",
+    "tests/e2e/test_fault_tolerance.py",
+    "tests/e2e/test_kueue.py",
+    "tests/e2e/test_kueue_cluster.py",
+    "tests/e2e/test_fault_scenarios.py",
+    "tests/e2e/test_integrations.py",
+    "tests/e2e/test_health.py",
+    "tests/e2e/test_drills.py",
+    "tests/e2e/test_checkpoint_interval.py",
+    "tests/e2e/test_operator.py",
+)
+"""Cluster test files that take longest (several minutes each on two cores), in the order the workers take them:
+xdist hands out files in collection order as workers free up, and a long file taken last would leave the other
+worker idle for as long."""
+
+
+def cluster_test_group(nodeid: str) -> str | None:
+    """The xdist group of a cluster test: its file, or a group it shares with other files; None for other tests."""
+    if not nodeid.startswith(CLUSTER_SUITES):
+        return None
+    path = nodeid.split("::", 1)[0]
+    return next((group for group, files in SHARED_CLUSTER_GROUPS.items() if path in files), path)
+
+
+def longest_first(nodeid: str) -> int:
+    path = nodeid.split("::", 1)[0]
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        for group, prefixes in TEST_GROUPS.items():
-            if item.nodeid.startswith(prefixes):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        group = next((g for g, prefixes in TEST_GROUPS.items() if item.nodeid.startswith(prefixes)), None)
+        group = group or cluster_test_group(item.nodeid)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: longest_first(item.nodeid))  # stable: every file keeps its order
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
