@@ -74,18 +74,19 @@ class Cluster:
         """`kubectl get ARGS -o json`. The reads tests poll most (one TrainingJob or Lease by name) go through
         this process's API client instead: a kubectl process costs about 80 ms of CPU, and a test polling twice a
         second took that from the pods it watched start on CI's two cores."""
-        path = _object_path(args)
-        if path is None:
+        polled = _polled_object(args)
+        if polled is None:
             return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+        (group, version, plural), namespace, name = polled
         try:
-            response = self.api.call_api(
-                path, "GET", auth_settings=["BearerToken"], _preload_content=False, _request_timeout=60
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=60
             )
         except client.ApiException as error:
             raise AssertionError(
                 f"kubectl get {' '.join(args)} failed ({error.status}): {error.reason}"
             ) from error
-        return json.loads(response[0].data)
+        return found
 
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
@@ -105,18 +106,19 @@ class Cluster:
 NODE_TROUBLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 
 _POLLED_KINDS = {
-    **dict.fromkeys(
-        ("trainingjob", "trainingjobs", "tj"), "/apis/phalanx.dev/v1alpha1/namespaces/{}/trainingjobs/{}"
-    ),
-    **dict.fromkeys(("lease", "leases"), "/apis/coordination.k8s.io/v1/namespaces/{}/leases/{}"),
+    **dict.fromkeys(("trainingjob", "trainingjobs", "tj"), ("phalanx.dev", "v1alpha1", "trainingjobs")),
+    **dict.fromkeys(("lease", "leases"), ("coordination.k8s.io", "v1", "leases")),
 }
+"""Kinds tests poll by name, with their API group, version and resource (the custom-objects client reads any of
+them as the JSON the API server sent)."""
 
 
-def _object_path(args: tuple[str, ...]) -> str | None:
-    """The API path of `get KIND NAME -n NAMESPACE` for a kind tests poll; None for any other arguments."""
+def _polled_object(args: tuple[str, ...]) -> tuple[tuple[str, str, str], str, str] | None:
+    """(group, version, resource), namespace and name of `get KIND NAME -n NAMESPACE` for a kind tests poll; None
+    for any other arguments."""
     if len(args) != 4 or args[2] not in ("-n", "--namespace") or args[0] not in _POLLED_KINDS:
         return None
-    return _POLLED_KINDS[args[0]].format(args[3], args[1])
+    return _POLLED_KINDS[args[0]], args[3], args[1]
 
 
 def wait_for(
