@@ -6,6 +6,8 @@ Everything lives in one state dir: keys, etcd data, logs, pid files, the kubecon
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -15,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -604,52 +606,68 @@ def up(
         directory.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(layout.root).free < 512 * 1024**2:
         raise UserFacingError(f"less than 512 MiB free under {layout.root}: free some disk first")
-    pki = ensure_pki(layout.pki)
-    node_ip = real_node.host_ip() if real_nodes else ""
-    if real_nodes:
-        real_node.prepare_credentials(pki)
-    config = choose_config(
-        previous,
-        nodes,
-        simulated_nodes,
-        gpus_per_node,
-        binaries,
-        real_nodes,
-        node_ip,
-        kubernetes_version=version,
-        kueue=with_kueue,
-        pod_prefix=podnetwork.choose_prefix(previous.pod_prefix if previous else ""),
-    )
-    layout.config_file.write_text(json.dumps(asdict(config), indent=2))
-    write_kubeconfig(layout, pki, config.api_port)
-    kubectl_link = layout.bin / "kubectl"
-    kubectl_link.unlink(missing_ok=True)
-    kubectl_link.symlink_to(binaries.kubectl)
-
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(layout.kubeconfig)}
-    started = time.monotonic()
-    try:
-        for name in COMPONENT_ORDER:
-            record = processes.start_daemon(
-                component_argv(name, config, layout, pki),
-                pid_file=layout.pid_file(name),
-                log_file=layout.log_file(name),
-                env=env,
-            )
-            _wait_ready(name, record, readiness_check(name, config, layout, pki), layout)
-            say(f"  {name:<24} ready (pid {record.pid})")
+    with starting_alone():
+        pki = ensure_pki(layout.pki)
+        node_ip = real_node.host_ip() if real_nodes else ""
         if real_nodes:
-            _real_node_up(layout, config, pki, say)
-        if with_kueue:
-            kueue_controller.up(layout, say)
-    except BaseException:
-        down(state_dir, quiet=True)
-        raise
+            real_node.prepare_credentials(pki)
+        config = choose_config(
+            previous,
+            nodes,
+            simulated_nodes,
+            gpus_per_node,
+            binaries,
+            real_nodes,
+            node_ip,
+            kubernetes_version=version,
+            kueue=with_kueue,
+            pod_prefix=podnetwork.choose_prefix(previous.pod_prefix if previous else ""),
+        )
+        layout.config_file.write_text(json.dumps(asdict(config), indent=2))
+        write_kubeconfig(layout, pki, config.api_port)
+        kubectl_link = layout.bin / "kubectl"
+        kubectl_link.unlink(missing_ok=True)
+        kubectl_link.symlink_to(binaries.kubectl)
+
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(layout.kubeconfig)}
+        started = time.monotonic()
+        try:
+            for name in COMPONENT_ORDER:
+                record = processes.start_daemon(
+                    component_argv(name, config, layout, pki),
+                    pid_file=layout.pid_file(name),
+                    log_file=layout.log_file(name),
+                    env=env,
+                )
+                _wait_ready(name, record, readiness_check(name, config, layout, pki), layout)
+                say(f"  {name:<24} ready (pid {record.pid})")
+            if real_nodes:
+                _real_node_up(layout, config, pki, say)
+            if with_kueue:
+                kueue_controller.up(layout, say)
+        except BaseException:
+            down(state_dir, quiet=True)
+            raise
     say(
         f"cluster up in {time.monotonic() - started:.1f} s: {nodes} nodes, {simulated_nodes} simulated nodes, "
         f"{real_nodes} real nodes, apiserver https://127.0.0.1:{config.api_port}\n{usage_text(layout)}"
     )
     return layout
+
+
+@contextlib.contextmanager
+def starting_alone() -> Iterator[None]:
+    """Held while a cluster chooses its pod network and ports and starts its components, one cluster at a time on
+    this host: two brought up at once (the two processes of `make e2e`) would otherwise both find the same pod
+    network free, and the second's DNS server could not bind its address."""
+    lock = cache_dir() / "cluster-start.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def down(state_dir: Path, purge: bool = False, quiet: bool = False) -> None:

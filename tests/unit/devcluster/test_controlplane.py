@@ -203,3 +203,31 @@ def test_two_runs_started_at_once_search_for_pod_networks_from_apart() -> None:
     for bad in ("7", "300", "many"):
         with pytest.raises(UserFacingError, match="PHALANX_DEV_FIRST_CLUSTER_OCTET"):
             controlplane.first_cluster_octet({"PHALANX_DEV_FIRST_CLUSTER_OCTET": bad})
+
+
+def test_clusters_start_one_at_a_time_on_a_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another process (the other of `make e2e`'s two) starting a cluster holds the host's start lock: this one
+    waits until that start is over before it chooses its pod network."""
+    monkeypatch.setenv("PHALANX_CACHE_DIR", str(tmp_path / "cache"))
+    over = tmp_path / "the other start is over"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, sys, time\n"
+            "from phalanx.devcluster import controlplane\n"
+            "with controlplane.starting_alone():\n"
+            "    print('holding', flush=True)\n"
+            "    time.sleep(1.0)\n"
+            "    pathlib.Path(sys.argv[1]).touch()\n",
+            str(over),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        with controlplane.starting_alone():
+            assert over.exists()
+    finally:
+        assert holder.wait(timeout=30) == 0
