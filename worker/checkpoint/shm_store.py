@@ -266,6 +266,10 @@ class SnapshotStore:
             return self._fds[slot]
 
     def _mapping(self, slot: Path, needed: int, pin: bool) -> _Mapping:
+        # The file first, under the store's lock alone: nothing waits for the store's lock while it holds a
+        # slot's. Else the helper, holding a slot's lock, could wait for the store's lock that the training
+        # thread held when SIGTERM interrupted it, and the handler's save would wait for that slot forever.
+        fd = self._fd(slot)
         with self._slot_locks[slot]:
             current = self._maps.get(slot)
             if current is not None and current.size >= needed and (current.pinned or not pin):
@@ -274,7 +278,6 @@ class SnapshotStore:
                 # Forgotten before it is released: a reentrant caller never finds a released mapping.
                 del self._maps[slot]
                 current.release()
-            fd = self._fd(slot)
             current_size = os.fstat(fd).st_size
             size = max(current_size, -(-needed // _GROW_QUANTUM) * _GROW_QUANTUM)
             reserve(fd, slot, current_size, size, self.slot_count)

@@ -100,6 +100,34 @@ def test_a_snapshot_that_does_not_fit_says_what_to_change(tmp_path: Path, monkey
     assert not slot.exists() or slot.stat().st_size == 0  # nothing was mapped over unreserved memory
 
 
+def test_a_save_interrupted_while_holding_the_stores_lock_still_gets_a_slot_the_helper_is_preparing(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM may interrupt the training thread while it holds the store's lock (opening a slot's file), as the
+    slot-preparing helper starts on a slot whose file is not open yet. The handler's save on that thread must
+    still get the slot: the helper never holds a slot's lock while it waits for the store's."""
+    import threading
+    import time
+
+    store = shm_store.SnapshotStore(tmp_path / "store")
+    slot = store.slot_paths[0]
+    got: list[object] = []
+
+    def handler_on_the_training_thread() -> None:
+        with store._lock:  # the interrupted code's hold
+            helper = threading.Thread(target=store._mapping, args=(slot, 2**20, False), daemon=True)
+            helper.start()
+            time.sleep(0.5)  # the helper is at the store's lock by now
+            got.append(store._mapping(slot, 2**20, pin=False))  # the handler's save
+
+    training = threading.Thread(target=handler_on_the_training_thread, daemon=True)
+    training.start()
+    training.join(60)
+    assert not training.is_alive(), "the handler's save waits for a slot the helper holds"
+    assert len(got) == 1
+    store.close()
+
+
 def _commit(root: Path, namespace: str, local_rank: int, step: int) -> None:
     store = shm_store.SnapshotStore(shm_store.store_dir(namespace, local_rank, root))
     plan = payload.plan({"step": step, "weights": torch.zeros(4)})
