@@ -99,8 +99,8 @@ unit: install
 E2E_MARKERS := not peers and not bench and not real_training
 REAL_NODE_TESTS := tests/e2e/test_real_node.py
 e2e: real-node
-	$(PYTEST) -m "$(E2E_MARKERS)" -n 2 --dist loadgroup --ignore=$(REAL_NODE_TESTS) tests/e2e tests/chaos \
-		$(PYTEST_ARGS); rc=$$?; $(NONE_RAN); \
+	$(PYTEST) -m "$(E2E_MARKERS)" -n 2 --dist loadgroup --no-loadscope-reorder --ignore=$(REAL_NODE_TESTS) \
+		tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); \
 	$(PYTEST) -m "$(E2E_MARKERS)" $(REAL_NODE_TESTS) $(PYTEST_ARGS); rc2=$$?; \
 	$(REAL_NODE_NONE_RAN); [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
 # None of the real node's tests collected fails the run, unless PYTEST_ARGS chose the tests.

@@ -265,7 +265,8 @@ LONGEST_FIRST = (
     "tests/e2e/test_operator.py",
 )
 """Cluster test files that take longest (several minutes each on two cores), in the order the workers take them:
-xdist hands out files in collection order as workers free up, and a long file taken last would leave the other
+with `--no-loadscope-reorder` (`make e2e`) xdist hands out files in collection order as workers free up (by
+default it would hand out those with the most tests first), and a long file taken last would leave the other
 worker idle for as long."""
 
 
