@@ -205,6 +205,9 @@ class Run:
         if self._closed:
             return
         if self.global_step > 0 and self.global_step != self.checkpointer.stats["last_durable_step"]:
+            # Said as a save: it may wait for the save in flight (a copy to object storage, say), and the
+            # launcher's hang watch, which counts only time in `training`, would take that for a hung step.
+            self.publisher.publish(phase="saving")
             self.checkpointer.save(self.global_step, force_durable=True)
         self.publisher.publish(phase="finished", step=self.global_step)
         self.close()

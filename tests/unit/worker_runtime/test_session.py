@@ -71,6 +71,24 @@ def test_a_run_resumes_where_it_stopped_and_matches_an_undisturbed_one(env: Path
     assert torch.equal(model.weight.detach(), resumed)
 
 
+def test_the_last_steps_save_is_published_as_a_save(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last step's durable save may wait for the save in flight (a copy to object storage, say): the
+    launcher's hang watch counts only time in `training`, so the run says `saving` first."""
+    model, optimizer = fresh()
+    phases: list[str] = []
+    with session(model, optimizer, checkpoint_dir=env / "ckpt") as run:
+        train(6, model, optimizer, run)  # durable saves every 4 steps: step 6 is saved at the end
+        save = run.checkpointer.save
+
+        def watched_save(step: int, **options: object) -> object:
+            phases.append(json.loads((env / "status" / "rank-0.json").read_text())["phase"])
+            return save(step, **options)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(run.checkpointer, "save", watched_save)
+    assert phases == ["saving"]
+    assert json.loads((env / "status" / "rank-0.json").read_text())["phase"] == "finished"
+
+
 def test_a_run_publishes_the_checkpoints_its_restore_passed_over(env: Path) -> None:
     model, optimizer = fresh()
     with session(model, optimizer, checkpoint_dir=env / "ckpt") as run:
