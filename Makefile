@@ -91,21 +91,22 @@ unit: install
 		$(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
 
 # The local cluster's tests (tests/e2e, tests/chaos) on two processes, each with a cluster of its own (the host
-# routes two pod networks), a test file whole on one of them (tests/conftest.py); then the real node's tests,
-# alone: their cluster needs a routed pod network and this host's one kubelet, and their two trainings through a
-# failure in containers are left to `make test-real-node`. A test on a local cluster is mostly waiting (for a
+# routes two pod networks), a test file whole on one of them (tests/conftest.py); then, alone, the real node's
+# tests (their cluster needs a routed pod network and this host's one kubelet; their two trainings through a
+# failure in containers are left to `make test-real-node`) and the demo's (its `phalanx demo` upgrades the
+# session's Helm release, and Helm names the fields it owns after the process: an xdist worker renames its own). A test on a local cluster is mostly waiting (for a
 # heartbeat's timeout, for a job to start and finish): one at a time, the two cores were busy for about two
 # thirds of the suite, and two side by side fill the rest.
 E2E_MARKERS := not peers and not bench and not real_training
-REAL_NODE_TESTS := tests/e2e/test_real_node.py
+SERIAL_TESTS := tests/e2e/test_real_node.py tests/e2e/test_demo.py
 e2e: real-node
-	$(PYTEST) -m "$(E2E_MARKERS)" -n 2 --dist loadgroup --no-loadscope-reorder --ignore=$(REAL_NODE_TESTS) \
+	$(PYTEST) -m "$(E2E_MARKERS)" -n 2 --dist loadgroup --no-loadscope-reorder $(SERIAL_TESTS:%=--ignore=%) \
 		tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); \
-	$(PYTEST) -m "$(E2E_MARKERS)" $(REAL_NODE_TESTS) $(PYTEST_ARGS); rc2=$$?; \
-	$(REAL_NODE_NONE_RAN); [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
-# None of the real node's tests collected fails the run, unless PYTEST_ARGS chose the tests.
-REAL_NODE_NONE_RAN = if [ $$rc2 -eq 5 ]; then $(if $(strip $(PYTEST_ARGS)),rc2=0,echo "pytest collected no real-node \
-	tests: failing" >&2; rc2=1); fi
+	$(PYTEST) -m "$(E2E_MARKERS)" $(SERIAL_TESTS) $(PYTEST_ARGS); rc2=$$?; \
+	$(SERIAL_NONE_RAN); [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
+# None of the tests run alone collected fails the run, unless PYTEST_ARGS chose the tests.
+SERIAL_NONE_RAN = if [ $$rc2 -eq 5 ]; then $(if $(strip $(PYTEST_ARGS)),rc2=0,echo "pytest collected none of \
+	$(SERIAL_TESTS): failing" >&2; rc2=1); fi
 
 # Every real-node test (root): containerd, kubelet and kube-proxy on this host, the images, and the demo and the
 # example trained through a failure in real containers.

@@ -593,9 +593,10 @@ def assert_incident_agrees(incident: dict[str, Any], log: list[dict[str, Any]], 
     # The first step's heartbeat is published right before rank 0 logs it.
     assert abs(resumed.timestamp() - logged.resumed_at) < 0.5, (incident, logged)
     # From `occurredAt`, when the node agent saw the container end (a kubelet keeps it to the second, and the
-    # operator takes the end of that second): never before the kill, and within a second or so of it.
+    # operator takes the end of that second): never before the kill, and within seconds of it (a second or so
+    # on an idle machine; a CI run with both cores busy saw 2.2 s).
     logged_seconds = logged.resumed_at - killed_at
-    assert logged_seconds - 1.5 <= incident["secondsToRecover"] <= logged_seconds + 0.5, (incident, logged)
+    assert logged_seconds - 3.0 <= incident["secondsToRecover"] <= logged_seconds + 0.5, (incident, logged)
 
 
 def kill_whole_pod(namespace: str, pod: str) -> float:
