@@ -2,6 +2,7 @@
 #   make demo   local cluster up, operator installed with Helm, a TrainingJob trained through a failure
 #   make demo-real  the same on a real node (root): the images built first, a worker's container SIGKILLed
 #   make test   the type check, then every test: unit and end-to-end against the real control plane (built once, cached)
+#   make test-long   the cluster scenarios of minutes whose parts other tests cover too (not in CI)
 #   make test-bench  the smoke of Phalanx's own benchmarks on the local cluster (not in CI)
 #   make test-peers  the smoke of the peers' benchmarks (torchft, DLRover, Kubeflow Trainer, JobSet; not in CI)
 #   make test-real-node  every real-node test, the two trainings in real containers included (root; those two not in CI)
@@ -19,7 +20,7 @@ PYTEST := $(BIN)/python -m pytest
 # After a pytest run: its exit 5 (no test collected) fails too, so that a selection matching nothing never passes.
 NONE_RAN = if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; rc=1; fi
 
-.PHONY: install deps control-plane real-node test test-compat test-bench test-peers test-real-node unit e2e lint typecheck demo demo-real bench image lock clean
+.PHONY: install deps control-plane real-node test test-long test-compat test-bench test-peers test-real-node unit e2e lint typecheck demo demo-real bench image lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -60,6 +61,12 @@ lint: install
 test: lint typecheck real-node
 	$(MAKE) --no-print-directory -k unit e2e
 
+# The cluster scenarios of minutes whose parts other tests cover too (marker `long`): a worker exiting 143 in a loop
+# paced by the chart, Kueue's preemption with the resume from the save, another job's failures in a new job's MTBF,
+# loss stagnation. With them `make test` would not fit CI's 90 minutes on two cores.
+test-long: real-node
+	$(PYTEST) -m "long and not peers and not bench" tests/e2e tests/chaos $(PYTEST_ARGS); rc=$$?; $(NONE_RAN); exit $$rc
+
 # `phalanx bench --quick` for Phalanx's own cluster benchmarks (gang creation, operator scale, re-rendezvous,
 # recovery, goodput, hang detection, kills during saves).
 test-bench: control-plane
@@ -97,7 +104,7 @@ unit: install
 # session's Helm release, and Helm names the fields it owns after the process: an xdist worker renames its own). A test on a local cluster is mostly waiting (for a
 # heartbeat's timeout, for a job to start and finish): one at a time, the two cores were busy for about two
 # thirds of the suite, and two side by side fill the rest.
-E2E_MARKERS := not peers and not bench and not real_training
+E2E_MARKERS := not peers and not bench and not real_training and not long
 SERIAL_TESTS := tests/e2e/test_real_node.py tests/e2e/test_demo.py
 e2e: real-node
 	$(PYTEST) -m "$(E2E_MARKERS)" -n 2 --dist loadgroup --no-loadscope-reorder $(SERIAL_TESTS:%=--ignore=%) \

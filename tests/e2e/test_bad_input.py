@@ -473,6 +473,7 @@ def test_a_job_managed_by_another_controller_is_left_to_it(
     assert changed.returncode != 0 and "managedBy is immutable" in changed.stderr, changed.stderr
 
 
+@pytest.mark.long
 def test_a_worker_that_exits_143_in_a_loop_is_replaced_ever_more_slowly(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

@@ -213,6 +213,7 @@ def test_auto_interval_grows_when_saves_get_costlier(
     )
 
 
+@pytest.mark.long
 def test_another_jobs_failures_lower_a_new_jobs_mtbf(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

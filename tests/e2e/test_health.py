@@ -169,6 +169,7 @@ def test_a_gradient_burst_raises_grad_norm_spike_until_it_is_behind_the_run(
     assert seen.count("GradNormSpike") == 1 and "HealthPause" not in seen, seen
 
 
+@pytest.mark.long
 def test_a_loss_that_stops_falling_raises_loss_stagnation(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

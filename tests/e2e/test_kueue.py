@@ -187,6 +187,7 @@ def test_a_second_gang_waits_for_the_quota_of_the_first(
     )
 
 
+@pytest.mark.long
 def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_save(
     cluster: Cluster, operator: Operator, namespace: str, queue: str
 ) -> None:
