@@ -101,9 +101,9 @@ unit: install
 # routes two pod networks), a test file whole on one of them (tests/conftest.py); then, alone, the real node's
 # tests (their cluster needs a routed pod network and this host's one kubelet; their two trainings through a
 # failure in containers are left to `make test-real-node`) and the demo's (its `phalanx demo` upgrades the
-# session's Helm release, and Helm names the fields it owns after the process: an xdist worker renames its own). A test on a local cluster is mostly waiting (for a
-# heartbeat's timeout, for a job to start and finish): one at a time, the two cores were busy for about two
-# thirds of the suite, and two side by side fill the rest.
+# session's Helm release, and Helm names the fields it owns after the process: an xdist worker renames its own).
+# A test on a local cluster is partly waiting (for a heartbeat's timeout, for a job to start and finish): one at a
+# time, the two cores were busy for about two thirds of the suite, and two side by side fill the rest.
 E2E_MARKERS := not peers and not bench and not real_training and not long
 SERIAL_TESTS := tests/e2e/test_real_node.py tests/e2e/test_demo.py
 e2e: real-node

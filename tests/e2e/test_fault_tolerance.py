@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from phalanx.bench import faults
+from phalanx.operator import status as observe
 from phalanx.operator.timeutil import parse_time
 
 from .conftest import Cluster, Operator, operator_ready, wait_for
@@ -228,28 +229,26 @@ def test_hung_trainer_is_judged_against_the_jobs_own_step_times(
 
 def workers_on(cluster: Cluster, namespace: str, name: str, node: str) -> int:
     """The job's workers on `node`: each one lost is a restart, while a standby spare lost there is only
-    replaced (`SpareReplaced`). A pod's role is the one its heartbeat says, as the operator judges it: a spare
-    that started before a slow worker takes that worker's seat, and the worker stands by, whatever their labels
-    say. Every trainer pod is printed, for the record of a failed run."""
+    replaced (`SpareReplaced`). Whether a pod stands by is judged as the operator judges it
+    (`status.standing_by`, from its heartbeat's phase): a spare that started before a slow worker takes that
+    worker's seat, and the worker stands by, whatever their labels say. Every trainer pod is printed, for the
+    record of a failed run."""
     pods = job_pods(cluster, namespace, name, TRAINERS)
-    roles = {pod.metadata.name: played_role(cluster, namespace, pod) for pod in pods}
+    spare = {pod.metadata.name: stands_by(cluster, namespace, pod) for pod in pods}
     print(
         "before the crash:",
-        {pod.metadata.name: (pod.spec.node_name, pod.status.phase, roles[pod.metadata.name]) for pod in pods},
+        {pod.metadata.name: (pod.spec.node_name, pod.status.phase, spare[pod.metadata.name]) for pod in pods},
     )
-    return sum(1 for pod in pods if pod.spec.node_name == node and roles[pod.metadata.name] == "worker")
+    return sum(1 for pod in pods if pod.spec.node_name == node and not spare[pod.metadata.name])
 
 
-def played_role(cluster: Cluster, namespace: str, pod: Any) -> str:
-    """`worker` or `spare`: the heartbeat's phase (`standby` for a spare) when the pod has one, else its label."""
+def stands_by(cluster: Cluster, namespace: str, pod: Any) -> bool:
     try:
         lease = cluster.get_json("lease", pod.metadata.name, "-n", namespace)
     except AssertionError:  # no heartbeat yet
         lease = {"metadata": {}}
     phase = (lease["metadata"].get("annotations") or {}).get("phalanx.dev/phase")
-    if phase:
-        return "spare" if phase == "standby" else "worker"
-    return (pod.metadata.labels or {}).get("phalanx.dev/role") or "worker"
+    return observe.standing_by({"metadata": {"labels": pod.metadata.labels or {}}}, {"phase": phase})
 
 
 def crash_until_succeeded(cluster: Cluster, namespace: str, name: str, node: str) -> dict[str, Any]:
