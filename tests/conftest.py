@@ -253,16 +253,18 @@ SHARED_CLUSTER_GROUPS = {"kueue": ("tests/e2e/test_kueue.py", "tests/e2e/test_ku
 """Files that run on the same worker, so that a fixture of the session (Kueue's controller) starts once."""
 LONGEST_FIRST = (
     "tests/e2e/test_image.py",
-    "tests/chaos/test_operator_faults.py",
     "tests/e2e/test_fault_tolerance.py",
-    "tests/e2e/test_kueue.py",
-    "tests/e2e/test_kueue_cluster.py",
+    "tests/chaos/test_operator_faults.py",
     "tests/e2e/test_fault_scenarios.py",
-    "tests/e2e/test_integrations.py",
+    "tests/e2e/test_operator.py",
     "tests/e2e/test_health.py",
     "tests/e2e/test_drills.py",
-    "tests/e2e/test_checkpoint_interval.py",
-    "tests/e2e/test_operator.py",
+    "tests/e2e/test_integrations.py",
+    "tests/e2e/test_devcluster.py",
+    "tests/e2e/test_bad_input.py",
+    "tests/e2e/test_preflight.py",
+    "tests/e2e/test_kueue.py",
+    "tests/e2e/test_kueue_cluster.py",
 )
 """Cluster test files that take longest (several minutes each on two cores), in the order the workers take them:
 with `--no-loadscope-reorder` (`make e2e`) xdist hands out files in collection order as workers free up (by

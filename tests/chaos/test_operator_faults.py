@@ -58,13 +58,27 @@ def operator_pod(cluster: Cluster, operator: Operator) -> str:
     return str(pod.metadata.name)
 
 
+def freezes_applied(cluster: Cluster, namespace: str, pod: str) -> int:
+    """How many times the node agent has frozen the pod (it logs each freeze once it has stopped the processes)."""
+    log = cluster.state_dir / "logs" / "node-agent.log"
+    return log.read_text(errors="replace").count(f"pod {namespace}/{pod} frozen\n")
+
+
+def freeze_operator_pod(cluster: Cluster, operator: Operator, pod: str) -> None:
+    """Annotate the operator's pod to be frozen and wait until the node agent has stopped it: the agent sees the
+    annotation a moment later, longer on a busy machine, and the operator acts until then."""
+    before = freezes_applied(cluster, operator.namespace, pod)
+    cluster.kubectl(
+        "annotate", "pod", pod, "-n", operator.namespace, "phalanx.dev/freeze=true", "--overwrite"
+    )
+    wait_for(lambda: freezes_applied(cluster, operator.namespace, pod) > before, 30, message=f"{pod} frozen")
+
+
 def freeze_operator(cluster: Cluster, operator: Operator, seconds: float) -> None:
     """SIGSTOP the operator's process (the node agent's freeze) for `seconds`, then SIGCONT it: a long GC
     pause, a starved node or a debugger would do the same."""
     pod = operator_pod(cluster, operator)
-    cluster.kubectl(
-        "annotate", "pod", pod, "-n", operator.namespace, "phalanx.dev/freeze=true", "--overwrite"
-    )
+    freeze_operator_pod(cluster, operator, pod)
     try:
         time.sleep(seconds)
     finally:
@@ -171,9 +185,7 @@ def test_a_pod_that_vanished_while_the_operator_was_away_is_judged_from_its_stat
 
     wait_for(as_a_range, 60, message=f"{victim.metadata.name} remembered as an index range")
     frozen = operator_pod(cluster, operator)
-    cluster.kubectl(
-        "annotate", "pod", frozen, "-n", operator.namespace, "phalanx.dev/freeze=true", "--overwrite"
-    )
+    freeze_operator_pod(cluster, operator, frozen)
     cluster.kubectl(
         "delete", "pod", victim.metadata.name, "-n", namespace, "--grace-period=0", "--force", "--wait=false"
     )

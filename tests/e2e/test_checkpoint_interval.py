@@ -150,6 +150,7 @@ def test_auto_interval_is_chosen_followed_and_falls_with_failures(
     assert current["checkpoint"]["mode"] == "auto", current
 
 
+@pytest.mark.long
 def test_auto_interval_grows_when_saves_get_costlier(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

@@ -115,6 +115,7 @@ def test_pods_lost_with_their_local_tier_restore_from_the_claim(
         assert durable.verify(directory / layout.step_dir_name(step), step)[1] is None
 
 
+@pytest.mark.long
 def test_pods_lost_with_their_local_tier_restore_from_object_storage(
     cluster: Cluster, operator: Operator, namespace: str, s3_endpoint: str, tmp_path: Path
 ) -> None:

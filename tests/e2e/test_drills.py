@@ -108,6 +108,7 @@ def test_crash_node_drill_takes_the_node_from_the_job_and_gives_it_back(
     assert incident["cause"] == "NodeLost" and "drill" in incident["message"]
 
 
+@pytest.mark.long
 def test_kill_rendezvous_drill_reports_the_recovery(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
@@ -123,6 +124,7 @@ def test_kill_rendezvous_drill_reports_the_recovery(
     )
 
 
+@pytest.mark.long
 def test_hang_worker_drill_freezes_the_trainers_and_their_launcher_reports_them_stopped(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

@@ -130,8 +130,9 @@ def trainer_pids(pod: str) -> set[int]:
     return found
 
 
+# c10d's SIGKILL path is also in tests/chaos/test_kill_during_recovery.py (a worker, then the promoted spare).
 @pytest.mark.compat
-@pytest.mark.parametrize("protocol", ["c10d", "rounds"])
+@pytest.mark.parametrize("protocol", [pytest.param("c10d", marks=pytest.mark.long), "rounds"])
 def test_sigkilled_worker_is_replaced_by_the_spare(
     cluster: Cluster, operator: Operator, namespace: str, protocol: str
 ) -> None:
@@ -167,7 +168,7 @@ def test_deleted_worker_pod_is_replaced(cluster: Cluster, operator: Operator, na
     assert_recovered(job, victim.metadata.name, "PodDeleted")
 
 
-@pytest.mark.parametrize("protocol", ["c10d", "rounds"])
+@pytest.mark.parametrize("protocol", ["c10d", pytest.param("rounds", marks=pytest.mark.long)])
 def test_frozen_worker_is_detected_by_heartbeat_and_replaced(
     cluster: Cluster, operator: Operator, namespace: str, protocol: str
 ) -> None:
@@ -262,6 +263,7 @@ def crash_until_succeeded(cluster: Cluster, namespace: str, name: str, node: str
 
 
 @pytest.mark.compat
+@pytest.mark.long
 def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
     # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
     slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
@@ -379,6 +381,7 @@ def test_permanent_user_error_fails_the_job_once(
     assert again["status"]["state"] == "Failed"
 
 
+@pytest.mark.long
 def test_operator_restart_in_the_middle_of_a_recovery(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
@@ -401,6 +404,7 @@ def test_operator_restart_in_the_middle_of_a_recovery(
     assert len({p.metadata.name for p in trainers}) == len(trainers)
 
 
+@pytest.mark.long
 def test_no_false_alarm_with_frequent_checkpoints(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

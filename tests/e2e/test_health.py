@@ -136,6 +136,7 @@ def test_slowed_worker_raises_step_time_drift_and_the_job_goes_on(
     assert not final["spec"].get("suspend")
 
 
+@pytest.mark.long
 def test_a_gradient_burst_raises_grad_norm_spike_until_it_is_behind_the_run(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

@@ -140,6 +140,7 @@ def test_lightning_callback_resumes_from_the_spare(
     run_through_a_kill(cluster, namespace, "lightning", "lightning_loop", steps=150, min_step=20)
 
 
+@pytest.mark.long
 def test_huggingface_callback_resumes_from_the_spare(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
