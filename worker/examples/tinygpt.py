@@ -487,6 +487,9 @@ def train_in_group(
             if args.fail_at_step and step == args.fail_at_step and rank == world_size - 1:
                 _fail_once(args)
             livegroup.check()
+        # Said as a save: the final durable save waits for the copy in flight (to object storage, say), and a
+        # heartbeat that still said `training` at the last step read as a hung step on a loaded machine.
+        publisher.publish(phase="saving")
         ckpt.save(step, force_durable=True)
         ckpt.wait()
     except Terminated:
