@@ -202,7 +202,8 @@ def test_auto_interval_grows_when_saves_get_costlier(
         ),
     )
     print(f"cheap saves: {cheap}; costly saves: {costly}")
-    assert costly["failuresSeen"] == cheap["failuresSeen"] == 0
+    incidents = get_job(cluster, namespace, name)["status"].get("incidents")
+    assert costly["failuresSeen"] == cheap["failuresSeen"] == 0, incidents
     assert abs(costly["mtbfSeconds"] - cheap["mtbfSeconds"]) < 0.01 * cheap["mtbfSeconds"]
 
     # Young/Daly: the interval in seconds grows with the square root of the save cost. In steps it is that over
