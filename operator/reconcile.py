@@ -767,6 +767,8 @@ def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
     failure = detection.rendezvous_failure(
         b.observed.pods, b.status.rendezvous, b.observed.nodes, container, b.now
     )
+    if failure is not None and failure.node_conditions:
+        failure = _no_earlier_than_its_groups(b, failure)
     if failure is not None:
         incident = incidents.open_incident(failure, None, b.now, b.status.step, unreported)
         b.status.incidents = incidents.append(b.status.incidents, incident)
@@ -780,6 +782,25 @@ def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
         b.status.rendezvous = None
         return True
     return False
+
+
+def _no_earlier_than_its_groups(b: _Builder, failure: detection.Failure) -> detection.Failure:
+    """A rendezvous pod lost with its node has no heartbeat of its own, and the node's last Ready heartbeat may
+    be minutes old (a node reports its status on a change or every few minutes; its Lease is what renews). Every
+    group the workers report formed through a rendezvous alive then, and none can form through a new one before
+    this loss is seen: the loss came after the latest of them. Dated earlier, the job's first group looked like
+    one formed after it, and closed the incident as "resumed from step 0 (none)" with every step lost."""
+    formed = [
+        started
+        for pod in b.observed.pods
+        if observe.is_trainer(pod)
+        and (started := parse_time((_heartbeat(pod, b) or {}).get("group-started"))) is not None
+        and started <= b.now
+    ]
+    latest = max(formed, default=None)
+    if latest is None or (failure.occurred_at is not None and failure.occurred_at >= latest):
+        return failure
+    return replace(failure, occurred_at=latest)
 
 
 def _remember_rendezvous(b: _Builder) -> None:

@@ -1093,6 +1093,40 @@ def test_a_lost_rendezvous_is_an_incident_recreated_and_closed_when_training_adv
     assert _condition(back, "Recovering")["reason"] == "Recovered"
 
 
+def test_a_rendezvous_lost_with_its_node_is_dated_no_earlier_than_the_group_it_served(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    """The rendezvous pod's node goes silent; its last Ready heartbeat is minutes old, older than the job's one
+    group. That group formed through this rendezvous, so the loss came after it: the incident stays open until
+    training moves past its step, and is never closed by the group that was training all along."""
+    job = make_job(heartbeat={"intervalSeconds": 1})
+    pods = _running_gang(make_pod)
+    pods[-1] = make_pod("demo-rdzv", role="rendezvous", node="node-b")
+    group = "2026-01-01T11:59:30.000000Z"
+    first_group = {
+        "group-started": group,
+        "resumed-at": "2026-01-01T11:59:31.000000Z",
+        "restored-step": "0",
+        "restore-source": "none",
+    }
+
+    def leases(moment: datetime, step: int) -> dict[str, dict[str, Any]]:
+        return {name: {**lease, **first_group} for name, lease in _gang_leases(moment, step).items()}
+
+    both = {**HEALTHY_NODES, "node-b": HEALTHY_NODES["node-a"]}
+    steady = plan(job, Observed(pods=pods, now=now, leases=leases(now, 10), nodes=both))
+    assert steady.status["rendezvous"]["node"] == "node-b"
+    later = now + timedelta(seconds=2)
+    silent = {"labels": {}, "ready": "Unknown", "noExecute": [], "readyHeartbeat": "2026-01-01T11:55:00Z"}
+    lost = plan(
+        _with_status(job, steady),
+        Observed(pods=pods, now=later, leases=leases(later, 12), nodes={**both, "node-b": silent}),
+    )
+    (incident,) = lost.status["incidents"]
+    assert incident["cause"] == "RendezvousLost" and incident["occurredAt"] == group, incident
+    assert "resumedAt" not in incident and "restoredFrom" not in incident, incident
+
+
 def test_a_rendezvous_not_yet_running_or_of_a_suspended_job_is_no_incident(
     make_job: MakeJob, make_pod: MakePod, now: datetime
 ) -> None:
