@@ -786,18 +786,19 @@ def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
 
 def _no_earlier_than_its_groups(b: _Builder, failure: detection.Failure) -> detection.Failure:
     """A rendezvous pod lost with its node has no heartbeat of its own, and the node's last Ready heartbeat may
-    be minutes old (a node reports its status on a change or every few minutes; its Lease is what renews). Every
-    group the workers report formed through a rendezvous alive then, and none can form through a new one before
-    this loss is seen: the loss came after the latest of them. Dated earlier, the job's first group looked like
-    one formed after it, and closed the incident as "resumed from step 0 (none)" with every step lost."""
-    formed = [
-        started
-        for pod in b.observed.pods
-        if observe.is_trainer(pod)
-        and (started := parse_time((_heartbeat(pod, b) or {}).get("group-started"))) is not None
-        and started <= b.now
-    ]
-    latest = max(formed, default=None)
+    be minutes old (a node reports its status on a change or every few minutes; its Lease is what renews).
+    Dated from it, the job's first group looked like one formed after the loss and closed the incident as
+    "resumed from step 0 (none)" with every step lost. Two later signs of life bound the loss from below: every
+    group the workers report formed through a rendezvous alive then (none can form through a new one before
+    this loss is seen), and a heartbeat from a pod on the same node says the node was up when it was renewed."""
+    signs = []
+    for pod in b.observed.pods:
+        if not observe.is_trainer(pod) or (lease := _heartbeat(pod, b)) is None:
+            continue
+        signs.append(parse_time(lease.get("group-started")))
+        if failure.node is not None and (pod.get("spec") or {}).get("nodeName") == failure.node:
+            signs.append(parse_time_end(lease.get("renewTime")))
+    latest = max((sign for sign in signs if sign is not None and sign <= b.now), default=None)
     if latest is None or (failure.occurred_at is not None and failure.occurred_at >= latest):
         return failure
     return replace(failure, occurred_at=latest)

@@ -1127,6 +1127,31 @@ def test_a_rendezvous_lost_with_its_node_is_dated_no_earlier_than_the_group_it_s
     assert "resumedAt" not in incident and "restoredFrom" not in incident, incident
 
 
+def test_a_heartbeat_from_the_lost_rendezvous_node_dates_its_loss_later_still(
+    make_job: MakeJob, make_pod: MakePod, now: datetime
+) -> None:
+    """The standby spare shared the rendezvous pod's node: its last heartbeat says the node was up then."""
+    job = make_job(heartbeat={"intervalSeconds": 1})
+    pods = _running_gang(make_pod)
+    pods[-2] = make_pod("demo-worker-2", role="spare", node="node-b")
+    pods[-1] = make_pod("demo-rdzv", role="rendezvous", node="node-b")
+    group = {"group-started": "2026-01-01T11:59:30.000000Z"}
+    both = {**HEALTHY_NODES, "node-b": HEALTHY_NODES["node-a"]}
+    steady_leases = {name: {**lease, **group} for name, lease in _gang_leases(now, 10).items()}
+    steady = plan(job, Observed(pods=pods, now=now, leases=steady_leases, nodes=both))
+    later = now + timedelta(seconds=2)
+    leases = {name: {**lease, **group} for name, lease in _gang_leases(later, 12).items()}
+    last_word = "2026-01-01T12:00:00.500000Z"
+    leases["demo-worker-2"] = {**_lease(later, 0, phase="standby"), "renewTime": last_word}
+    silent = {"labels": {}, "ready": "Unknown", "noExecute": [], "readyHeartbeat": "2026-01-01T11:55:00Z"}
+    lost = plan(
+        _with_status(job, steady),
+        Observed(pods=pods, now=later, leases=leases, nodes={**both, "node-b": silent}),
+    )
+    (incident,) = [i for i in lost.status["incidents"] if i["cause"] == "RendezvousLost"]
+    assert incident["occurredAt"] == last_word, incident
+
+
 def test_a_rendezvous_not_yet_running_or_of_a_suspended_job_is_no_incident(
     make_job: MakeJob, make_pod: MakePod, now: datetime
 ) -> None:
