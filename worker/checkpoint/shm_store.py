@@ -304,7 +304,9 @@ class SnapshotStore:
             for slot in self.slot_paths:
                 try:
                     self._mapping(slot, slots.HEADER_BYTES + payload_bytes, pin)
-                except OSError as error:  # SnapshotSpaceError included: the save that needs the slot says it
+                except (OSError, RuntimeError) as error:
+                    # The save that needs the slot says it (SnapshotSpaceError included). RuntimeError: torch's
+                    # mapping of a slot file that vanished meanwhile (the store's folder removed under it).
                     log.info("preparing snapshot slot %s failed: %s", slot, error)
                     return
 

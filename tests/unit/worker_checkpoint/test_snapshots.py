@@ -128,6 +128,32 @@ def test_a_save_interrupted_while_holding_the_stores_lock_still_gets_a_slot_the_
     store.close()
 
 
+def test_slot_files_removed_under_the_preparing_helper_end_it_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's folder removed while the helper prepares its slots (a pod's /dev/shm wiped, a test's folder
+    cleaned up): torch cannot map a file that is gone and raises RuntimeError, not OSError. The helper logs it
+    and stops, as for a slot that does not fit; it never dies with an unhandled exception."""
+    import shutil
+    import threading
+
+    store = shm_store.SnapshotStore(tmp_path / "store")
+    open_fd = store._fd
+
+    def open_then_removed(slot: Path) -> int:
+        fd = open_fd(slot)
+        shutil.rmtree(slot.parent, ignore_errors=True)
+        return fd
+
+    monkeypatch.setattr(store, "_fd", open_then_removed)
+    unhandled: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(args.exc_value))
+    store.prepare(2**20, pin=False)
+    store.wait_prepared()
+    assert unhandled == []
+    store.close()
+
+
 def _commit(root: Path, namespace: str, local_rank: int, step: int) -> None:
     store = shm_store.SnapshotStore(shm_store.store_dir(namespace, local_rank, root))
     plan = payload.plan({"step": step, "weights": torch.zeros(4)})
