@@ -539,9 +539,15 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
     finally:
         for pooled in pool:
             cluster.kubectl("label", "node", pooled, f"{POOL_LABEL}-", check=False)
-    incident = assert_recovered(final, victim.metadata.name, "NodeLost", pods_lost=on_node)
+    # With two slots a snapshot is skipped while the saver writes the durable checkpoint from the other one (a
+    # third slot keeps them): a crash within that write loses the steps it took, three on a loaded machine. The
+    # memory still never does worse than the durable tier it stands in front of.
+    incident = assert_recovered(final, victim.metadata.name, "NodeLost", spare=False, pods_lost=on_node)
     assert incident["node"] == node
     assert incident.get("restoredFrom") in ("memory", "peer"), incident
+    durable_interval = job["spec"]["checkpoint"]["intervalSteps"]
+    newest_durable = incident["detectedStep"] // durable_interval * durable_interval
+    assert incident.get("restoredStep", -1) >= newest_durable, incident
     lost = [i for i in incidents_of(final) if i["cause"] == "RendezvousLost"]
     assert lost and lost[0]["node"] == node, incidents_of(final)
 
