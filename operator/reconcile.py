@@ -768,7 +768,7 @@ def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
         b.observed.pods, b.status.rendezvous, b.observed.nodes, container, b.now
     )
     if failure is not None and failure.node_conditions:
-        failure = _no_earlier_than_its_groups(b, failure)
+        failure = _dated_by_later_signs_of_life(b, failure)
     if failure is not None:
         incident = incidents.open_incident(failure, None, b.now, b.status.step, unreported)
         b.status.incidents = incidents.append(b.status.incidents, incident)
@@ -784,7 +784,7 @@ def _follow_rendezvous(b: _Builder, unreported: int) -> bool:
     return False
 
 
-def _no_earlier_than_its_groups(b: _Builder, failure: detection.Failure) -> detection.Failure:
+def _dated_by_later_signs_of_life(b: _Builder, failure: detection.Failure) -> detection.Failure:
     """A rendezvous pod lost with its node has no heartbeat of its own, and the node's last Ready heartbeat may
     be minutes old (a node reports its status on a change or every few minutes; its Lease is what renews).
     Dated from it, the job's first group looked like one formed after the loss and closed the incident as
