@@ -21,6 +21,7 @@ from kubernetes import client, config
 from phalanx import assets
 from phalanx.bench.kubeobjects import custom_object, is_terminating, labels_of, name_of, uid_of
 from phalanx.devcluster import controlplane
+from phalanx.helmsdk import Helm
 
 REAL_NODES = 3
 """Agent nodes that run pods as processes (the operator, rendezvous stores, real training)."""
@@ -318,10 +319,8 @@ class BenchCluster:
         return self.core.list_node(label_selector=f"{SIMULATED_LABEL}=true").items
 
     # ------------------------------------------------------------------ the operator
-    def _helm(self) -> Any:
-        import helm_python
-
-        return helm_python.Config(kubeconfig_path=str(self.kubeconfig), namespace=OPERATOR_NAMESPACE)
+    def _helm(self) -> Helm:
+        return Helm(self.kubeconfig, OPERATOR_NAMESPACE)
 
     def operator_pods(self) -> list[client.V1Pod]:
         return [
@@ -363,7 +362,6 @@ class BenchCluster:
                 str(chart),
                 OPERATOR_RELEASE,
                 values=OPERATOR_VALUES,
-                namespace=OPERATOR_NAMESPACE,
                 create_namespace=True,
             )
             installed_here = True
@@ -388,9 +386,7 @@ class BenchCluster:
         (`PHALANX_OPERATOR_*` variables), wait until the operator acting holds them."""
         self.ensure_operator()
         self.log(f"upgrading the operator with Helm (values {values})")
-        self._helm().upgrade(
-            str(assets.chart_dir()), OPERATOR_RELEASE, values, namespace=OPERATOR_NAMESPACE, reuse_values=True
-        )
+        self._helm().upgrade(assets.chart_dir(), OPERATOR_RELEASE, values, reuse_values=True)
         if not settings:
             return
 

@@ -19,6 +19,7 @@ from kubernetes import config
 
 from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.kueue import controller as kueue_controller
+from phalanx.helmsdk import Helm
 
 from .e2e.conftest import (
     OPERATOR_NAMESPACE,
@@ -135,7 +136,7 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
     """The operator installed from the Helm chart with Helm's SDK; it runs as a pod under the chart's RBAC."""
     import helm_python
 
-    helm = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=OPERATOR_NAMESPACE)
+    helm = Helm(cluster.kubeconfig, OPERATOR_NAMESPACE)
     release = "phalanx"
     with contextlib.suppress(helm_python.HelmError):
         helm.uninstall(release, ignore_not_found=True, wait="watcher")
@@ -149,7 +150,6 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
         # One replica (leader election still on): the chaos tests freeze, kill and restart the operator's one
         # process; tests/e2e/test_operator_ha.py scales it to the chart's two for the takeover tests.
         values={"reconcileIntervalSeconds": 2, "logLevel": "DEBUG", "replicaCount": 1},
-        namespace=OPERATOR_NAMESPACE,
         create_namespace=True,
     )
     wait_for(lambda: operator_ready(cluster), 120, message="the operator pod to be Ready")

@@ -13,6 +13,7 @@ seconds after) and the worker's container is killed for real, SIGKILL to its tas
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import subprocess
@@ -29,6 +30,7 @@ from phalanx.devcluster import controlplane
 from phalanx.devcluster.realnode import host
 from phalanx.devcluster.realnode import node as real_node
 from phalanx.errors import UserFacingError
+from phalanx.helmsdk import Helm
 from phalanx.images import cli as images_cli
 from phalanx.images import containerd
 from phalanx.operator import names
@@ -125,18 +127,16 @@ def wait(what: str, predicate: Any, timeout: float, interval: float = 1.0) -> An
 
 
 def install_operator(layout: controlplane.Layout, chart: Path) -> None:
-    try:
-        import helm_python
-    except ModuleNotFoundError:
-        raise UserFacingError("`phalanx demo` needs the demo extra: pip install 'phalanx[demo]'") from None
+    if importlib.util.find_spec("helm_python") is None:
+        raise UserFacingError("`phalanx demo` needs the demo extra: pip install 'phalanx[demo]'")
 
-    config = helm_python.Config(kubeconfig_path=str(layout.kubeconfig), namespace=OPERATOR_NAMESPACE)
-    installed = {release["name"] for release in config.list(name_filter=f"^{RELEASE}$")}
+    helm = Helm(layout.kubeconfig, OPERATOR_NAMESPACE)
+    installed = {release["name"] for release in helm.releases(name_filter=f"^{RELEASE}$")}
     if RELEASE in installed:
-        config.upgrade(str(chart), RELEASE, namespace=OPERATOR_NAMESPACE)
+        helm.upgrade(chart, RELEASE)
         say(f"upgraded Helm release {RELEASE!r} in {OPERATOR_NAMESPACE}")
     else:
-        config.install(str(chart), RELEASE, namespace=OPERATOR_NAMESPACE, create_namespace=True)
+        helm.install(chart, RELEASE, create_namespace=True)
         say(f"installed Helm release {RELEASE!r} into {OPERATOR_NAMESPACE}")
 
 

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from phalanx.helmsdk import Helm
+
 REAL_NODES = 4
 SIMULATED_NODES = 5
 """Simulated nodes hold 250 pods each: enough for the 1,000-pod gang tests."""
@@ -274,15 +276,8 @@ class Operator:
     def scale(self, cluster: Cluster, replicas: int) -> None:
         """`helm upgrade` the release to `replicas` operator replicas, its other values kept; return once that
         many run and one of them holds the Lease."""
-        import helm_python
-
-        helm = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=self.namespace)
-        helm.upgrade(
-            str(REPO_ROOT / "charts" / "phalanx"),
-            self.release,
-            {"replicaCount": replicas},
-            namespace=self.namespace,
-            reuse_values=True,
+        Helm(cluster.kubeconfig, self.namespace).upgrade(
+            REPO_ROOT / "charts" / "phalanx", self.release, {"replicaCount": replicas}, reuse_values=True
         )
 
         def settled() -> bool:

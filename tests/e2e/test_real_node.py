@@ -28,6 +28,7 @@ from phalanx import demo
 from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.realnode import host, images
 from phalanx.devcluster.realnode import node as real_node
+from phalanx.helmsdk import Helm
 
 from .conftest import assert_demo_succeeded, pod_security_labels, wait_for
 
@@ -232,8 +233,6 @@ def active_workers(real: RealNodeCluster, namespace: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def operator_pod(real: RealNodeCluster) -> str:
     """What a platform team does first: build the images and `helm install` the chart. The operator's pod."""
-    import helm_python
-
     build = subprocess.run(
         [sys.executable, "-m", "phalanx.cli", "image", "build"],
         capture_output=True, text=True, timeout=1500, check=False,
@@ -241,11 +240,12 @@ def operator_pod(real: RealNodeCluster) -> str:
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     assert "imported into containerd" in build.stdout
 
-    helm = helm_python.Config(kubeconfig_path=str(real.kubeconfig), namespace=OPERATOR_NAMESPACE)
+    helm = Helm(real.kubeconfig, OPERATOR_NAMESPACE)
     # One replica: these tests read the acting operator's logs and files (two replicas' takeover is tested on the
     # agent's nodes, tests/e2e/test_operator_ha.py).
-    helm.install(str(CHART), "phalanx", values={"reconcileIntervalSeconds": 2, "replicaCount": 1},
-                 namespace=OPERATOR_NAMESPACE, create_namespace=True)  # fmt: skip
+    helm.install(
+        CHART, "phalanx", values={"reconcileIntervalSeconds": 2, "replicaCount": 1}, create_namespace=True
+    )
     operator = wait_for(
         lambda: [
             pod

@@ -12,9 +12,11 @@ import sys
 from typing import Any
 
 import pytest
+import setproctitle
 import yaml
 
 from phalanx import assets
+from phalanx.helmsdk import Helm
 
 from .conftest import REPO_ROOT, Cluster, Operator, operator_ready, wait_for
 from .test_operator import condition, get_job, job_pods, trainingjob
@@ -46,8 +48,6 @@ def crd_apply(cluster: Cluster) -> subprocess.CompletedProcess[str]:
 def test_a_crd_and_operator_upgrade_keeps_the_job_training_and_the_new_field_works(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    import helm_python
-
     # The older build's CRD, as a `helm install` of it would have left it.
     cluster.kubectl("replace", "-f", "-", input=json.dumps(older_crd()))
     try:
@@ -66,13 +66,12 @@ def test_a_crd_and_operator_upgrade_keeps_the_job_training_and_the_new_field_wor
         assert applied.returncode == 0, applied.stdout + applied.stderr
         assert "applied trainingjobs.phalanx.dev (serving v1alpha1" in applied.stdout, applied.stdout
         # A new operator pod, as a `helm upgrade` to a new build rolls it.
-        helm = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=operator.namespace)
+        helm = Helm(cluster.kubeconfig, operator.namespace)
         old_operator = {pod.metadata.uid for pod in operator.pods(cluster)}
         helm.upgrade(
-            str(REPO_ROOT / "charts" / "phalanx"),
+            REPO_ROOT / "charts" / "phalanx",
             operator.release,
             {"podAnnotations": {"phalanx.dev/build": "next"}},
-            namespace=operator.namespace,
             reuse_values=True,
         )
         wait_for(
@@ -113,3 +112,30 @@ def test_a_crd_and_operator_upgrade_keeps_the_job_training_and_the_new_field_wor
         # Whatever happened, the other tests get the current CRD back.
         restored = crd_apply(cluster)
         assert restored.returncode == 0, restored.stdout + restored.stderr
+
+
+def test_the_release_upgrades_from_a_process_titled_unlike_its_installer(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """Helm's SDK names its field manager after argv[0], which a process title overwrites (pytest-xdist sets the
+    running test's id): installed under one title and upgraded under another, every field of the release used
+    to conflict. phalanx.helmsdk makes each call as Helm's CLI, under `helm`."""
+    before = setproctitle.getproctitle()
+    setproctitle.setproctitle("/".join(["a-title-no-installer-had"] * 8))
+    try:
+        Helm(cluster.kubeconfig, operator.namespace).upgrade(
+            REPO_ROOT / "charts" / "phalanx", operator.release, reuse_values=True
+        )
+    finally:
+        setproctitle.setproctitle(before)
+    deployment = cluster.get_json(
+        "deployment", operator.release, "-n", operator.namespace, "--show-managed-fields"
+    )
+    policy = cluster.get_json("validatingadmissionpolicy", "phalanx-worker-leases", "--show-managed-fields")
+    for written in (deployment, policy):
+        fields = written["metadata"]["managedFields"]
+        # The API server's own writers (the status of each, the Deployment's replica count) aside.
+        assert {e["manager"] for e in fields if e["operation"] == "Apply" and "subresource" not in e} == {
+            "helm"
+        }
+    wait_for(lambda: operator_ready(cluster), 120, message="the operator Ready after the upgrade")
