@@ -388,6 +388,24 @@ def training_at_world_size(
     )
 
 
+def group_report(cluster: Cluster, namespace: str, name: str) -> str:
+    """What each worker's heartbeat last said (phase, world size, step) and the job's status: why a wait for a
+    group of some size timed out."""
+    beats = {
+        pod: {
+            key.removeprefix("phalanx.dev/"): value
+            for key, value in beat.items()
+            if key.startswith("phalanx.dev/")
+        }
+        for pod, beat in worker_heartbeats(cluster, namespace, name).items()
+    }
+    status = get_job(cluster, namespace, name).get("status") or {}
+    shown = {
+        key: status.get(key) for key in ("state", "step", "replicas", "restarts", "incidents", "conditions")
+    }
+    return f"heartbeats {beats}; status {shown}"
+
+
 @pytest.mark.compat
 def test_scale_within_and_outside_bounds(cluster: Cluster, operator: Operator, namespace: str) -> None:
     job = trainingjob(
@@ -417,7 +435,10 @@ def test_scale_within_and_outside_bounds(cluster: Cluster, operator: Operator, n
     wait_for(
         lambda: training_at_world_size(cluster, namespace, "elastic", 3, after_step=step_before_scale),
         180,
-        message="training to go on at world size 3 after kubectl scale",
+        message=lambda: (
+            "training to go on at world size 3 after kubectl scale: "
+            + group_report(cluster, namespace, "elastic")
+        ),
     )
     # Out of bounds: the API server refuses the scale itself (the CRD's rules hold on the scale subresource).
     refused = cluster.kubectl("scale", "trainingjob/elastic", "--replicas=5", "-n", namespace, check=False)
