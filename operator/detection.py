@@ -13,9 +13,10 @@ re-form only worker groups started before it (`status.regroup`), and recovery is
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from phalanx import contract
@@ -220,6 +221,14 @@ def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict
     return lease
 
 
+LeaseOf = Callable[[dict[str, Any]], dict[str, Any] | None]
+"""A pod's own Lease (`heartbeat_of`), as a reconcile judges it once per pod and passes on."""
+
+
+def _own_leases(leases: dict[str, dict[str, Any]], lease_of: LeaseOf | None) -> LeaseOf:
+    return lease_of if lease_of is not None else lambda pod: heartbeat_of(pod, leases)
+
+
 def lease_number(lease: dict[str, Any] | None, key: str) -> float | None:
     try:
         return float((lease or {})[key])
@@ -292,6 +301,7 @@ def update_tracks(
     heartbeat: api.HeartbeatSpec,
     trainer: str,
     now: datetime,
+    lease_of: LeaseOf | None = None,
 ) -> list[api.WorkerTrack]:
     """Per-worker memory after this reconcile's observations (pods no longer observed are forgotten,
     except those whose disappearance is still to be judged).
@@ -299,11 +309,12 @@ def update_tracks(
     Nothing here follows the Lease's renew time: a heartbeat that only renews changes no track, so it
     never makes the operator write the status.
     """
+    own = _own_leases(leases, lease_of)
     previous = {(track.pod, track.uid): track for track in tracks}
     training = {
         observe.pod_name(pod): lease
         for pod in trainers
-        if (lease := heartbeat_of(pod, leases)) is not None and lease.get("phase") == TRAINING_PHASE
+        if (lease := own(pod)) is not None and lease.get("phase") == TRAINING_PHASE
     }
     measure = straggler_measure(list(training.values()))
     times = {
@@ -324,7 +335,7 @@ def update_tracks(
         )
         track = old.model_copy()
         track.node = (pod.get("spec") or {}).get("nodeName") or old.node
-        lease = heartbeat_of(pod, leases)
+        lease = own(pod)
         step = lease_step(lease)
         is_training = key[0] in training
         new_step = step is not None and step != old.step
@@ -354,7 +365,15 @@ def update_tracks(
 def step_reached(lease: dict[str, Any] | None, floor: str | None, now: datetime) -> str | None:
     """When the worker reached its current step, by its heartbeat's `step-at` (kept between `floor`, the
     clock's previous start, and now); None when the heartbeat does not say."""
-    reached = parse_time((lease or {}).get("step-at"))
+    step_at = (lease or {}).get("step-at")
+    return _step_reached(step_at, floor, now) if isinstance(step_at, str) else None
+
+
+@lru_cache(maxsize=1 << 16)
+def _step_reached(step_at: str, floor: str | None, now: datetime) -> str | None:
+    """`step_reached` of one stamp (kept: one reconcile asks it of each worker's heartbeat three times, and
+    formatting a stamp costs more than the rest of that question)."""
+    reached = parse_time(step_at)
     if reached is None:
         return None
     lower = parse_time(floor)
@@ -370,16 +389,18 @@ def next_heartbeat_deadline(
     heartbeat: api.HeartbeatSpec,
     now: datetime,
     gaps: Sequence[Gap] = (),
+    lease_of: LeaseOf | None = None,
 ) -> float | None:
     """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
     what this reconcile saw (None when no clock runs): a reconcile then judges it on time, not at the
     next periodic one. `gaps`: the stale stretches of the operator's view, which no clock counts."""
+    own = _own_leases(leases, lease_of)
     judged = {(track.pod, track.uid): track for track in tracks}
     deadlines: list[float] = []
     for pod in trainers:
         key = (observe.pod_name(pod), pod["metadata"].get("uid"))
         track = judged.get(key)
-        lease = heartbeat_of(pod, leases)
+        lease = own(pod)
         if lease is None or lease.get("phase") == contract.PHASE_FINISHED or not observe.is_running(pod):
             continue
         if observe.is_terminating(pod) or track is None or track.done:
@@ -584,6 +605,7 @@ def detect(
     trainer: str,
     now: datetime,
     gaps: Sequence[Gap] = (),
+    lease_of: LeaseOf | None = None,
 ) -> list[Failure]:
     """Every failure of the job's trainer pods now, in pod index order (vanished pods last).
 
@@ -591,6 +613,7 @@ def detect(
     knew before it, since only a pod it knew can be deleted or restarted behind its back. `gaps`: the stale
     stretches of the operator's view (`viewclock`), left out of every heartbeat's and progress clock's age.
     """
+    own = _own_leases(leases, lease_of)
     by_key = {(track.pod, track.uid): track for track in tracks}
     failures: list[Failure] = []
     stalled: list[Failure] = []
@@ -602,7 +625,7 @@ def detect(
         if track is not None and track.done:
             continue
         judged = track if key in known else None
-        lease = heartbeat_of(pod, leases)
+        lease = own(pod)
         spare = observe.standing_by(pod, lease)
         failure = _pod_failure(pod, judged, trainer, nodes, spare, lease, now)
         if failure is None and track is not None:
@@ -611,7 +634,7 @@ def detect(
             stalled.append(failure)
         elif failure is not None:
             failures.append(failure)
-    if stalled and not failures and _a_peer_fell_silent(stalled, trainers, leases):
+    if stalled and not failures and _a_peer_fell_silent(stalled, trainers, own):
         # A rank waits in a collective on a peer that stopped renewing its heartbeat before the wait was
         # judged a hang (a frozen pod, a crashed node): the silent peer is the culprit, and its heartbeat
         # timeout (or its node's loss) replaces it shortly; replacing the waiting survivor would lose it too.
@@ -652,9 +675,7 @@ def _verdict_time(lease: dict[str, Any] | None) -> datetime | None:
     return None if since is None else since + timedelta(seconds=threshold)
 
 
-def _a_peer_fell_silent(
-    stalled: list[Failure], trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]]
-) -> bool:
+def _a_peer_fell_silent(stalled: list[Failure], trainers: list[dict[str, Any]], own: LeaseOf) -> bool:
     """Whether a worker of the group, not itself judged stalled, last renewed its heartbeat before the
     earliest launcher's hang verdict among `stalled`: a healthy peer renews every interval while the others
     wait, so one that did not is frozen or gone."""
@@ -662,13 +683,13 @@ def _a_peer_fell_silent(
     verdicts = [
         moment
         for pod in trainers
-        if observe.pod_name(pod) in names and (moment := _verdict_time(heartbeat_of(pod, leases))) is not None
+        if observe.pod_name(pod) in names and (moment := _verdict_time(own(pod))) is not None
     ]
     if not verdicts:
         return False
     judged = min(verdicts)
     for pod in trainers:
-        lease = heartbeat_of(pod, leases)
+        lease = own(pod)
         if (
             observe.pod_name(pod) in names
             or lease is None

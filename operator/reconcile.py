@@ -212,7 +212,10 @@ class _Builder:
         # The names in `plan.delete_pods` and `plan.force_delete_pods`, which only `delete` fills.
         self._deleting: set[str] = set()
         self._force_deleting: set[str] = set()
-        self._heartbeats: dict[tuple[str, str | None], dict[str, Any] | None] = {}
+        self.trainers = [pod for pod in observed.pods if observe.is_trainer(pod)]
+        """The job's trainer pods among those observed (workers and spares), in the observed order."""
+        # By the pod object's identity, the object kept beside its Lease: an id is unique only while it lives.
+        self._heartbeats: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
         self.regroups: list[Regroup] = []
         self.clocks_since = self.status.tracked.clocks_since if self.status.tracked is not None else None
         # `_tracks_of`'s index and the list it was built from (held, so its identity cannot be reused).
@@ -220,7 +223,7 @@ class _Builder:
         self._indexed: list[api.WorkerTrack] | None = None
         self._indexed_length = 0
         self.status.tracking = trackmemory.expand(
-            self.status, observed.pods, self.heartbeat, job["metadata"]["name"], self.now
+            self.status, self.trainers, self.heartbeat, job["metadata"]["name"], self.now
         )
 
     def condition(
@@ -266,10 +269,12 @@ class _Builder:
 
     def heartbeat(self, pod: dict[str, Any]) -> dict[str, Any] | None:
         """The pod's own Lease (`detection.heartbeat_of`), judged once per pod and reconcile."""
-        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
-        if key not in self._heartbeats:
-            self._heartbeats[key] = detection.heartbeat_of(pod, self.observed.leases)
-        return self._heartbeats[key]
+        known = self._heartbeats.get(id(pod))
+        if known is not None and known[0] is pod:
+            return known[1]
+        lease = detection.heartbeat_of(pod, self.observed.leases)
+        self._heartbeats[id(pod)] = (pod, lease)
+        return lease
 
     def deleting(self, pod_name: str) -> bool:
         """Whether this reconcile deletes the pod."""
@@ -327,7 +332,7 @@ class _Builder:
         self._write_regroup()
         self.status.tracking, self.status.tracked = trackmemory.compact(
             self.status.tracking,
-            self.observed.pods,
+            self.trainers,
             self.heartbeat,
             self.job["metadata"]["name"],
             self.clocks_since,
@@ -365,7 +370,7 @@ def _trainer_name(spec: api.TrainingJobSpec | None, job: dict[str, Any]) -> str:
 
 
 def _observe_into_status(b: _Builder, spec: api.TrainingJobSpec | None, trainer: str, desired: int) -> None:
-    trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
+    trainers = b.trainers
     visible = [pod for pod in trainers if not observe.is_terminating(pod)]
     b.status.replicas = observe.replica_counts(desired, trainers, trainer)
     b.status.ready_workers = f"{b.status.replicas.ready}/{desired}"
@@ -498,7 +503,7 @@ def _follow_preflight(b: _Builder, spec: api.TrainingJobSpec) -> bool:
     current = b.status.preflight
     if current is not None and current.state == "Passed":
         return False
-    trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
+    trainers = b.trainers
     told = preflight.outcome(trainers, b.observed.leases)
     if told is None:
         running = current or api.PreflightStatus(
@@ -580,10 +585,7 @@ def _training_finished(b: _Builder, trainer: str) -> bool:
     """Whether some active worker finished training (exited 0, or its heartbeat says `finished`)."""
     if _completed(b, trainer)[0]:
         return True
-    return any(
-        observe.is_trainer(pod) and (_heartbeat(pod, b) or {}).get("phase") == contract.PHASE_FINISHED
-        for pod in b.observed.pods
-    )
+    return any((_heartbeat(pod, b) or {}).get("phase") == contract.PHASE_FINISHED for pod in b.trainers)
 
 
 def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
@@ -593,10 +595,10 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     restart budget twice; a pod the operator is done with but that still exists is deleted again. A handled
     failure of a worker inside a running group asks the launchers to re-form (`status.regroup`).
     """
-    trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
+    trainers = b.trainers
     known = {(track.pod, track.uid) for track in b.status.tracking}
     b.status.tracking = detection.update_tracks(
-        b.status.tracking, trainers, b.observed.leases, spec.heartbeat, trainer, b.now
+        b.status.tracking, trainers, b.observed.leases, spec.heartbeat, trainer, b.now, b.heartbeat
     )
     _force_delete_on_lost_nodes(b)
     failures = detection.detect(
@@ -609,10 +611,17 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         trainer,
         b.now,
         b.observed.view_gaps,
+        b.heartbeat,
     )
     detection.sync_restarts(b.status.tracking, trainers, trainer)
     heartbeat_deadline = detection.next_heartbeat_deadline(
-        trainers, b.observed.leases, b.status.tracking, spec.heartbeat, b.now, b.observed.view_gaps
+        trainers,
+        b.observed.leases,
+        b.status.tracking,
+        spec.heartbeat,
+        b.now,
+        b.observed.view_gaps,
+        b.heartbeat,
     )
     if heartbeat_deadline is not None:
         b.wake_within(heartbeat_deadline)
@@ -792,8 +801,8 @@ def _dated_by_later_signs_of_life(b: _Builder, failure: detection.Failure) -> de
     group the workers report formed through a rendezvous alive then (none can form through a new one before
     this loss is seen), and a heartbeat from a pod on the same node says the node was up when it was renewed."""
     signs = []
-    for pod in b.observed.pods:
-        if not observe.is_trainer(pod) or (lease := _heartbeat(pod, b)) is None:
+    for pod in b.trainers:
+        if (lease := _heartbeat(pod, b)) is None:
             continue
         signs.append(parse_time(lease.get("group-started")))
         if failure.node is not None and (pod.get("spec") or {}).get("nodeName") == failure.node:
@@ -865,9 +874,8 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
     doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     beats = [
         _beat(step, lease)
-        for pod in b.observed.pods
-        if observe.is_trainer(pod)
-        and observe.is_live(pod)
+        for pod in b.trainers
+        if observe.is_live(pod)
         and observe.pod_name(pod) not in doing
         and (lease := _heartbeat(pod, b)) is not None
         and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, contract.PHASE_STANDBY)
@@ -906,9 +914,8 @@ def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
     Event when it changes. The launchers pass an `auto` interval on to their trainers."""
     leases = [
         lease
-        for pod in b.observed.pods
-        if observe.is_trainer(pod)
-        and observe.is_live(pod)
+        for pod in b.trainers
+        if observe.is_live(pod)
         and (lease := _heartbeat(pod, b)) is not None
         and lease.get("phase") in GROUP_PHASES
     ]
@@ -946,8 +953,7 @@ def _follow_skipped_checkpoints(
     `status.checkpoint.skipped`, with one Warning Event naming those it did not name yet."""
     reported = [
         api.SkippedCheckpoint(**entry, pod=observe.pod_name(pod), seen_at=format_time(b.now))
-        for pod in sorted(b.observed.pods, key=observe.pod_name)
-        if observe.is_trainer(pod)
+        for pod in sorted(b.trainers, key=observe.pod_name)
         for entry in observe.skipped_checkpoints(_heartbeat(pod, b))
     ]
     followed = checkpointing.follow_skipped(previous, reported)
@@ -1094,9 +1100,8 @@ def _follow_rollback(b: _Builder, status: api.HealthStatus) -> None:
             restored_step=int(restored),
             restored_from=lease.get("restore-source") or None,
         )
-        for pod in b.observed.pods
-        if observe.is_trainer(pod)
-        and (lease := _heartbeat(pod, b)) is not None
+        for pod in b.trainers
+        if (lease := _heartbeat(pod, b)) is not None
         and lease.get("phase") in GROUP_PHASES
         and (restored := detection.lease_number(lease, "restored-step")) is not None
     ]
@@ -1139,7 +1144,7 @@ def _held_for_capacity(b: _Builder, spec: api.TrainingJobSpec) -> bool:
     view = b.observed.capacity
     if view is None or b.status.gang.scheduled_time is not None:
         return False
-    if any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in b.observed.pods):
+    if any(not observe.is_terminating(pod) for pod in b.trainers):
         # An attempt is under way: its pods are the gang's, and the gang timeout judges it.
         return False
     expected = spec.replicas + spec.spares
@@ -1175,7 +1180,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         b.plan.create_pods.append(held(builders.build_rendezvous_pod(job, spec, avoid=lost_nodes)))
     b.delete([pod for pod in rendezvous if observe.phase(pod) in observe.FINISHED_PHASES])
 
-    trainers = [pod for pod in b.observed.pods if observe.is_trainer(pod)]
+    trainers = b.trainers
     live = [
         pod for pod in trainers if observe.is_live(pod, trainer) and not b.deleting(observe.pod_name(pod))
     ]
@@ -1328,9 +1333,8 @@ def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
     quiet_after = max(QUIET_RENEWALS * spec.heartbeat.interval_seconds, MIN_QUIET_SECONDS)
     quiet = {
         node
-        for pod in b.observed.pods
-        if observe.is_trainer(pod)
-        and observe.is_running(pod)
+        for pod in b.trainers
+        if observe.is_running(pod)
         and (node := (pod.get("spec") or {}).get("nodeName"))
         and (lease := _heartbeat(pod, b)) is not None
         and lease.get("phase") not in (contract.PHASE_FINISHED, detection.EXITING_PHASE)
@@ -1488,9 +1492,8 @@ def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
     doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     workers = [
         pod
-        for pod in b.observed.pods
-        if observe.is_trainer(pod)
-        and _effective_role(pod, b) == names.ROLE_WORKER
+        for pod in b.trainers
+        if _effective_role(pod, b) == names.ROLE_WORKER
         and not observe.is_terminating(pod)
         and observe.pod_name(pod) not in doing
     ]
