@@ -33,10 +33,11 @@ def test_a_program_name_too_short_for_the_manager_is_left_alone() -> None:
 def test_argv0_names_helm_within_the_block_whatever_title_was_set_before() -> None:
     before = setproctitle.getproctitle()
     # As pytest-xdist does between tests: the title, and so argv[0]'s bytes, name the running test.
-    setproctitle.setproctitle("[pytest-xdist running] tests/chaos/test_operator_faults.py::test_a")
+    running = "[pytest-xdist running] tests/chaos/test_operator_faults.py::test_a"
+    setproctitle.setproctitle(running)
     try:
         with argv0_naming("helm"):
             assert Path(argv0_as_the_go_runtime_reads_it().rstrip("\0")).name == "helm"
-        assert setproctitle.getproctitle() == "[pytest-xdist running] tests/chaos/test_operator_faults.py::test_a"
+        assert setproctitle.getproctitle() == running
     finally:
         setproctitle.setproctitle(before)
