@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from localjob import free_port
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -50,12 +50,6 @@ def worker(rank: int, world_size: int, port: int, out: str) -> None:
     # Both ranks leave together: gloo aborts a rank whose peer closed the connection under it.
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_ranks_match_one_rank(tmp_path: Path) -> None:

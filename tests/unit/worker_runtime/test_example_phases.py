@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from localjob import free_port
 
 # tinygpt with each durable save recording the phase its heartbeat said when the save began.
 RECORD_DURABLE_SAVES = (
@@ -26,12 +27,6 @@ RECORD_DURABLE_SAVES = (
     "print('durable saves: ' + json.dumps(seen))\n"
     "sys.exit(code)\n"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_the_final_durable_save_is_published_as_a_save(tmp_path: Path) -> None:

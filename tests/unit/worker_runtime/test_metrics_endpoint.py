@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 
-from localjob import LocalJob
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from localjob import LocalJob, free_port
 
 
 def scrape(port: int) -> str | None:

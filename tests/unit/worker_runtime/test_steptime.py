@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from localjob import free_port
 
 from phalanx.worker.heartbeat import StatusRecord, read_records
 from phalanx.worker.steptime import StepClock, StepTiming
@@ -59,12 +59,6 @@ def test_without_a_process_group_a_sync_point_waits_for_nobody() -> None:
     clock.start()
     assert clock.sync_point() >= 0.0
     assert clock.stop().wait_seconds < 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_the_slowed_pod_shows_more_compute_while_step_times_are_alike(tmp_path: Path) -> None:
