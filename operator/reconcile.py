@@ -583,8 +583,10 @@ def _preflight_failed(b: _Builder, told: preflight.Outcome) -> None:
 
 def _training_finished(b: _Builder, trainer: str) -> bool:
     """Whether some active worker finished training (exited 0, or its heartbeat says `finished`)."""
-    if _completed(b, trainer)[0]:
-        return True
+    return _completed(b, trainer)[0] or _a_heartbeat_says_finished(b)
+
+
+def _a_heartbeat_says_finished(b: _Builder) -> bool:
     return any((_heartbeat(pod, b) or {}).get("phase") == contract.PHASE_FINISHED for pod in b.trainers)
 
 
@@ -1594,7 +1596,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if all_done:
         _finish_job(b, True, conditions.REASON_FINISHED, "every active worker finished training")
         return b.finish()
-    if some_done or _training_finished(b, trainer):
+    if some_done or _a_heartbeat_says_finished(b):
         # Training has finished somewhere: replacing or adding pods now would start it again, and the
         # spares leave (their rendezvous closed), which is neither a promotion nor a missing spare.
         b.status.state = "Finishing"
