@@ -46,13 +46,15 @@ def argv0_naming(manager: str) -> Iterator[None]:
 
 
 class Helm:
-    """Install, upgrade, uninstall and list Helm releases in `namespace` of the cluster at `kubeconfig`."""
+    """Install, upgrade, uninstall and list Helm releases in `namespace` of the cluster at `kubeconfig` (None:
+    the one `KUBECONFIG` or `~/.kube/config` names, as for `helm`)."""
 
-    def __init__(self, kubeconfig: Path | str, namespace: str) -> None:
+    def __init__(self, kubeconfig: Path | str | None, namespace: str) -> None:
         import helm_python
 
         self.namespace = namespace
-        self._config = helm_python.Config(kubeconfig_path=str(kubeconfig), namespace=namespace)
+        path = None if kubeconfig is None else str(kubeconfig)
+        self._config = helm_python.Config(kubeconfig_path=path, namespace=namespace)
 
     def install(
         self, chart: Path | str, release: str, values: dict[str, Any] | None = None, **options: Any
