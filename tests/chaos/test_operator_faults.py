@@ -8,8 +8,10 @@ the operator's view canary every 1 s, stale after 3 s (the chart's defaults).
 
 from __future__ import annotations
 
+import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,14 +66,61 @@ def freezes_applied(cluster: Cluster, namespace: str, pod: str) -> int:
     return log.read_text(errors="replace").count(f"pod {namespace}/{pod} frozen\n")
 
 
+def container_group(cluster: Cluster, namespace: str, pod: str) -> int:
+    """The process group of the pod's newest container process, as the node agent logged its start (the agent
+    starts each container in a group of its own)."""
+    log = (cluster.state_dir / "logs" / "node-agent.log").read_text(errors="replace")
+    started = re.findall(
+        rf"pod {re.escape(namespace)}/{re.escape(pod)} container \S+ started \(pid (\d+)", log
+    )
+    assert started, f"no container of {namespace}/{pod} in the node agent's log"
+    return int(started[-1])
+
+
+def group_states(group: int) -> dict[str, str]:
+    """The state letter (`/proc/PID/task/TID/stat`, `T`: stopped) of every thread of every process in the
+    process group, by `PID/TID`: a process stops thread by thread."""
+    states = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rpartition(")")[2].split()[2]) != group:
+                continue
+            for task in (entry / "task").iterdir():
+                states[f"{entry.name}/{task.name}"] = (
+                    (task / "stat").read_text().rpartition(")")[2].split()[0]
+                )
+        except OSError:
+            continue  # gone meanwhile
+    return states
+
+
 def freeze_operator_pod(cluster: Cluster, operator: Operator, pod: str) -> None:
     """Annotate the operator's pod to be frozen and wait until the node agent has stopped it: the agent sees the
-    annotation a moment later, longer on a busy machine, and the operator acts until then."""
+    annotation a moment later, longer on a busy machine, and the operator acts until then. Then every process of
+    its container must be seen stopped (a CI run once saw the operator act after the agent's "frozen" line)."""
     before = freezes_applied(cluster, operator.namespace, pod)
     cluster.kubectl(
         "annotate", "pod", pod, "-n", operator.namespace, "phalanx.dev/freeze=true", "--overwrite"
     )
     wait_for(lambda: freezes_applied(cluster, operator.namespace, pod) > before, 30, message=f"{pod} frozen")
+    group = container_group(cluster, operator.namespace, pod)
+    wait_for(
+        lambda: (states := group_states(group)) and all(state in "Tt" for state in states.values()),
+        10,
+        message=lambda: f"every process of {pod} stopped (process group {group}: {group_states(group)})",
+    )
+
+
+def kill_pod(cluster: Cluster, namespace: str, pod: str) -> None:
+    """SIGKILL every process of the pod's containers (the node agent's kill, no SIGTERM and no SIGCONT first),
+    and wait until the agent has."""
+    log = cluster.state_dir / "logs" / "node-agent.log"
+    line = f"pod {namespace}/{pod}: killed on request"
+    before = log.read_text(errors="replace").count(line)
+    cluster.kubectl("annotate", "pod", pod, "-n", namespace, "phalanx.dev/kill=now", "--overwrite")
+    wait_for(lambda: log.read_text(errors="replace").count(line) > before, 30, message=f"{pod} killed")
 
 
 def freeze_operator(cluster: Cluster, operator: Operator, seconds: float) -> None:
@@ -194,6 +243,11 @@ def test_a_pod_that_vanished_while_the_operator_was_away_is_judged_from_its_stat
         30,
         message="the pod gone",
     )
+    # The frozen operator must never run again. Deleting its pod alone would not do: the node agent stops a
+    # container with SIGCONT and SIGTERM, and for the two seconds before its SIGKILL the woken operator, still
+    # holding its Lease, acted on the deletion it had missed (seen in a CI run). Killed while frozen, it cannot;
+    # its container's restart is frozen from its start, as the agent keeps a frozen pod frozen.
+    kill_pod(cluster, operator.namespace, frozen)
     cluster.kubectl("delete", "pod", frozen, "-n", operator.namespace, "--grace-period=0", "--force")
     wait_for(lambda: operator_ready(cluster), 120, message="the operator to come back")
     job = wait_succeeded(cluster, namespace, "forgotten", timeout=400)
