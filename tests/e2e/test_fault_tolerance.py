@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from phalanx import contract
 from phalanx.bench import faults
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import parse_time
@@ -241,6 +242,25 @@ def workers_on(cluster: Cluster, namespace: str, name: str, node: str) -> int:
         {pod.metadata.name: (pod.spec.node_name, pod.status.phase, spare[pod.metadata.name]) for pod in pods},
     )
     return sum(1 for pod in pods if pod.spec.node_name == node and not spare[pod.metadata.name])
+
+
+def trainer_phases(cluster: Cluster, namespace: str, name: str) -> dict[str, str | None]:
+    """Each trainer pod's heartbeat phase (None: no heartbeat yet)."""
+    leases = {
+        lease["metadata"]["name"]: (lease["metadata"].get("annotations") or {}).get("phalanx.dev/phase")
+        for lease in cluster.get_json("leases", "-n", namespace)["items"]
+    }
+    return {
+        pod.metadata.name: leases.get(pod.metadata.name)
+        for pod in job_pods(cluster, namespace, name, TRAINERS)
+    }
+
+
+def settled_phases(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Every trainer pod's heartbeat says it trains or stands by: none is between the two."""
+    phases = trainer_phases(cluster, namespace, name)
+    settled = (contract.PHASE_TRAINING, contract.PHASE_STANDBY)
+    return bool(phases) and all(phase in settled for phase in phases.values())
 
 
 def stands_by(cluster: Cluster, namespace: str, pod: Any) -> bool:
@@ -534,6 +554,18 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
         wait_for(lambda: step_of(cluster, namespace, "both") >= 15, 240, message="step 15")
         # After the crash only the other pool node is left: the new store and the new spare go there too.
         cluster.kubectl("label", "node", node, f"{POOL_LABEL}-")
+        # Whether a pod on the node is a worker or a standing-by spare is judged from its heartbeat, by this test
+        # and by the operator: crash only once every trainer's says training or standby, and the operator's
+        # watch has had two renewals to see the same (a crash while the spare was still joining was counted as
+        # a worker's loss by the operator and not by the test, in a CI run).
+        wait_for(
+            lambda: settled_phases(cluster, namespace, "both"),
+            120,
+            message=lambda: (
+                f"every trainer training or standing by: {trainer_phases(cluster, namespace, 'both')}"
+            ),
+        )
+        time.sleep(2 * slow_heartbeat["intervalSeconds"])
         on_node = workers_on(cluster, namespace, "both", node)
         final = crash_until_succeeded(cluster, namespace, "both", node)
     finally:
