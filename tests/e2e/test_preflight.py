@@ -34,8 +34,17 @@ def assert_stopped_by_preflight(cluster: Cluster, namespace: str, job: dict[str,
     assert preflight is not None and preflight["status"] == "False" and preflight["reason"] == reason
     assert job["status"]["preflight"]["state"] == "Failed" and job["status"]["preflight"]["reason"] == reason
     assert job["status"]["restarts"]["total"] == 0
-    reasons = [event["reason"] for event in events_for(cluster, namespace, name)]
-    assert reason in reasons and "PreflightFailed" in reasons
+    # The operator posts a reconcile's Events after its status write: they may trail the Failed condition.
+    wait_for(
+        lambda: (
+            {reason, "PreflightFailed"} <= {event["reason"] for event in events_for(cluster, namespace, name)}
+        ),
+        30,
+        message=lambda: (
+            f"Events {reason} and PreflightFailed, beside "
+            f"{[event['reason'] for event in events_for(cluster, namespace, name)]}"
+        ),
+    )
     return str(job["status"]["preflight"]["message"])
 
 
