@@ -60,18 +60,21 @@ def operator_pod(cluster: Cluster, operator: Operator) -> str:
     return str(pod.metadata.name)
 
 
+def agent_log(cluster: Cluster) -> str:
+    """What the node agent has logged so far."""
+    return (cluster.state_dir / "logs" / "node-agent.log").read_text(errors="replace")
+
+
 def freezes_applied(cluster: Cluster, namespace: str, pod: str) -> int:
     """How many times the node agent has frozen the pod (it logs each freeze once it has stopped the processes)."""
-    log = cluster.state_dir / "logs" / "node-agent.log"
-    return log.read_text(errors="replace").count(f"pod {namespace}/{pod} frozen\n")
+    return agent_log(cluster).count(f"pod {namespace}/{pod} frozen\n")
 
 
 def container_group(cluster: Cluster, namespace: str, pod: str) -> int:
     """The process group of the pod's newest container process, as the node agent logged its start (the agent
     starts each container in a group of its own)."""
-    log = (cluster.state_dir / "logs" / "node-agent.log").read_text(errors="replace")
     started = re.findall(
-        rf"pod {re.escape(namespace)}/{re.escape(pod)} container \S+ started \(pid (\d+)", log
+        rf"pod {re.escape(namespace)}/{re.escape(pod)} container \S+ started \(pid (\d+)", agent_log(cluster)
     )
     assert started, f"no container of {namespace}/{pod} in the node agent's log"
     return int(started[-1])
@@ -116,11 +119,10 @@ def freeze_operator_pod(cluster: Cluster, operator: Operator, pod: str) -> None:
 def kill_pod(cluster: Cluster, namespace: str, pod: str) -> None:
     """SIGKILL every process of the pod's containers (the node agent's kill, no SIGTERM and no SIGCONT first),
     and wait until the agent has."""
-    log = cluster.state_dir / "logs" / "node-agent.log"
     line = f"pod {namespace}/{pod}: killed on request"
-    before = log.read_text(errors="replace").count(line)
+    before = agent_log(cluster).count(line)
     cluster.kubectl("annotate", "pod", pod, "-n", namespace, "phalanx.dev/kill=now", "--overwrite")
-    wait_for(lambda: log.read_text(errors="replace").count(line) > before, 30, message=f"{pod} killed")
+    wait_for(lambda: agent_log(cluster).count(line) > before, 30, message=f"{pod} killed")
 
 
 def freeze_operator(cluster: Cluster, operator: Operator, seconds: float) -> None:
