@@ -1546,7 +1546,7 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
         if b.condition(conditions.SPEC_VALID, False, conditions.REASON_INVALID_SPEC, message):
             for issue in issues:
                 b.event("Warning", conditions.REASON_INVALID_SPEC, str(issue))
-        started = b.status.start_time is not None or any(observe.is_trainer(pod) for pod in observed.pods)
+        started = b.status.start_time is not None or bool(b.trainers)
         if not started:
             b.condition(conditions.FAILED, True, conditions.REASON_INVALID_SPEC, message)
             b.status.state = "Invalid"
