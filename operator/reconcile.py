@@ -214,8 +214,11 @@ class _Builder:
         self._force_deleting: set[str] = set()
         self.trainers = [pod for pod in observed.pods if observe.is_trainer(pod)]
         """The job's trainer pods among those observed (workers and spares), in the observed order."""
-        # By the pod object's identity, the object kept beside its Lease: an id is unique only while it lives.
-        self._heartbeats: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+        # Each trainer's own Lease by the pod object's identity, judged once: `self.trainers` keeps every one of
+        # these pods alive for the whole reconcile, so no other object can have one of their ids meanwhile.
+        self._heartbeats: dict[int, dict[str, Any] | None] = {
+            id(pod): detection.heartbeat_of(pod, observed.leases) for pod in self.trainers
+        }
         self.regroups: list[Regroup] = []
         self.clocks_since = self.status.tracked.clocks_since if self.status.tracked is not None else None
         # `_tracks_of`'s index and the list it was built from (held, so its identity cannot be reused).
@@ -268,13 +271,11 @@ class _Builder:
                 self.plan.delete_pods.append(name)
 
     def heartbeat(self, pod: dict[str, Any]) -> dict[str, Any] | None:
-        """The pod's own Lease (`detection.heartbeat_of`), judged once per pod and reconcile."""
-        known = self._heartbeats.get(id(pod))
-        if known is not None and known[0] is pod:
-            return known[1]
-        lease = detection.heartbeat_of(pod, self.observed.leases)
-        self._heartbeats[id(pod)] = (pod, lease)
-        return lease
+        """The pod's own Lease (`detection.heartbeat_of`), judged once per trainer and reconcile."""
+        try:
+            return self._heartbeats[id(pod)]
+        except KeyError:
+            return detection.heartbeat_of(pod, self.observed.leases)
 
     def deleting(self, pod_name: str) -> bool:
         """Whether this reconcile deletes the pod."""
@@ -451,12 +452,8 @@ def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
             b.delete([pod])
 
 
-def _heartbeat(pod: dict[str, Any], b: _Builder) -> dict[str, Any] | None:
-    return b.heartbeat(pod)
-
-
 def _effective_role(pod: dict[str, Any], b: _Builder) -> str:
-    return observe.observed_role(pod, _heartbeat(pod, b))
+    return observe.observed_role(pod, b.heartbeat(pod))
 
 
 def _force_delete_on_lost_nodes(b: _Builder) -> None:
@@ -476,7 +473,7 @@ def _in_group(pod: dict[str, Any] | None, failure_spare: bool, b: _Builder) -> b
     loss overlaps a recovery (`_overlapping_spares`) may be joining whatever its heartbeat says."""
     if failure_spare:
         return False
-    lease = _heartbeat(pod, b) if pod is not None else None
+    lease = b.heartbeat(pod) if pod is not None else None
     if lease is None or not lease.get("phase"):
         return True
     if pod is not None and observe.role(pod) == names.ROLE_SPARE:
@@ -513,7 +510,7 @@ def _follow_preflight(b: _Builder, spec: api.TrainingJobSpec) -> bool:
         )
         b.status.preflight = running
         if _preflight_restarted(b) or any(
-            preflight.planned_restart(_heartbeat(pod, b)) for pod in trainers if observe.is_live(pod)
+            preflight.planned_restart(b.heartbeat(pod)) for pod in trainers if observe.is_live(pod)
         ):
             # Its own Event, once: the group re-forms on purpose, no failure's story.
             message = preflight.restart_message(spec.preflight)
@@ -587,7 +584,7 @@ def _training_finished(b: _Builder, trainer: str) -> bool:
 
 
 def _a_heartbeat_says_finished(b: _Builder) -> bool:
-    return any((_heartbeat(pod, b) or {}).get("phase") == contract.PHASE_FINISHED for pod in b.trainers)
+    return any((b.heartbeat(pod) or {}).get("phase") == contract.PHASE_FINISHED for pod in b.trainers)
 
 
 def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
@@ -599,8 +596,16 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     """
     trainers = b.trainers
     known = {(track.pod, track.uid) for track in b.status.tracking}
+    # The tracks were read from the job's status and rebuilt by this reconcile: its own to update.
     b.status.tracking = detection.update_tracks(
-        b.status.tracking, trainers, b.observed.leases, spec.heartbeat, trainer, b.now, b.heartbeat
+        b.status.tracking,
+        trainers,
+        b.observed.leases,
+        spec.heartbeat,
+        trainer,
+        b.now,
+        b.heartbeat,
+        in_place=True,
     )
     _force_delete_on_lost_nodes(b)
     failures = detection.detect(
@@ -633,7 +638,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     step_seconds = [
         seconds
         for pod in trainers
-        if (seconds := detection.lease_number(_heartbeat(pod, b), "step-seconds")) is not None
+        if (seconds := detection.lease_number(b.heartbeat(pod), "step-seconds")) is not None
     ]
     unreported = incidents.unreported_steps(spec.heartbeat.interval_seconds, step_seconds)
     if _training_finished(b, trainer):
@@ -718,7 +723,7 @@ def _overlapping_spares(b: _Builder, failures: list[detection.Failure]) -> list[
 def _standby_spare(pod: dict[str, Any] | None, b: _Builder) -> bool:
     """Whether a failed spare stood by, outside every worker group. A spare whose heartbeat says
     `rendezvous` is being taken into a group (torch promotes it): its loss breaks the group forming."""
-    lease = _heartbeat(pod, b) if pod is not None else None
+    lease = b.heartbeat(pod) if pod is not None else None
     return (lease or {}).get("phase") != contract.PHASE_RENDEZVOUS
 
 
@@ -804,7 +809,7 @@ def _dated_by_later_signs_of_life(b: _Builder, failure: detection.Failure) -> de
     this loss is seen), and a heartbeat from a pod on the same node says the node was up when it was renewed."""
     signs = []
     for pod in b.trainers:
-        if (lease := _heartbeat(pod, b)) is None:
+        if (lease := b.heartbeat(pod)) is None:
             continue
         signs.append(parse_time(lease.get("group-started")))
         if failure.node is not None and (pod.get("spec") or {}).get("nodeName") == failure.node:
@@ -832,7 +837,7 @@ def _step_at_failure(b: _Builder, trainers: list[dict[str, Any]], failed_at: dat
     before: list[int] = []
     re_formed = False
     for pod in trainers:
-        lease = _heartbeat(pod, b)
+        lease = b.heartbeat(pod)
         started = parse_time((lease or {}).get("group-started"))
         step = detection.lease_step(lease)
         if started is None or step is None:
@@ -848,11 +853,13 @@ def _delete_again(b: _Builder, trainers: list[dict[str, Any]], heartbeat: api.He
     """A pod whose failure was handled but which is still there (a deletion that failed): delete it again,
     with grace 0 when it cannot save anyway (node lost, heartbeat silent)."""
     done = {(track.pod, track.uid) for track in b.status.tracking if track.done and not track.kept}
+    if not done:
+        return
     for pod in trainers:
         if (observe.pod_name(pod), pod["metadata"].get("uid")) not in done or observe.is_terminating(pod):
             continue
         node = (pod.get("spec") or {}).get("nodeName")
-        silence = detection.heartbeat_age(_heartbeat(pod, b), b.now, b.observed.view_gaps)
+        silence = detection.heartbeat_age(b.heartbeat(pod), b.now, b.observed.view_gaps)
         silent = silence is not None and silence > heartbeat.timeout_seconds
         b.delete([pod], force=silent or detection.node_problem(node, b.observed.nodes) is not None)
 
@@ -874,12 +881,14 @@ def _beat(step: int, lease: dict[str, Any]) -> incidents.Beat:
 def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
     """Close incidents once training passed the step they stopped it at; set the Recovering condition."""
     doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
+    # Only an open incident reads the heartbeats: a healthy big gang's reconcile builds none.
+    any_open = any(incidents.is_open(incident) for incident in b.status.incidents)
     beats = [
         _beat(step, lease)
-        for pod in b.trainers
+        for pod in (b.trainers if any_open else ())
         if observe.is_live(pod)
         and observe.pod_name(pod) not in doing
-        and (lease := _heartbeat(pod, b)) is not None
+        and (lease := b.heartbeat(pod)) is not None
         and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, contract.PHASE_STANDBY)
         and (step := detection.lease_step(lease)) is not None
     ]
@@ -918,7 +927,7 @@ def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
         lease
         for pod in b.trainers
         if observe.is_live(pod)
-        and (lease := _heartbeat(pod, b)) is not None
+        and (lease := b.heartbeat(pod)) is not None
         and lease.get("phase") in GROUP_PHASES
     ]
     recent = b.observed.health.samples[-checkpointing.RECENT_STEPS :] if b.observed.health is not None else []
@@ -956,7 +965,7 @@ def _follow_skipped_checkpoints(
     reported = [
         api.SkippedCheckpoint(**entry, pod=observe.pod_name(pod), seen_at=format_time(b.now))
         for pod in sorted(b.trainers, key=observe.pod_name)
-        for entry in observe.skipped_checkpoints(_heartbeat(pod, b))
+        for entry in observe.skipped_checkpoints(b.heartbeat(pod))
     ]
     followed = checkpointing.follow_skipped(previous, reported)
     checkpoint.skipped = followed.entries
@@ -1103,7 +1112,7 @@ def _follow_rollback(b: _Builder, status: api.HealthStatus) -> None:
             restored_from=lease.get("restore-source") or None,
         )
         for pod in b.trainers
-        if (lease := _heartbeat(pod, b)) is not None
+        if (lease := b.heartbeat(pod)) is not None
         and lease.get("phase") in GROUP_PHASES
         and (restored := detection.lease_number(lease, "restored-step")) is not None
     ]
@@ -1116,6 +1125,8 @@ def _follow_rollback(b: _Builder, status: api.HealthStatus) -> None:
 
 def _free_indices(pods: list[dict[str, Any]], job_name: str, count: int) -> list[int]:
     """The `count` lowest indices whose pod name no existing pod (even a terminating one) holds."""
+    if count <= 0:
+        return []
     taken = {observe.pod_name(pod) for pod in pods}
     result: list[int] = []
     index = 0
@@ -1187,8 +1198,10 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
         pod for pod in trainers if observe.is_live(pod, trainer) and not b.deleting(observe.pod_name(pod))
     ]
     _relabel(b, live)
-    workers = [pod for pod in live if _effective_role(pod, b) == names.ROLE_WORKER]
-    spares = [pod for pod in live if _effective_role(pod, b) == names.ROLE_SPARE]
+    # Each live pod's role by its heartbeat, read once: the passes below each ask it of every pod.
+    effective = {id(pod): _effective_role(pod, b) for pod in live}
+    workers = [pod for pod in live if effective[id(pod)] == names.ROLE_WORKER]
+    spares = [pod for pod in live if effective[id(pod)] == names.ROLE_SPARE]
     expected = spec.replicas + spec.spares
 
     retry_after = parse_time(gang_state.retry_after)
@@ -1294,12 +1307,9 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
             b.status.state = "Scheduling"
             return
 
-    ready = sum(
-        1 for pod in remaining if _effective_role(pod, b) == names.ROLE_WORKER and observe.is_running(pod)
-    )
-    spares_running = sum(
-        1 for pod in remaining if _effective_role(pod, b) == names.ROLE_SPARE and observe.is_running(pod)
-    )
+    running_roles = [effective[id(pod)] for pod in remaining if observe.is_running(pod)]
+    ready = running_roles.count(names.ROLE_WORKER)
+    spares_running = running_roles.count(names.ROLE_SPARE)
     if _planned_regroup(b) and ready + spares_running >= expected:
         # Every pod of the gang runs: whoever is not in the group yet is on its way back into it.
         message = preflight.restart_message(spec.preflight)
@@ -1338,7 +1348,7 @@ def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
         for pod in b.trainers
         if observe.is_running(pod)
         and (node := (pod.get("spec") or {}).get("nodeName"))
-        and (lease := _heartbeat(pod, b)) is not None
+        and (lease := b.heartbeat(pod)) is not None
         and lease.get("phase") not in (contract.PHASE_FINISHED, detection.EXITING_PHASE)
         and (detection.heartbeat_age(lease, b.now, b.observed.view_gaps) or 0.0) > quiet_after
     }
@@ -1409,7 +1419,7 @@ def _slot_freed_for(b: _Builder, lease: dict[str, Any]) -> str | None:
 def _relabel(b: _Builder, live: list[dict[str, Any]]) -> None:
     """Labels follow the heartbeats: torch promotes a standby spare on its own; the operator records it."""
     for pod in live:
-        lease = _heartbeat(pod, b)
+        lease = b.heartbeat(pod)
         if lease is None or lease.get("phase") not in (*ACTIVE_PHASES, contract.PHASE_STANDBY):
             continue
         wanted = observe.observed_role(pod, lease)
@@ -1492,16 +1502,18 @@ def _set_degraded(
 def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
     """(some worker finished training, every worker is done)."""
     doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
-    workers = [
-        pod
-        for pod in b.trainers
-        if _effective_role(pod, b) == names.ROLE_WORKER
-        and not observe.is_terminating(pod)
-        and observe.pod_name(pod) not in doing
-    ]
-    codes = [observe.trainer_exit_code(pod, trainer) for pod in workers]
-    some = any(code == 0 for code in codes)
-    return some, some and all(code is not None for code in codes)
+    some, every = False, True
+    for pod in b.trainers:
+        if (
+            observe.is_terminating(pod)
+            or observe.pod_name(pod) in doing
+            or _effective_role(pod, b) != names.ROLE_WORKER
+        ):
+            continue
+        code = observe.trainer_exit_code(pod, trainer)
+        some = some or code == 0
+        every = every and code is not None
+    return some, some and every
 
 
 def plan(job: dict[str, Any], observed: Observed) -> Plan:

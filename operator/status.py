@@ -417,11 +417,19 @@ def worker_statuses(
 
 
 def replica_counts(desired: int, trainers: list[dict[str, Any]], trainer_name: str) -> api.ReplicaCounts:
-    workers = [pod for pod in trainers if role(pod) == names.ROLE_WORKER and is_live(pod, trainer_name)]
-    spares = [pod for pod in trainers if role(pod) == names.ROLE_SPARE and is_live(pod, trainer_name)]
-    return api.ReplicaCounts(
-        desired=desired,
-        active=len(workers),
-        ready=sum(1 for pod in workers if is_running(pod)),
-        spares=sum(1 for pod in spares if is_running(pod)),
-    )
+    active = ready = spares = 0
+    for pod in trainers:
+        pod_role = role(pod)
+        if pod_role not in (names.ROLE_WORKER, names.ROLE_SPARE) or is_terminating(pod):
+            continue
+        # `is_live` and `is_running`, with the phase read once.
+        pod_phase = phase(pod)
+        if pod_phase in FINISHED_PHASES or trainer_exit_code(pod, trainer_name) is not None:
+            continue
+        running = pod_phase == "Running"
+        if pod_role == names.ROLE_WORKER:
+            active += 1
+            ready += running
+        else:
+            spares += running
+    return api.ReplicaCounts(desired=desired, active=active, ready=ready, spares=spares)

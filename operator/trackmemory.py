@@ -73,7 +73,7 @@ class IndexRanges:
         self._starts = [start for start, _ in spans]
 
     def __contains__(self, index: object) -> bool:
-        if not isinstance(index, int):
+        if not self.spans or not isinstance(index, int):
             return False
         at = bisect.bisect_right(self._starts, index) - 1
         return at >= 0 and self.spans[at][0] <= index <= self.spans[at][1]

@@ -613,3 +613,32 @@ def test_a_survivor_waiting_on_a_peer_that_fell_silent_is_not_blamed(
     }
     failures, _ = run(pods, alive, later, tracks)
     assert [(f.cause, f.pod) for f in failures] == [("NoProgress", "demo-worker-1")]
+
+
+class _UnreadLeases(dict[str, dict[str, Any]]):
+    """Leases that fail the test when read."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the heartbeats were read")
+
+
+def test_healthy_nodes_are_confirmed_without_a_pass_over_the_heartbeats(
+    make_pod: MakePod, now: datetime
+) -> None:
+    # At 12,500 pods a pass over every heartbeat per reconcile is a real cost: only a node problem needs one.
+    pods = [make_pod("demo-worker-0")]
+    assert detection.confirmed_nodes(HEALTHY, pods, _UnreadLeases(), now) == HEALTHY
+    unready = {"node-a": {**HEALTHY["node-a"], "ready": "False", "readySince": format_time(now)}}
+    with pytest.raises(AssertionError, match="heartbeats were read"):
+        detection.confirmed_nodes(unready, pods, _UnreadLeases(), now)
+
+
+def test_tracks_are_copied_unless_the_caller_hands_them_over(make_pod: MakePod, now: datetime) -> None:
+    pods = [make_pod("demo-worker-0")]
+    before = [api.WorkerTrack(pod="demo-worker-0", uid=pods[0]["metadata"].get("uid"), step=3)]
+    leases = {"demo-worker-0": lease(now, step=4)}
+    copied = detection.update_tracks(before, pods, leases, HEARTBEAT, "trainer", now)
+    assert before[0].step == 3 and copied[0].step == 4 and copied[0] is not before[0]
+    handed = detection.update_tracks(before, pods, leases, HEARTBEAT, "trainer", now, in_place=True)
+    assert handed[0] is before[0] and before[0].step == 4
+    assert handed[0].model_dump() == copied[0].model_dump()
