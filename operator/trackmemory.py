@@ -112,17 +112,14 @@ def expand(
         return stored
     known, done, kept = IndexRanges(summary.known), IndexRanges(summary.done), IndexRanges(summary.kept)
     named = {track.pod for track in stored}
-    trainers = {
-        index: pod
-        for pod in pods
-        if observe.is_trainer(pod) and (index := _own_index(observe.pod_name(pod), job_name)) is not None
-    }
+    # By name: the pod of an index is the trainer named for it (a name that is not the job's own is never one).
+    trainers = {observe.pod_name(pod): pod for pod in pods if observe.is_trainer(pod)}
     rebuilt: list[api.WorkerTrack] = []
     for index in known:
         name = names.worker_pod_name(job_name, index)
         if name in named:
             continue
-        pod = trainers.get(index)
+        pod = trainers.get(name)
         if pod is None:
             rebuilt.append(api.WorkerTrack(pod=name, done=index in done, kept=index in kept))
             continue
