@@ -20,9 +20,10 @@ from functools import lru_cache
 from typing import Any
 
 from phalanx import contract
-from phalanx.operator import api
+from phalanx.operator import api, trainerfacts
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
+from phalanx.operator.trainerfacts import Trainer
 from phalanx.operator.viewclock import Gap, seen_age, unseen_seconds
 
 # Failure causes (the keys of status.restarts.byCause).
@@ -233,6 +234,16 @@ def _own_leases(leases: dict[str, dict[str, Any]], lease_of: LeaseOf | None) -> 
     return lease_of if lease_of is not None else lambda pod: heartbeat_of(pod, leases)
 
 
+def _facts(
+    trainers: list[dict[str, Any]],
+    leases: dict[str, dict[str, Any]],
+    lease_of: LeaseOf | None,
+    facts: Sequence[Trainer] | None,
+) -> Sequence[Trainer]:
+    """The trainers' facts as the reconcile read them, else read here."""
+    return facts if facts is not None else trainerfacts.read_all(trainers, _own_leases(leases, lease_of))
+
+
 def lease_number(lease: dict[str, Any] | None, key: str) -> float | None:
     try:
         return float((lease or {})[key])
@@ -303,6 +314,7 @@ def update_tracks(
     now: datetime,
     lease_of: LeaseOf | None = None,
     in_place: bool = False,
+    facts: Sequence[Trainer] | None = None,
 ) -> list[api.WorkerTrack]:
     """Per-worker memory after this reconcile's observations (pods no longer observed are forgotten,
     except those whose disappearance is still to be judged). `in_place`: the caller owns `tracks` and lets
@@ -311,12 +323,10 @@ def update_tracks(
     Nothing here follows the Lease's renew time: a heartbeat that only renews changes no track, so it
     never makes the operator write the status.
     """
-    own = _own_leases(leases, lease_of)
+    pods = _facts(trainers, leases, lease_of, facts)
     previous = {(track.pod, track.uid): track for track in tracks}
     training = {
-        observe.pod_name(pod): lease
-        for pod in trainers
-        if (lease := own(pod)) is not None and lease.get("phase") == TRAINING_PHASE
+        pod.name: pod.lease for pod in pods if pod.lease is not None and pod.lease_phase == TRAINING_PHASE
     }
     measure = straggler_measure(list(training.values()))
     times = {
@@ -328,16 +338,16 @@ def update_tracks(
     stamp = format_time(now)
     result: list[api.WorkerTrack] = []
     seen: set[tuple[str, str | None]] = set()
-    for pod in trainers:
-        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
+    for pod in pods:
+        key = pod.key
         seen.add(key)
         # A pod seen for the first time starts from its current restart count (only new restarts count).
         old = previous.get(key) or api.WorkerTrack(
-            pod=key[0], uid=key[1], restarts=_trainer_restarts(pod, trainer)[0]
+            pod=key[0], uid=key[1], restarts=_trainer_restarts(pod.pod, trainer)[0]
         )
         track = old if in_place else old.model_copy()
-        track.node = (pod.get("spec") or {}).get("nodeName") or old.node
-        lease = own(pod)
+        track.node = pod.node or old.node
+        lease = pod.lease
         step = lease_step(lease)
         is_training = key[0] in training
         new_step = step is not None and step != old.step
@@ -392,29 +402,28 @@ def next_heartbeat_deadline(
     now: datetime,
     gaps: Sequence[Gap] = (),
     lease_of: LeaseOf | None = None,
+    facts: Sequence[Trainer] | None = None,
 ) -> float | None:
     """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
     what this reconcile saw (None when no clock runs): a reconcile then judges it on time, not at the
     next periodic one. `gaps`: the stale stretches of the operator's view, which no clock counts."""
-    own = _own_leases(leases, lease_of)
     judged = {(track.pod, track.uid): track for track in tracks}
     deadlines: list[float] = []
-    for pod in trainers:
-        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
-        track = judged.get(key)
-        lease = own(pod)
-        if lease is None or lease.get("phase") == contract.PHASE_FINISHED or not observe.is_running(pod):
+    for pod in _facts(trainers, leases, lease_of, facts):
+        lease = pod.lease
+        if lease is None or pod.lease_phase == contract.PHASE_FINISHED or not pod.running:
             continue
-        if observe.is_terminating(pod) or track is None or track.done:
+        track = judged.get(pod.key)
+        if track is None or track.done:
             continue  # already being handled: nothing to wake for
         allowed = heartbeat.timeout_seconds + (
-            EXITING_GRACE_SECONDS if lease.get("phase") == EXITING_PHASE else 0
+            EXITING_GRACE_SECONDS if pod.lease_phase == EXITING_PHASE else 0
         )
         silent = _seconds_since(lease.get("renewTime"), now, gaps)
         if silent is not None:
             deadlines.append(allowed - silent)
         stalled = _seconds_since(track.since, now, gaps)
-        if lease.get("phase") == TRAINING_PHASE and stalled is not None:
+        if pod.lease_phase == TRAINING_PHASE and stalled is not None:
             deadlines.append(heartbeat.progress_timeout_seconds - stalled)
     # A deadline already past was judged by this reconcile: only the ones ahead call for a wake-up.
     ahead = [seconds for seconds in deadlines if seconds > 0]
@@ -439,18 +448,16 @@ def restart_clocks(tracks: list[api.WorkerTrack], now: datetime) -> None:
 
 
 def _pod_failure(
-    pod: dict[str, Any],
+    facts: Trainer,
     track: api.WorkerTrack | None,
     trainer: str,
     nodes: dict[str, dict[str, Any]] | None,
     spare: bool,
-    lease: dict[str, Any] | None,
     now: datetime,
 ) -> Failure | None:
     """Failures seen on the pod object itself (node, eviction, exit code, deletion, restart)."""
-    name, uid = observe.pod_name(pod), pod["metadata"].get("uid")
-    node = (pod.get("spec") or {}).get("nodeName")
-    base = {"pod": name, "uid": uid, "node": node, "spare": spare}
+    pod, name, node, lease = facts.pod, facts.name, facts.node, facts.lease
+    base: dict[str, Any] = {"pod": name, "uid": facts.uid, "node": node, "spare": spare}
     problem = node_problem(node, nodes)
     if problem is not None:
         what = {
@@ -493,7 +500,7 @@ def _pod_failure(
     if terminated:
         code = int(terminated["exitCode"]) if terminated.get("exitCode") is not None else None
     else:
-        code = 0 if status.get("phase") == "Succeeded" else None
+        code = 0 if facts.phase == "Succeeded" else None
     if code is not None and code != 0:
         reason = terminated.get("reason")
         conditions = frozenset({reason}) if reason else frozenset()
@@ -507,7 +514,7 @@ def _pod_failure(
         return Failure(
             cause, message=message, exit_code=code, pod_conditions=conditions, occurred_at=finished, **base
         )
-    if observe.is_terminating(pod):
+    if facts.terminating:
         if track is not None and not track.done:
             message = f"{name} was deleted by someone other than the operator"
             return Failure(
@@ -534,8 +541,7 @@ def _pod_failure(
 
 
 def _heartbeat_failure(
-    pod: dict[str, Any],
-    lease: dict[str, Any] | None,
+    pod: Trainer,
     track: api.WorkerTrack,
     heartbeat: api.HeartbeatSpec,
     now: datetime,
@@ -544,10 +550,11 @@ def _heartbeat_failure(
 ) -> Failure | None:
     """Failures seen in the worker's heartbeat: silence, a step that does not move, a slow step time. Silence
     and stalls count only time outside `gaps`, when the operator's view was current."""
-    if lease is None or lease.get("phase") == contract.PHASE_FINISHED or not observe.is_running(pod):
+    lease = pod.lease
+    if lease is None or pod.lease_phase == contract.PHASE_FINISHED or not pod.running:
         return None
-    name = observe.pod_name(pod)
-    base = {"pod": name, "uid": pod["metadata"].get("uid"), "node": track.node, "spare": spare, "alive": True}
+    name = pod.name
+    base: dict[str, Any] = {"pod": name, "uid": pod.uid, "node": track.node, "spare": spare, "alive": True}
     silent = _seconds_since(lease.get("renewTime"), now, gaps)
     allowed = heartbeat.timeout_seconds
     if lease.get("phase") == EXITING_PHASE:
@@ -617,6 +624,7 @@ def detect(
     now: datetime,
     gaps: Sequence[Gap] = (),
     lease_of: LeaseOf | None = None,
+    facts: Sequence[Trainer] | None = None,
 ) -> list[Failure]:
     """Every failure of the job's trainer pods now, in pod index order (vanished pods last).
 
@@ -624,28 +632,27 @@ def detect(
     knew before it, since only a pod it knew can be deleted or restarted behind its back. `gaps`: the stale
     stretches of the operator's view (`viewclock`), left out of every heartbeat's and progress clock's age.
     """
-    own = _own_leases(leases, lease_of)
+    pods = _facts(trainers, leases, lease_of, facts)
     by_key = {(track.pod, track.uid): track for track in tracks}
     failures: list[Failure] = []
     stalled: list[Failure] = []
     observed: set[tuple[str, str | None]] = set()
-    for pod in sorted(trainers, key=observe.index):
-        key = (observe.pod_name(pod), pod["metadata"].get("uid"))
+    for pod in sorted(pods, key=lambda pod: pod.index):
+        key = pod.key
         observed.add(key)
         track = by_key.get(key)
         if track is not None and track.done:
             continue
         judged = track if key in known else None
-        lease = own(pod)
-        spare = observe.standing_by(pod, lease)
-        failure = _pod_failure(pod, judged, trainer, nodes, spare, lease, now)
+        spare = pod.standing_by
+        failure = _pod_failure(pod, judged, trainer, nodes, spare, now)
         if failure is None and track is not None:
-            failure = _heartbeat_failure(pod, lease, track, heartbeat, now, spare, gaps)
+            failure = _heartbeat_failure(pod, track, heartbeat, now, spare, gaps)
         if failure is not None and failure.cause == NO_PROGRESS:
             stalled.append(failure)
         elif failure is not None:
             failures.append(failure)
-    if stalled and not failures and _a_peer_fell_silent(stalled, trainers, own):
+    if stalled and not failures and _a_peer_fell_silent(stalled, pods):
         # A rank waits in a collective on a peer that stopped renewing its heartbeat before the wait was
         # judged a hang (a frozen pod, a crashed node): the silent peer is the culprit, and its heartbeat
         # timeout (or its node's loss) replaces it shortly; replacing the waiting survivor would lose it too.
@@ -686,26 +693,20 @@ def _verdict_time(lease: dict[str, Any] | None) -> datetime | None:
     return None if since is None else since + timedelta(seconds=threshold)
 
 
-def _a_peer_fell_silent(stalled: list[Failure], trainers: list[dict[str, Any]], own: LeaseOf) -> bool:
+def _a_peer_fell_silent(stalled: list[Failure], trainers: Sequence[Trainer]) -> bool:
     """Whether a worker of the group, not itself judged stalled, last renewed its heartbeat before the
     earliest launcher's hang verdict among `stalled`: a healthy peer renews every interval while the others
     wait, so one that did not is frozen or gone."""
     names = {failure.pod for failure in stalled}
     verdicts = [
-        moment
-        for pod in trainers
-        if observe.pod_name(pod) in names and (moment := _verdict_time(own(pod))) is not None
+        moment for pod in trainers if pod.name in names and (moment := _verdict_time(pod.lease)) is not None
     ]
     if not verdicts:
         return False
     judged = min(verdicts)
     for pod in trainers:
-        lease = own(pod)
-        if (
-            observe.pod_name(pod) in names
-            or lease is None
-            or lease.get("phase") not in observe.IN_GROUP_PHASES
-        ):
+        lease = pod.lease
+        if pod.name in names or lease is None or pod.lease_phase not in observe.IN_GROUP_PHASES:
             continue
         renewed = parse_time(lease.get("renewTime"))
         if renewed is not None and renewed < judged:

@@ -29,6 +29,7 @@ from phalanx.operator import (
     queueing,
     topology,
     trackmemory,
+    trainerfacts,
     validation,
     viewclock,
 )
@@ -214,11 +215,13 @@ class _Builder:
         self._force_deleting: set[str] = set()
         self.trainers = [pod for pod in observed.pods if observe.is_trainer(pod)]
         """The job's trainer pods among those observed (workers and spares), in the observed order."""
-        # Each trainer's own Lease by the pod object's identity, judged once: `self.trainers` keeps every one of
-        # these pods alive for the whole reconcile, so no other object can have one of their ids meanwhile.
-        self._heartbeats: dict[int, dict[str, Any] | None] = {
-            id(pod): detection.heartbeat_of(pod, observed.leases) for pod in self.trainers
-        }
+        self.facts = trainerfacts.read_all(
+            self.trainers, lambda pod: detection.heartbeat_of(pod, observed.leases)
+        )
+        """What this reconcile reads of each trainer (its own Lease judged once), in the same order."""
+        # By the pod object's identity: `self.trainers` keeps every one of these pods alive for the whole
+        # reconcile, so no other object can have one of their ids meanwhile.
+        self._facts_of: dict[int, trainerfacts.Trainer] = {id(facts.pod): facts for facts in self.facts}
         self.regroups: list[Regroup] = []
         self.clocks_since = self.status.tracked.clocks_since if self.status.tracked is not None else None
         # `_tracks_of`'s index and the list it was built from (held, so its identity cannot be reused).
@@ -272,10 +275,13 @@ class _Builder:
 
     def heartbeat(self, pod: dict[str, Any]) -> dict[str, Any] | None:
         """The pod's own Lease (`detection.heartbeat_of`), judged once per trainer and reconcile."""
-        try:
-            return self._heartbeats[id(pod)]
-        except KeyError:
-            return detection.heartbeat_of(pod, self.observed.leases)
+        facts = self._facts_of.get(id(pod))
+        return facts.lease if facts is not None else detection.heartbeat_of(pod, self.observed.leases)
+
+    def role(self, pod: dict[str, Any]) -> str:
+        """The role the pod really plays by its own Lease (`status.observed_role`), read once per trainer."""
+        facts = self._facts_of.get(id(pod))
+        return facts.role if facts is not None else observe.observed_role(pod, self.heartbeat(pod))
 
     def deleting(self, pod_name: str) -> bool:
         """Whether this reconcile deletes the pod."""
@@ -452,10 +458,6 @@ def _clean_up_finished(b: _Builder, succeeded: bool) -> None:
             b.delete([pod])
 
 
-def _effective_role(pod: dict[str, Any], b: _Builder) -> str:
-    return observe.observed_role(pod, b.heartbeat(pod))
-
-
 def _force_delete_on_lost_nodes(b: _Builder) -> None:
     """Pods on a lost node never finish terminating (no kubelet): remove them now (rendezvous too)."""
     for pod in b.observed.pods:
@@ -584,7 +586,7 @@ def _training_finished(b: _Builder, trainer: str) -> bool:
 
 
 def _a_heartbeat_says_finished(b: _Builder) -> bool:
-    return any((b.heartbeat(pod) or {}).get("phase") == contract.PHASE_FINISHED for pod in b.trainers)
+    return any(trainer.lease_phase == contract.PHASE_FINISHED for trainer in b.facts)
 
 
 def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bool:
@@ -604,8 +606,8 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         spec.heartbeat,
         trainer,
         b.now,
-        b.heartbeat,
         in_place=True,
+        facts=b.facts,
     )
     _force_delete_on_lost_nodes(b)
     failures = detection.detect(
@@ -618,7 +620,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         trainer,
         b.now,
         b.observed.view_gaps,
-        b.heartbeat,
+        facts=b.facts,
     )
     detection.sync_restarts(b.status.tracking, trainers, trainer)
     heartbeat_deadline = detection.next_heartbeat_deadline(
@@ -628,7 +630,7 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
         spec.heartbeat,
         b.now,
         b.observed.view_gaps,
-        b.heartbeat,
+        facts=b.facts,
     )
     if heartbeat_deadline is not None:
         b.wake_within(heartbeat_deadline)
@@ -637,8 +639,8 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     pods = {observe.pod_name(pod): pod for pod in trainers}
     step_seconds = [
         seconds
-        for pod in trainers
-        if (seconds := detection.lease_number(b.heartbeat(pod), "step-seconds")) is not None
+        for facts in b.facts
+        if (seconds := detection.lease_number(facts.lease, "step-seconds")) is not None
     ]
     unreported = incidents.unreported_steps(spec.heartbeat.interval_seconds, step_seconds)
     if _training_finished(b, trainer):
@@ -885,11 +887,11 @@ def _follow_progress(b: _Builder, spec: api.TrainingJobSpec) -> None:
     any_open = any(incidents.is_open(incident) for incident in b.status.incidents)
     beats = [
         _beat(step, lease)
-        for pod in (b.trainers if any_open else ())
-        if observe.is_live(pod)
-        and observe.pod_name(pod) not in doing
-        and (lease := b.heartbeat(pod)) is not None
-        and lease.get("phase") in (*ACTIVE_PHASES, observe.JOINING_PHASE, contract.PHASE_STANDBY)
+        for facts in (b.facts if any_open else ())
+        if facts.exists_unfinished
+        and facts.name not in doing
+        and (lease := facts.lease) is not None
+        and facts.lease_phase in (*ACTIVE_PHASES, observe.JOINING_PHASE, contract.PHASE_STANDBY)
         and (step := detection.lease_step(lease)) is not None
     ]
     progress = incidents.observe_progress(b.status.incidents, beats, b.now)
@@ -924,11 +926,9 @@ def _follow_checkpoint_interval(b: _Builder, spec: api.TrainingJobSpec) -> None:
     """The durable-checkpoint interval in force (`checkpointing.choose`) into `status.checkpoint`, with an
     Event when it changes. The launchers pass an `auto` interval on to their trainers."""
     leases = [
-        lease
-        for pod in b.trainers
-        if observe.is_live(pod)
-        and (lease := b.heartbeat(pod)) is not None
-        and lease.get("phase") in GROUP_PHASES
+        facts.lease
+        for facts in b.facts
+        if facts.exists_unfinished and facts.lease is not None and facts.lease_phase in GROUP_PHASES
     ]
     recent = b.observed.health.samples[-checkpointing.RECENT_STEPS :] if b.observed.health is not None else []
     started = parse_time(b.status.start_time)
@@ -1199,7 +1199,7 @@ def _plan_pods(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> None:
     ]
     _relabel(b, live)
     # Each live pod's role by its heartbeat, read once: the passes below each ask it of every pod.
-    effective = {id(pod): _effective_role(pod, b) for pod in live}
+    effective = {id(pod): b.role(pod) for pod in live}
     workers = [pod for pod in live if effective[id(pod)] == names.ROLE_WORKER]
     spares = [pod for pod in live if effective[id(pod)] == names.ROLE_SPARE]
     expected = spec.replicas + spec.spares
@@ -1345,12 +1345,12 @@ def _lost_nodes(b: _Builder, spec: api.TrainingJobSpec) -> frozenset[str]:
     quiet_after = max(QUIET_RENEWALS * spec.heartbeat.interval_seconds, MIN_QUIET_SECONDS)
     quiet = {
         node
-        for pod in b.trainers
-        if observe.is_running(pod)
-        and (node := (pod.get("spec") or {}).get("nodeName"))
-        and (lease := b.heartbeat(pod)) is not None
-        and lease.get("phase") not in (contract.PHASE_FINISHED, detection.EXITING_PHASE)
-        and (detection.heartbeat_age(lease, b.now, b.observed.view_gaps) or 0.0) > quiet_after
+        for facts in b.facts
+        if facts.running
+        and (node := facts.node)
+        and facts.lease is not None
+        and facts.lease_phase not in (contract.PHASE_FINISHED, detection.EXITING_PHASE)
+        and (detection.heartbeat_age(facts.lease, b.now, b.observed.view_gaps) or 0.0) > quiet_after
     }
     horizon = b.now - timedelta(seconds=SUSPECT_NODE_SECONDS)
     suspect = {
@@ -1503,14 +1503,10 @@ def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
     """(some worker finished training, every worker is done)."""
     doing = set(b.plan.delete_pods) | set(b.plan.force_delete_pods)
     some, every = False, True
-    for pod in b.trainers:
-        if (
-            observe.is_terminating(pod)
-            or observe.pod_name(pod) in doing
-            or _effective_role(pod, b) != names.ROLE_WORKER
-        ):
+    for facts in b.facts:
+        if facts.terminating or facts.name in doing or facts.role != names.ROLE_WORKER:
             continue
-        code = observe.trainer_exit_code(pod, trainer)
+        code = observe.trainer_exit_code(facts.pod, trainer)
         some = some or code == 0
         every = every and code is not None
     return some, some and every
