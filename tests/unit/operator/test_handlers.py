@@ -1056,3 +1056,13 @@ def test_a_job_whose_service_is_someone_elses_creates_no_pod_and_says_why(
     assert [call for call in kube.calls if call[0] == "create"], kube.calls
     owned = next(c for c in kube.written_status["conditions"] if c["type"] == "ChildrenOwned")
     assert (owned["status"], owned["reason"]) == ("True", "AllOwned"), owned
+
+
+def test_every_handler_of_the_workers_renewals_runs_on_the_event_loop() -> None:
+    # One event per worker per heartbeat interval: a sync handler would cost each a hop to a thread and back.
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, settings_from({}), handlers.JobReconciler(None, OperatorMetrics()))  # type: ignore[arg-type]
+    every = [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]
+    on_heartbeats = [h for h in every if handlers.HEARTBEAT_PHASE_ANNOTATION in (h.annotations or {})]
+    assert {h.id for h in on_heartbeats} == {"phalanx_leases", "lease_changed"}
+    assert all(inspect.iscoroutinefunction(h.fn) for h in on_heartbeats)
