@@ -13,7 +13,7 @@ re-form only worker groups started before it (`status.regroup`), and recovery is
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -226,22 +226,13 @@ def heartbeat_of(pod: dict[str, Any], leases: dict[str, dict[str, Any]]) -> dict
     return lease
 
 
-LeaseOf = Callable[[dict[str, Any]], dict[str, Any] | None]
-"""A pod's own Lease (`heartbeat_of`), as a reconcile judges it once per pod and passes on."""
-
-
-def _own_leases(leases: dict[str, dict[str, Any]], lease_of: LeaseOf | None) -> LeaseOf:
-    return lease_of if lease_of is not None else lambda pod: heartbeat_of(pod, leases)
-
-
 def _facts(
-    trainers: list[dict[str, Any]],
-    leases: dict[str, dict[str, Any]],
-    lease_of: LeaseOf | None,
-    facts: Sequence[Trainer] | None,
+    trainers: list[dict[str, Any]], leases: dict[str, dict[str, Any]], facts: Sequence[Trainer] | None
 ) -> Sequence[Trainer]:
-    """The trainers' facts as the reconcile read them, else read here."""
-    return facts if facts is not None else trainerfacts.read_all(trainers, _own_leases(leases, lease_of))
+    """The trainers' facts as the reconcile read them, else read here (each beside its own Lease)."""
+    if facts is not None:
+        return facts
+    return trainerfacts.read_all(trainers, lambda pod: heartbeat_of(pod, leases))
 
 
 def lease_number(lease: dict[str, Any] | None, key: str) -> float | None:
@@ -256,25 +247,21 @@ def lease_step(lease: dict[str, Any] | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _container_status(pod: dict[str, Any], container_name: str) -> dict[str, Any]:
-    """The pod's status of the named container ({} before the kubelet reports it)."""
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        if container.get("name") == container_name:
-            return container
-    return {}
-
-
 def _trainer_restarts(pod: dict[str, Any], trainer: str) -> tuple[int, int | None]:
-    container = _container_status(pod, trainer)
+    return _restarts(observe.container_status(pod, trainer))
+
+
+def _restarts(container: dict[str, Any]) -> tuple[int, int | None]:
+    """A container status's restart count and the exit code its last run ended with."""
     return int(container.get("restartCount") or 0), container.get("lastExitCode")
 
 
 def _terminated(pod: dict[str, Any], container_name: str) -> dict[str, Any]:
-    return _container_status(pod, container_name).get("terminated") or {}
+    return observe.container_status(pod, container_name).get("terminated") or {}
 
 
 def _last_finished(pod: dict[str, Any], container_name: str) -> str | None:
-    return _container_status(pod, container_name).get("lastFinishedAt")
+    return observe.container_status(pod, container_name).get("lastFinishedAt")
 
 
 def _condition_since(pod: dict[str, Any], condition_type: str) -> str | None:
@@ -312,7 +299,6 @@ def update_tracks(
     heartbeat: api.HeartbeatSpec,
     trainer: str,
     now: datetime,
-    lease_of: LeaseOf | None = None,
     in_place: bool = False,
     facts: Sequence[Trainer] | None = None,
 ) -> list[api.WorkerTrack]:
@@ -323,7 +309,7 @@ def update_tracks(
     Nothing here follows the Lease's renew time: a heartbeat that only renews changes no track, so it
     never makes the operator write the status.
     """
-    pods = _facts(trainers, leases, lease_of, facts)
+    pods = _facts(trainers, leases, facts)
     previous = {(track.pod, track.uid): track for track in tracks}
     training = {
         pod.name: pod.lease for pod in pods if pod.lease is not None and pod.lease_phase == TRAINING_PHASE
@@ -401,7 +387,6 @@ def next_heartbeat_deadline(
     heartbeat: api.HeartbeatSpec,
     now: datetime,
     gaps: Sequence[Gap] = (),
-    lease_of: LeaseOf | None = None,
     facts: Sequence[Trainer] | None = None,
 ) -> float | None:
     """Seconds until the first heartbeat timeout or progress timeout of a running worker could expire, by
@@ -409,7 +394,7 @@ def next_heartbeat_deadline(
     next periodic one. `gaps`: the stale stretches of the operator's view, which no clock counts."""
     judged = {(track.pod, track.uid): track for track in tracks}
     deadlines: list[float] = []
-    for pod in _facts(trainers, leases, lease_of, facts):
+    for pod in _facts(trainers, leases, facts):
         lease = pod.lease
         if lease is None or pod.lease_phase == contract.PHASE_FINISHED or not pod.running:
             continue
@@ -477,7 +462,7 @@ def _pod_failure(
             **base,
         )
     status = pod.get("status") or {}
-    container = _container_status(pod, trainer)
+    container = observe.container_status(pod, trainer)
     terminated = container.get("terminated") or {}
     if status.get("reason") == EVICTED:
         return Failure(
@@ -496,11 +481,7 @@ def _pod_failure(
             occurred_at=_at_most(parse_time_end(_condition_since(pod, DISRUPTION_TARGET)), now),
             **base,
         )
-    # `observe.trainer_exit_code`, from the container status already found.
-    if terminated:
-        code = int(terminated["exitCode"]) if terminated.get("exitCode") is not None else None
-    else:
-        code = 0 if facts.phase == "Succeeded" else None
+    code = observe.exit_code_of(container, facts.phase)
     if code is not None and code != 0:
         reason = terminated.get("reason")
         conditions = frozenset({reason}) if reason else frozenset()
@@ -525,7 +506,7 @@ def _pod_failure(
                 **base,
             )
         return None
-    restarts, last_code = int(container.get("restartCount") or 0), container.get("lastExitCode")
+    restarts, last_code = _restarts(container)
     if track is not None and restarts > track.restarts:
         message = f"{name}: trainer container restarted (exit code {last_code})"
         return Failure(
@@ -623,7 +604,6 @@ def detect(
     trainer: str,
     now: datetime,
     gaps: Sequence[Gap] = (),
-    lease_of: LeaseOf | None = None,
     facts: Sequence[Trainer] | None = None,
 ) -> list[Failure]:
     """Every failure of the job's trainer pods now, in pod index order (vanished pods last).
@@ -632,7 +612,7 @@ def detect(
     knew before it, since only a pod it knew can be deleted or restarted behind its back. `gaps`: the stale
     stretches of the operator's view (`viewclock`), left out of every heartbeat's and progress clock's age.
     """
-    pods = _facts(trainers, leases, lease_of, facts)
+    pods = _facts(trainers, leases, facts)
     by_key = {(track.pod, track.uid): track for track in tracks}
     failures: list[Failure] = []
     stalled: list[Failure] = []

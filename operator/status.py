@@ -285,15 +285,27 @@ def is_rendezvous(pod: dict[str, Any]) -> bool:
     return label(pod, names.LABEL_COMPONENT) == names.COMPONENT_RENDEZVOUS
 
 
+def container_status(pod: dict[str, Any], container_name: str) -> dict[str, Any]:
+    """The pod's status of the named container ({} before the kubelet reports it)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == container_name:
+            return container
+    return {}
+
+
+def exit_code_of(container: dict[str, Any], pod_phase: str | None) -> int | None:
+    """The exit code of a container (its `container_status`) once it has terminated, 0 for any container of a
+    pod that succeeded, else None (it runs)."""
+    terminated = container.get("terminated")
+    if terminated:
+        code = terminated.get("exitCode")
+        return int(code) if code is not None else None
+    return 0 if pod_phase == "Succeeded" else None
+
+
 def trainer_exit_code(pod: dict[str, Any], trainer_name: str) -> int | None:
     """Exit code of the trainer container once it has terminated (None while it runs)."""
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        if container.get("name") == trainer_name and container.get("terminated"):
-            code = container["terminated"].get("exitCode")
-            return int(code) if code is not None else None
-    if phase(pod) == "Succeeded":
-        return 0
-    return None
+    return exit_code_of(container_status(pod, trainer_name), phase(pod))
 
 
 def is_live(pod: dict[str, Any], trainer_name: str | None = None) -> bool:

@@ -28,8 +28,6 @@ class Trainer:
     """The pod's index label (-1 when it has none or it is not a number)."""
     node: str | None
     """The node it is bound to."""
-    labelled_role: str | None
-    """Its role label (`worker` or `spare`), as the operator last wrote it."""
     phase: str | None
     """The pod's phase."""
     terminating: bool
@@ -64,16 +62,14 @@ class Trainer:
 
 def read(pod: dict[str, Any], lease: dict[str, Any] | None) -> Trainer:
     """The facts of one trainer pod, beside its own Lease."""
-    metadata = pod["metadata"]
     return Trainer(
         pod=pod,
-        name=metadata["name"],
-        uid=metadata.get("uid"),
+        name=observe.pod_name(pod),
+        uid=pod["metadata"].get("uid"),
         index=observe.index(pod),
         node=(pod.get("spec") or {}).get("nodeName"),
-        labelled_role=observe.role(pod),
         phase=observe.phase(pod),
-        terminating=bool(metadata.get("deletionTimestamp")),
+        terminating=observe.is_terminating(pod),
         lease=lease,
         lease_phase=lease.get("phase") if lease is not None else None,
         role=observe.observed_role(pod, lease),

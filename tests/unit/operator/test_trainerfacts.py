@@ -39,7 +39,6 @@ def test_the_facts_agree_with_the_accessors(make_pod: MakePod, shape: dict[str, 
     assert facts.key == (observe.pod_name(pod), pod["metadata"]["uid"])
     assert facts.index == observe.index(pod) == 3
     assert facts.node == (pod.get("spec") or {}).get("nodeName")
-    assert facts.labelled_role == observe.role(pod)
     assert facts.phase == observe.phase(pod)
     assert facts.terminating == observe.is_terminating(pod)
     assert facts.lease_phase == (lease or {}).get("phase")
