@@ -18,7 +18,7 @@ import psutil
 import yaml
 from kubernetes import client, config
 
-from phalanx import assets
+from phalanx import assets, helmsdk
 from phalanx.bench.kubeobjects import custom_object, is_terminating, labels_of, name_of, uid_of
 from phalanx.devcluster import controlplane
 from phalanx.helmsdk import Helm
@@ -354,9 +354,7 @@ class BenchCluster:
             chart = assets.chart_dir()
             self.log(f"installing the operator with Helm (values {OPERATOR_VALUES})")
             helm = self._helm()
-            import helm_python
-
-            with contextlib.suppress(helm_python.HelmError):
+            with contextlib.suppress(helmsdk.sdk().HelmError):
                 helm.uninstall(OPERATOR_RELEASE, ignore_not_found=True, wait="watcher")
             helm.install(
                 str(chart),

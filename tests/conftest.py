@@ -17,6 +17,7 @@ from _pytest import nodes as pytest_nodes
 from _pytest.terminal import TerminalReporter
 from kubernetes import config
 
+from phalanx import helmsdk
 from phalanx.devcluster import controlplane, processes
 from phalanx.devcluster.kueue import controller as kueue_controller
 from phalanx.helmsdk import Helm
@@ -134,8 +135,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster) -> Iterator[Operator]:
     """The operator installed from the Helm chart with Helm's SDK; it runs as a pod under the chart's RBAC."""
-    import helm_python
-
+    helm_python = helmsdk.sdk()
     helm = Helm(cluster.kubeconfig, OPERATOR_NAMESPACE)
     release = "phalanx"
     with contextlib.suppress(helm_python.HelmError):

@@ -14,6 +14,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 FIELD_MANAGER = "helm"
@@ -45,16 +46,24 @@ def argv0_naming(manager: str) -> Iterator[None]:
         setproctitle.setproctitle(before)
 
 
+def sdk() -> ModuleType:
+    """Helm's SDK module (`helm_python`), its Go runtime started inside `argv0_naming`. The runtime fixes the
+    length of its `argv[0]` when it starts: started under a longer title (pytest-xdist's, a test's id), every call
+    would read `helm` and then the NUL bytes that pad the shorter title `argv0_naming` sets, a field manager the
+    API server refuses. Import the SDK through here, never before it."""
+    with argv0_naming(FIELD_MANAGER):
+        import helm_python
+    return helm_python
+
+
 class Helm:
     """Install, upgrade, uninstall and list Helm releases in `namespace` of the cluster at `kubeconfig` (None:
     the one `KUBECONFIG` or `~/.kube/config` names, as for `helm`)."""
 
     def __init__(self, kubeconfig: Path | str | None, namespace: str) -> None:
-        import helm_python
-
         self.namespace = namespace
         path = None if kubeconfig is None else str(kubeconfig)
-        self._config = helm_python.Config(kubeconfig_path=path, namespace=namespace)
+        self._config = sdk().Config(kubeconfig_path=path, namespace=namespace)
 
     def install(
         self, chart: Path | str, release: str, values: dict[str, Any] | None = None, **options: Any
