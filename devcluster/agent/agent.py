@@ -30,7 +30,7 @@ from phalanx.devcluster.agent.nodes import (
 )
 from phalanx.devcluster.agent.podworker import PodWorker
 from phalanx.devcluster.agent.provisioner import Provisioner
-from phalanx.devcluster.agent.runtime import kill_orphans, probe_namespaces
+from phalanx.devcluster.agent.runtime import kill_at_once, kill_orphans, probe_namespaces
 from phalanx.devcluster.agent.simulated import SimulatedPods
 
 log = logging.getLogger("phalanx.devcluster.agent")
@@ -211,6 +211,11 @@ class Agent:
             log.warning("node %s %s", name, "crashed on request" if crashed else "is back")
             with self.workers_lock:
                 workers = [w for w in self.workers.values() if w.node == name]
+            if crashed:
+                # From here, not from each pod's thread (which may be in a status write): one pod after another
+                # left the rest running for moments, long enough for a spare to see its node's rendezvous store
+                # gone and tell the operator it was joining the group.
+                kill_at_once([process for worker in workers for process in worker.container_processes()])
             for worker in workers:
                 worker.wake.set()
             if not crashed and self.ctx.nodes[name].simulated:

@@ -483,6 +483,10 @@ class PodWorker:
             restart,
         )
 
+    def container_processes(self) -> list[ContainerProcess]:
+        """The containers running now (read from another thread: a copy)."""
+        return list(self.processes.values())
+
     def _apply_faults(self, pod: dict[str, Any]) -> None:
         annotations = pod["metadata"].get("annotations") or {}
         if KILL_ANNOTATION in annotations:

@@ -11,10 +11,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from phalanx.devcluster.agent import runtime
 from phalanx.devcluster.agent.runtime import (
     CONTAINER_MARKER,
     ContainerProcess,
     exit_code_of,
+    kill_at_once,
     kill_orphans,
     marked_processes,
     probe_namespaces,
@@ -171,6 +175,42 @@ def test_a_child_in_its_own_session_is_frozen_and_killed_with_its_container(tmp_
     assert process.wait(10)
     assert process.poll() == 137
     assert wait_until(lambda: process_state(child) in (None, "Z"))
+
+
+def test_a_node_s_crash_kills_every_container_s_group_before_it_hunts_strays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed node's pods die together: a pod that outlived its neighbour by a /proc scan could see the
+    neighbour gone and report it (a spare seeing its node's rendezvous store vanish)."""
+    containers = []
+    for pod in ("rendezvous", "spare"):
+        container_spec = spec(tmp_path / pod, ["sh", "-c", "setsid sleep 300 & wait"])
+        marker = f"phalanx://crash-{os.getpid()}/{pod}/0"
+        container_spec["env"][CONTAINER_MARKER] = marker
+        process = ContainerProcess(
+            container_spec, tmp_path / pod / "run", tmp_path / pod / "0.log", False, lambda: None
+        )
+        assert wait_until(lambda marker=marker, leader=process.pid: left_the_group(marker, leader))
+        containers.append(process)
+    scans: list[dict[int, bool]] = []
+    scan = runtime.marked_processes
+
+    def leaders_dead_then_scan(marker: str) -> list[int]:
+        scans.append(
+            {c.pid: wait_until(lambda c=c: process_state(c.pid) in (None, "Z"), 5) for c in containers}
+        )
+        return scan(marker)
+
+    monkeypatch.setattr(runtime, "marked_processes", leaders_dead_then_scan)
+    kill_at_once(containers)
+    assert scans and all(all(dead.values()) for dead in scans), scans
+    for process in containers:
+        assert process.wait(10)
+        assert process.poll() == 137
+        marker = process.container_id
+        assert wait_until(
+            lambda marker=marker: all(process_state(pid) in (None, "Z") for pid in scan(marker))
+        )
 
 
 def describe_container(marker: str, leader: int, run_dir: Path) -> str:
