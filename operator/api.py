@@ -40,6 +40,11 @@ FailureAction = Literal["ReplaceWorker", "RestartJob", "FailJob", "Ignore"]
 TopologyPolicy = Literal["Pack", "Spread"]
 PodGroupKind = Literal["None", "Coscheduling", "Volcano", "Kueue"]
 RendezvousProtocol = Literal["auto", "c10d", "rounds"]
+HeartbeatReporting = Literal["auto", "leases", "hub"]
+HUB_FROM_PODS = 128
+"""With `heartbeat.reporting: auto`, jobs whose group may reach this many pods (maxReplicas + spares) report
+through the hub: one Lease renewal per worker per interval is 64 API writes a second at 128 pods every 2 s, and
+the operator's watch carries each (`phalanx bench --only scale`)."""
 ROUNDS_FROM_PODS = 32
 """With `rendezvous.protocol: auto`, jobs whose group may reach this many pods (maxReplicas + spares) use `rounds`:
 torch's c10d rendezvous takes 13 s to re-form 32 members on a 2-core machine and does not form 64 within 5 min
@@ -265,6 +270,12 @@ class HeartbeatSpec(ApiModel):
     short `timeoutSeconds` can still leave room for several late renewals (0.5 with a timeout of 2 s)."""
     timeout_seconds: int = Field(default=30, ge=1, le=86400)
     """Seconds without a renewal after which a worker counts as dead or frozen (`PHALANX_HEARTBEAT_TIMEOUT`)."""
+    reporting: HeartbeatReporting = "auto"
+    """How the workers' heartbeats reach the operator (`PHALANX_HEARTBEAT_REPORTING`). `leases`: each worker pod
+    renews its own Lease every interval, one API write per worker per interval. `hub`: the launchers put their
+    beats into the job's rendezvous store, and a hub container in the rendezvous pod publishes one summary Lease
+    for the whole job each interval, whatever its size; a pod renews its own Lease only until the hub answers and
+    while it does not. `auto`: `hub` for groups that may reach 128 pods (maxReplicas + spares), `leases` below."""
     progress_timeout_seconds: int = Field(default=600, ge=1, le=604800)
     """Seconds the step may stay unchanged, while the Lease is renewed and no save or rendezvous is in
     progress, before the worker counts as hung: the outer bound of hang detection, and the only one for a
@@ -700,6 +711,14 @@ class TrainingJobSpec(ApiModel):
     @property
     def effective_max_replicas(self) -> int:
         return self.replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def heartbeat_reporting(self) -> Literal["leases", "hub"]:
+        """How the heartbeats travel: `heartbeat.reporting`, with `auto` resolved by the group's size."""
+        chosen = self.heartbeat.reporting
+        if chosen != "auto":
+            return chosen
+        return "hub" if self.effective_max_replicas + self.spares >= HUB_FROM_PODS else "leases"
 
     @property
     def rendezvous_protocol(self) -> Literal["c10d", "rounds"]:

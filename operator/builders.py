@@ -16,6 +16,7 @@ from phalanx.operator.validation import trainer_container_index
 
 LAUNCHER = ("python", "-m", "phalanx.worker.launch", "--")
 RENDEZVOUS_SERVER = ("python", "-m", "phalanx.worker.rendezvous")
+HEARTBEAT_HUB = ("python", "-m", "phalanx.worker.beathub")
 
 
 def _meta(job: dict[str, Any], name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -72,6 +73,7 @@ def contract_env(job: dict[str, Any], spec: api.TrainingJobSpec, role: names.Rol
         "PHALANX_SNAPSHOT_SLOTS": spec.shared_memory.snapshot_slots,
         "PHALANX_HEARTBEAT_INTERVAL": f"{spec.heartbeat.interval_seconds:g}",
         "PHALANX_HEARTBEAT_TIMEOUT": spec.heartbeat.timeout_seconds,
+        "PHALANX_HEARTBEAT_REPORTING": spec.heartbeat_reporting,
         "PHALANX_HANG_FACTOR": f"{spec.heartbeat.hang_factor:g}",
         "PHALANX_HANG_FLOOR": f"{spec.heartbeat.hang_floor_seconds:g}",
         "PHALANX_METRICS_PORT": spec.metrics_port,
@@ -380,13 +382,19 @@ def build_rendezvous_pod(
         container["securityContext"] = plain_copy(identity)
     secret = [store_secret_volume(job_name)]
     _mount(container, secret)
+    containers = [container]
+    hub = spec.heartbeat_reporting == "hub"
+    if hub:
+        containers.append(_heartbeat_hub(job, spec, container, secret))
     pod_spec: dict[str, Any] = {
-        "containers": [container],
+        "containers": containers,
         "volumes": [volume for volume, _ in secret],
         # In place restarts keep the pod (and its DNS name); the operator recreates it when it is deleted.
         "restartPolicy": "Always",
         "serviceAccountName": names.worker_account_name(job_name),
-        "automountServiceAccountToken": False,
+        # Only the heartbeat hub talks to the API server (its summary Lease, the one the account's admission
+        # policy lets this pod write).
+        "automountServiceAccountToken": hub,
     }
     for key in ("nodeSelector", "tolerations", "imagePullSecrets", "securityContext", "priorityClassName"):
         if template_spec.get(key):
@@ -399,6 +407,43 @@ def build_rendezvous_pod(
         "metadata": _meta(job, names.rendezvous_name(job_name), labels),
         "spec": topology.avoid_nodes(pod_spec, avoid),
     }
+
+
+def _heartbeat_hub(
+    job: dict[str, Any],
+    spec: api.TrainingJobSpec,
+    store: dict[str, Any],
+    secret: list[tuple[dict[str, Any], str]],
+) -> dict[str, Any]:
+    """The heartbeat hub beside the store (worker/beathub.py): its own container, so that its failure is not the
+    store's; it reaches the store through the gate, as any of the job's clients."""
+    job_name = job["metadata"]["name"]
+    heartbeat = spec.heartbeat
+    hub: dict[str, Any] = {
+        "name": names.HEARTBEAT_HUB_CONTAINER,
+        "image": store["image"],
+        "command": [
+            *HEARTBEAT_HUB,
+            "--store",
+            f"$(POD_IP):{spec.rendezvous.port}",
+            "--job",
+            job_name,
+            "--interval",
+            f"{heartbeat.interval_seconds:g}",
+            "--timeout",
+            str(heartbeat.timeout_seconds),
+        ],
+        "env": [
+            *plain_copy(DOWNWARD_ENV),
+            {"name": "PHALANX_STORE_SECRET_FILE", "value": names.STORE_SECRET_FILE},
+        ],
+        "resources": plain_copy(store.get("resources") or {}),
+    }
+    for key in ("imagePullPolicy", "securityContext"):
+        if store.get(key):
+            hub[key] = plain_copy(store[key])
+    _mount(hub, secret)
+    return hub
 
 
 def _headless_service(

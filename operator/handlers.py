@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx import kubecredentials
+from phalanx import beatsummary, kubecredentials
 from phalanx.operator import (
     api,
     builders,
@@ -36,6 +36,7 @@ from phalanx.operator import (
     conditions,
     gang,
     health,
+    hubview,
     names,
     policy,
     queueing,
@@ -180,11 +181,13 @@ class JobReconciler:
         histories: Iterable[checkpointing.JobHistory | None] = (),
         waiting: Iterable[dict[str, Any]] = (),
         priorities: Mapping[Any, Iterable[int]] | None = None,
+        hubs: Mapping[Any, Iterable[hubview.HubSummary]] | None = None,
     ) -> Plan | None:
         """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
         gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval);
         `waiting`: the jobs whose gangs wait to be placed (`waiting_gang`), `priorities`: PriorityClass values
-        by name, which together say what room the jobs ranked before this one are promised."""
+        by name, which together say what room the jobs ranked before this one are promised. `hubs`: the
+        heartbeat hubs' summaries by (namespace, rendezvous pod)."""
         key = (namespace, name)
         with self._locks_guard:
             if key in self._queued:
@@ -257,6 +260,7 @@ class JobReconciler:
                 worker_lease_role=self.worker_lease_role,
                 view_gaps=self.view.gaps(namespace) if self.view is not None else (),
                 foreign=self._foreign.get(key, ()),
+                hub=_first((hubs or {}).get((namespace, names.rendezvous_name(name)))),
                 create_refused=self.creations.rejection(key),
                 workload=workload,
                 flavors=flavors,
@@ -752,6 +756,19 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # Async, as `lease_changed`: every worker's renewal comes through here, see there.
         return {(namespace, name): observe.summarize_lease(dict(body))}
 
+    @kopf.index(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        id="phalanx_hubs",
+        annotations={beatsummary.SUMMARY_ANNOTATION: kopf.PRESENT},
+        registry=registry,
+    )
+    async def phalanx_hubs(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+        # A job's heartbeat hub: one summary Lease for all its workers (operator/hubview.py).
+        hub = hubview.read(dict(body))
+        return {(namespace, name): hub} if hub is not None else {}
+
     @kopf.index("pods", id="phalanx_pod_jobs", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
     def phalanx_pod_jobs(namespace: str | None, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
         # A heartbeat Lease is named after its pod: this finds the job a Lease event belongs to.
@@ -793,6 +810,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             histories=kwargs["phalanx_job_histories"].get(CLUSTER_KEY, ()),
             waiting=kwargs["phalanx_waiting_gangs"].get(CLUSTER_KEY, ()),
             priorities=kwargs["phalanx_priorities"],
+            hubs=kwargs["phalanx_hubs"],
         )
         if plan is not None:
             # The indexes in kwargs are live: the wake-up reconciles with what is observed then.
@@ -870,6 +888,36 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
         if changed and type is not None and job_name is not None:
             # The reconcile itself blocks: off the event loop, as a sync handler would run.
+            await asyncio.get_running_loop().run_in_executor(
+                handler_threads.executor, functools.partial(run, job_name, namespace, logger, **kwargs)
+            )
+
+    hub_signals = HeartbeatSignals()
+
+    @kopf.on.event(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        id="hub_changed",
+        annotations={beatsummary.SUMMARY_ANNOTATION: kopf.PRESENT},
+        registry=registry,
+    )
+    async def hub_changed(
+        namespace: str | None, name: str, body: kopf.Body, type: str | None, logger: Any, **kwargs: Any
+    ) -> None:
+        # A job's heartbeat hub published its summary (each interval): what `lease_changed` does for one Lease,
+        # for every worker the summary stands for.
+        namespace = namespaced(namespace)
+        hub = hubview.read(dict(body))
+        job_name = _first(kwargs["phalanx_pod_jobs"].get((namespace, name)))
+        if type == "DELETED" or hub is None or job_name is None:
+            return
+        changed = False
+        for pod, said in hubview.signals_of(hub).items():
+            changed = hub_signals.changed((namespace, pod), said) or changed
+        for pod, said in beatsummary.real_beats(hub.summary).items():
+            changed = reconciler.health.observe((namespace, job_name), pod, said) or changed
+        if changed and type is not None:
             await asyncio.get_running_loop().run_in_executor(
                 handler_threads.executor, functools.partial(run, job_name, namespace, logger, **kwargs)
             )

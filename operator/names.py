@@ -24,6 +24,8 @@ COMPONENT_RENDEZVOUS = "rendezvous"
 
 TRAINER_CONTAINER = api.DEFAULT_TRAINER_CONTAINER
 RENDEZVOUS_CONTAINER = "rendezvous"
+HEARTBEAT_HUB_CONTAINER = "heartbeat-hub"
+"""The rendezvous pod's container that summarises the workers' heartbeats (`heartbeat.reporting: hub`)."""
 CHECKPOINT_VOLUME = "phalanx-checkpoint"
 LOCAL_CHECKPOINT_VOLUME = "phalanx-local-checkpoint"
 SHARED_MEMORY_VOLUME = "phalanx-shm"

@@ -22,6 +22,7 @@ from phalanx.operator import (
     detection,
     gang,
     health,
+    hubview,
     incidents,
     names,
     policy,
@@ -131,6 +132,9 @@ class Observed:
     foreign: tuple[str, ...] = ()
     """What the last apply found of the objects the job needs existing under their names and owned by someone
     else (each a sentence); while any is, the condition `ChildrenOwned` is False and no pod is created."""
+    hub: hubview.HubSummary | None = None
+    """The job's heartbeat hub's latest summary (operator/hubview.py); None: the job has none, or it has not
+    written one yet."""
     create_refused: str | None = None
     """The API server's answer to the job's latest refused pod creation (quota, LimitRange, admission: `pod X
     refused: 403 Forbidden: ...`), until a creation of the job succeeds; while its gang forms, the condition
@@ -634,6 +638,11 @@ def _handle_failures(b: _Builder, spec: api.TrainingJobSpec, trainer: str) -> bo
     )
     if heartbeat_deadline is not None:
         b.wake_within(heartbeat_deadline)
+    hub_gap_closes = hubview.gap_closes_in(
+        b.observed.hub, b.now, spec.heartbeat.interval_seconds, spec.heartbeat.timeout_seconds
+    )
+    if hub_gap_closes is not None:
+        b.wake_within(hub_gap_closes)
     _delete_again(b, trainers, spec.heartbeat)
     disrupted = False
     pods = {observe.pod_name(pod): pod for pod in trainers}
@@ -1512,8 +1521,33 @@ def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
     return some, some and every
 
 
+def _with_hub(job: dict[str, Any], observed: Observed) -> Observed:
+    """The heartbeats with the hub's word merged in, and the hub's silence as a gap in the job's view."""
+    if observed.hub is None:
+        return observed
+    try:
+        spec = api.TrainingJobSpec.model_validate(job.get("spec") or {})
+    except ValueError:
+        return observed  # an invalid spec is refused below; no heartbeat is judged for it
+    if spec.heartbeat_reporting != "hub":
+        return observed  # a summary Lease beside a job that reports through Leases is no word of its workers
+    heartbeat = spec.heartbeat
+    trainers = [observe.pod_name(pod) for pod in observed.pods if observe.is_trainer(pod)]
+    leases, gap = hubview.merge(
+        observed.leases,
+        observed.hub,
+        trainers,
+        observed.now,
+        heartbeat.interval_seconds,
+        heartbeat.timeout_seconds,
+    )
+    gaps = observed.view_gaps if gap is None else viewclock.joined(observed.view_gaps, gap)
+    return replace(observed, leases=leases, view_gaps=gaps)
+
+
 def plan(job: dict[str, Any], observed: Observed) -> Plan:
     """Decide one reconcile of `job`."""
+    observed = _with_hub(job, observed)
     # A node problem the control plane may have made up during an outage is not acted on until confirmed.
     observed = replace(
         observed,

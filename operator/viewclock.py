@@ -51,6 +51,20 @@ class Gap:
     """None: still going on."""
 
 
+def joined(gaps: Sequence[Gap], extra: Gap) -> tuple[Gap, ...]:
+    """`gaps` with `extra` added, overlapping ones joined (so no moment is left out twice), in order; an open gap
+    (end None) runs on and absorbs every one that starts after it."""
+    merged: list[Gap] = []
+    for gap in sorted([*gaps, extra], key=lambda each: each.start):
+        last = merged[-1] if merged else None
+        if last is not None and (last.end is None or gap.start <= last.end):
+            end = None if last.end is None or gap.end is None else max(last.end, gap.end)
+            merged[-1] = Gap(last.start, end)
+        else:
+            merged.append(gap)
+    return tuple(merged)
+
+
 def unseen_seconds(since: datetime, until: datetime, gaps: Sequence[Gap]) -> float:
     """Seconds of [since, until] that fall inside a gap (an open gap runs up to `until`)."""
     total = 0.0

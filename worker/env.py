@@ -31,6 +31,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_RDZV_KEEPALIVE_TIMEOUT": "keepalive_timeout",
     "PHALANX_HEARTBEAT_INTERVAL": "heartbeat_interval",
     "PHALANX_HEARTBEAT_TIMEOUT": "heartbeat_timeout",
+    "PHALANX_HEARTBEAT_REPORTING": "heartbeat_reporting",
     "PHALANX_HANG_FACTOR": "hang_factor",
     "PHALANX_HANG_FLOOR": "hang_floor",
     "PHALANX_METRICS_PORT": "metrics_port",
@@ -140,6 +141,9 @@ class LaunchSettings(BaseModel):
     """Seconds between Lease renewals."""
     heartbeat_timeout: float = Field(default=30.0, gt=0)
     """Seconds of silence after which the operator calls the pod dead (written into the Lease)."""
+    heartbeat_reporting: Literal["leases", "hub"] = "leases"
+    """`leases`: the pod's own Lease carries every heartbeat. `hub`: the job's heartbeat hub does, through the
+    rendezvous store (worker/beathub.py), and the own Lease only until the hub answers and while it does not."""
     hang_factor: float = Field(default=5.0, ge=0)
     """A training rank that reaches no step for longer than this multiple of the p99 of its recent step
     times counts as hung (worker/trainerwatch.py); 0 leaves hangs to the operator's progress timeout."""

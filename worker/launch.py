@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 from phalanx.worker import (
     attemptstore,
     autointerval,
+    beathub,
     drillhook,
     gloonet,
     heartbeat,
@@ -492,6 +493,9 @@ STALL_GRACE_SECONDS = 1.0
 """How long after such a stall the launcher holds its verdict on its training processes: its agent looks at
 the group every `monitor_interval` (0.2 s) and restarts it if it re-formed without this node."""
 
+HUB_STORE_TIMEOUT = 2.0
+"""Seconds one beat into the store may take: a slower store is the hub out of reach, and the own Lease renews."""
+
 SILENT_SCRIPT_SECONDS = 10.0
 """How long a running group's processes may take to write their first status record before the pod counts as
 running a script that publishes none (long enough for a cold `import torch` on a busy node)."""
@@ -538,6 +542,9 @@ class PodReporter:
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._lease: Any = None
+        self._lease_written = False
+        self.hub: beathub.BeatSender | None = None
+        """Where beats go first with `heartbeat.reporting: hub` (None: the own Lease only)."""
         self._last_phase: str | None = None
         self._thread = threading.Thread(target=self._loop, name="phalanx-reporter", daemon=True)
 
@@ -646,9 +653,17 @@ class PodReporter:
                 self._lease = LeaseClient(settings.pod_name, settings.pod_namespace, settings.pod_uid)
             except Exception as error:
                 logger.warning("heartbeats off: cannot configure the Kubernetes client: %s", error)
+        if settings.heartbeat_reporting == "hub" and settings.pod_name:
+            self.hub = beathub.BeatSender(self._hub_connection, settings.pod_name, settings.heartbeat_timeout)
         if settings.metrics_port:
             self.metrics.serve(settings.metrics_port, settings.local_addr)
         self._thread.start()
+
+    def _hub_connection(self) -> Any:
+        """A store connection of the reporter's own, for its beats."""
+        settings = self.settings
+        secret = storegate.read_secret(settings.store_secret_file) if settings.store_secret_file else None
+        return rendezvous.connect(settings.rdzv_host, settings.rdzv_port, HUB_STORE_TIMEOUT, secret)
 
     def stop(self) -> None:
         self._stop.set()
@@ -740,16 +755,25 @@ class PodReporter:
         if not (self._schedule.due(now, status.phase, status.resumed_at, status.fault) or force):
             return
         self._schedule.renewed(now)
-        if self._lease is not None:
-            body = heartbeat.lease_body(
-                pod_name=self.settings.pod_name,
-                namespace=self.settings.pod_namespace,
-                pod_uid=self._lease.pod_uid(),
-                status=status,
-                now=datetime.now(UTC),
-                lease_duration_seconds=math.ceil(self.settings.heartbeat_timeout),
-            )
+        if self._lease is None and self.hub is None:
+            return
+        body = heartbeat.lease_body(
+            pod_name=self.settings.pod_name,
+            namespace=self.settings.pod_namespace,
+            pod_uid=self._lease.pod_uid() if self._lease is not None else self.settings.pod_uid or None,
+            status=status,
+            now=datetime.now(UTC),
+            lease_duration_seconds=math.ceil(self.settings.heartbeat_timeout),
+        )
+        # Through the hub once it answers; the own Lease is still written first (the pod's heartbeat exists
+        # before the hub hears of it), at the last word (the pod ends: no wait for the next summary), and
+        # whenever the hub does not answer.
+        hub_took_it = self.hub is not None and self.hub.send(
+            beathub.beat_of(body, heartbeat.ANNOTATION_PREFIX)
+        )
+        if self._lease is not None and (not hub_took_it or not self._lease_written or force):
             self._lease.renew(body)
+            self._lease_written = True
 
 
 # -- command line ---------------------------------------------------------------------------------

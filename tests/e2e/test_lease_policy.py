@@ -99,7 +99,13 @@ def test_a_jobs_workers_write_only_their_own_jobs_heartbeat_leases(
     )
     missing = cluster.kubectl("get", "lease", "beta-worker-1", "-n", namespace, check=False)
     assert missing.returncode != 0 and "NotFound" in missing.stderr, missing.stdout + missing.stderr
-    # Its own job's Leases it still writes.
+    # Nor another job's heartbeat hub summary (beta's rendezvous pod's Lease), nor one named like alpha's.
+    message = refusal(lambda: as_alpha.create_namespaced_lease(namespace, lease_body("beta-rdzv")))
+    assert f"phalanx: CREATE of Lease {namespace}/beta-rdzv refused" in message, message
+    refusal(lambda: as_alpha.create_namespaced_lease(namespace, lease_body("alpha-rdzv-0")))
+    # Its own job's Leases it still writes, its hub's summary too.
+    as_alpha.create_namespaced_lease(namespace, lease_body("alpha-rdzv"))
+    cluster.kubectl("delete", "lease", "alpha-rdzv", "-n", namespace)
     mark = {"metadata": {"labels": {"test.phalanx.dev/written-by": "alpha"}}}
     as_alpha.patch_namespaced_lease("alpha-worker-0", namespace, mark)
     as_alpha.create_namespaced_lease(namespace, lease_body("alpha-worker-1"))
@@ -123,6 +129,9 @@ def test_a_jobs_workers_write_only_their_own_jobs_heartbeat_leases(
     assert f"phalanx: CREATE of Lease {namespace}/alpha-worker-1 refused" in message, message
     assert "the token of pod alpha-worker-0 may write only that pod's own heartbeat Lease" in message, message
     refusal(lambda: as_pod.patch_namespaced_lease("beta-worker-0", namespace, renewed))
+    # A worker pod cannot speak for its job's hub: only the rendezvous pod's token writes that summary.
+    message = refusal(lambda: as_pod.create_namespaced_lease(namespace, lease_body("alpha-rdzv")))
+    assert "the token of pod alpha-worker-0 may write only that pod's own heartbeat Lease" in message, message
     as_pod.patch_namespaced_lease("alpha-worker-0", namespace, mark)
 
     # Neither the operator nor the jobs are held back: alpha keeps training and beating, under the policy.

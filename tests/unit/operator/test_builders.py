@@ -39,6 +39,7 @@ CONTRACT = {
     "PHALANX_SNAPSHOT_SLOTS",
     "PHALANX_HEARTBEAT_INTERVAL",
     "PHALANX_HEARTBEAT_TIMEOUT",
+    "PHALANX_HEARTBEAT_REPORTING",
     "PHALANX_METRICS_PORT",
     "PHALANX_COLLECTIVE_TIMEOUT",
 }
@@ -88,6 +89,47 @@ def test_the_rendezvous_protocol_is_chosen_by_the_groups_size_unless_the_spec_na
     job = make_job(**sizes, **({"rendezvous": {"protocol": protocol}} if protocol else {}))
     env = _env(builders.build_worker_pod(job, _spec(job), 0, "worker"))
     assert env["PHALANX_RDZV_PROTOCOL"] == expected
+
+
+@pytest.mark.parametrize(
+    ("sizes", "reporting", "expected"),
+    [
+        ({"replicas": 2, "spares": 1}, None, "leases"),
+        ({"replicas": 127, "spares": 0}, None, "leases"),
+        ({"replicas": 126, "spares": 2}, None, "hub"),
+        ({"replicas": 8, "maxReplicas": 200, "minReplicas": 4}, None, "hub"),
+        ({"replicas": 512}, "leases", "leases"),
+        ({"replicas": 2}, "hub", "hub"),
+    ],
+)
+def test_the_heartbeat_path_is_chosen_by_the_groups_size_unless_the_spec_names_one(
+    make_job: MakeJob, sizes: dict[str, int], reporting: str | None, expected: str
+) -> None:
+    job = make_job(**sizes, **({"heartbeat": {"reporting": reporting}} if reporting else {}))
+    spec = _spec(job)
+    assert _env(builders.build_worker_pod(job, spec, 0, "worker"))["PHALANX_HEARTBEAT_REPORTING"] == expected
+    rendezvous = builders.build_rendezvous_pod(job, spec)["spec"]
+    containers = [container["name"] for container in rendezvous["containers"]]
+    assert containers == (["rendezvous", "heartbeat-hub"] if expected == "hub" else ["rendezvous"])
+    # Only a hub talks to the API server from the rendezvous pod.
+    assert rendezvous["automountServiceAccountToken"] is (expected == "hub")
+
+
+def test_the_heartbeat_hub_reaches_the_store_through_its_gate_and_is_restricted(
+    make_job: MakeJob, restricted_violations: Violations
+) -> None:
+    job = make_job(heartbeat={"reporting": "hub", "intervalSeconds": 2, "timeoutSeconds": 9})
+    pod = builders.build_rendezvous_pod(job, _spec(job))
+    store, hub = pod["spec"]["containers"]
+    assert hub["image"] == store["image"]
+    assert hub["command"] == [
+        *builders.HEARTBEAT_HUB, "--store", "$(POD_IP):29400", "--job", "demo", "--interval", "2", "--timeout", "9"
+    ]  # fmt: skip
+    env = {entry["name"]: entry.get("value", entry.get("valueFrom")) for entry in hub["env"]}
+    assert env["PHALANX_STORE_SECRET_FILE"] == "/var/run/secrets/phalanx/store/secret"
+    assert {"POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP"} <= set(env)
+    assert hub["volumeMounts"] == store["volumeMounts"]
+    assert restricted_violations(pod) == []
 
 
 def test_worker_pod_names_labels_ownership_and_dns(make_job: MakeJob) -> None:

@@ -236,6 +236,7 @@ def test_all_handlers_register_with_ids_matching_their_kwargs() -> None:
         "phalanx_job_histories",
         "phalanx_waiting_gangs",
         "phalanx_priorities",
+        "phalanx_hubs",
     }
     resource_ids = {handler.id for handler in registry._changing.get_all_handlers()}
     assert {"created", "updated", "resumed", "deleted"} <= resource_ids
@@ -316,6 +317,7 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_job_histories={},
         phalanx_waiting_gangs={},
         phalanx_priorities={},
+        phalanx_hubs={},
     )
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
 
@@ -371,6 +373,7 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
             phalanx_job_histories={},
             phalanx_waiting_gangs={},
             phalanx_priorities={},
+            phalanx_hubs={},
         )
         # On kopf's event loop (the handler is async, so renewals never hop to a thread).
         assert inspect.iscoroutine(handled)
@@ -394,6 +397,66 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
     assert event("MODIFIED", _lease_body("other-0", "2026-01-01T12:00:07.1Z", **resumed)) == 0
     assert event("DELETED", _lease_body("demo-worker-0", "2026-01-01T12:00:07.1Z", **resumed)) == 0
     assert event("ADDED", _lease_body("demo-worker-0", "2026-01-01T12:00:08.1Z", **resumed)) == 1
+
+
+def test_a_hub_summary_wakes_its_job_only_when_some_worker_s_signal_changed(
+    make_job: Callable[..., Any],
+) -> None:
+    from phalanx import beatsummary
+
+    registry = kopf.OperatorRegistry()
+    kube = FakeKube(make_job())
+    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "hub_changed"]
+
+    def summary_event(kind: str | None, second: int, beats: dict[int, dict[str, str]]) -> int:
+        """Reconciles of the job caused by the hub's summary of `beats` made at 12:00:`second`."""
+        at = datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)
+        stamped = {index: {**beat, "renewTime": beatsummary.micro_time(at)} for index, beat in beats.items()}
+        summary = beatsummary.summarise("demo-worker-", stamped, at, 1.5)
+        body = {
+            "metadata": {
+                "name": "demo-rdzv",
+                "ownerReferences": [{"kind": "Pod", "name": "demo-rdzv", "uid": "uid-rdzv"}],
+                "annotations": {beatsummary.SUMMARY_ANNOTATION: beatsummary.encode(summary)},
+            },
+            "spec": {"renewTime": beatsummary.micro_time(at)},
+        }
+        before = kube.calls.count(("get", "demo"))
+        handled = handler.fn(
+            namespace="ml",
+            name="demo-rdzv",
+            body=body,
+            type=kind,
+            logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+            phalanx_pods={},
+            phalanx_pod_jobs={("ml", "demo-rdzv"): ["demo"]},
+            phalanx_leases={},
+            phalanx_nodes={},
+            phalanx_job_histories={},
+            phalanx_waiting_gangs={},
+            phalanx_priorities={},
+            phalanx_hubs={},
+        )
+        assert inspect.iscoroutine(handled)
+        asyncio.run(handled)
+        return kube.calls.count(("get", "demo")) - before
+
+    training = {"phase": "training", "group-started": "2026-01-01T11:00:00Z"}
+    gang = {index: {**training, "step": "10", "rank": str(index)} for index in range(3)}
+    gang[3] = {"phase": "standby"}
+    assert summary_event(None, 1, gang) == 0  # the start-up listing: remembered only
+    # Steps move, and with them which member a class's figures (rank included) come from: nothing to act on.
+    for second in range(2, 5):
+        moved = {
+            **gang,
+            **{index: {**gang[index], "step": str(10 + second + (index + second) % 3)} for index in range(3)},
+        }
+        assert summary_event("MODIFIED", second, moved) == 0
+    # The spare joins the group: the job is reconciled now.
+    promoted = {**gang, 3: {**training, "step": "14", "rank": "1"}}
+    assert summary_event("MODIFIED", 5, promoted) == 1
+    assert summary_event("MODIFIED", 6, promoted) == 0
 
 
 def test_heartbeat_signal_ignores_renewals_steps_and_timings() -> None:

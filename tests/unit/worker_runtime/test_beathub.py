@@ -1,0 +1,161 @@
+"""The heartbeat hub's worker side (worker/beathub.py) against a real TCPStore: launchers' beats in, one summary
+out, and a launcher falls back to its own Lease whenever the hub or the store is not there."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from phalanx import beatsummary
+from phalanx.worker import beathub, heartbeat
+from phalanx.worker.beathub import BeatSender, Hub
+
+PREFIX = "demo-worker-"
+
+
+@pytest.fixture
+def server() -> Iterator[dist.TCPStore]:
+    yield dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+def client(port: int) -> dist.TCPStore:
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+
+
+def lease_of(pod: str, step: int, phase: str = "training") -> dict[str, Any]:
+    status = heartbeat.PodStatus(phase=phase, step=step, rank=int(pod.rsplit("-", 1)[1]))  # type: ignore[arg-type]
+    return heartbeat.lease_body(
+        pod_name=pod,
+        namespace="ml",
+        pod_uid=f"uid-{pod}",
+        status=status,
+        now=datetime.now(UTC),
+        lease_duration_seconds=30,
+    )
+
+
+class Published:
+    def __init__(self) -> None:
+        self.summaries: list[dict[str, Any]] = []
+
+    def __call__(self, text: str, now: datetime) -> None:
+        summary = beatsummary.decode(text)
+        assert summary is not None
+        self.summaries.append(summary)
+
+
+def test_a_launcher_s_beat_is_what_the_operator_keeps_of_its_lease() -> None:
+    body = lease_of(f"{PREFIX}3", step=41)
+    beat = beathub.beat_of(body, heartbeat.ANNOTATION_PREFIX)
+    assert beat["step"] == "41" and beat["phase"] == "training" and beat["rank"] == "3"
+    assert beat["renewTime"] == body["spec"]["renewTime"]
+    assert beat["ownerUid"] == f"uid-{PREFIX}3"
+    assert beathub.member_names(
+        b"demo-worker-1,demo-worker-1,other-worker-2,demo-worker-x,,demo-worker-0,", PREFIX
+    ) == [
+        f"{PREFIX}1",
+        f"{PREFIX}0",
+    ]
+
+
+def test_beats_reach_one_summary_and_the_launchers_learn_the_hub_took_them(server: dist.TCPStore) -> None:
+    senders = [BeatSender(lambda: client(server.port), f"{PREFIX}{index}", 30.0) for index in range(5)]
+    beats = {
+        sender.pod_name: beathub.beat_of(lease_of(sender.pod_name, 7), heartbeat.ANNOTATION_PREFIX)
+        for sender in senders
+    }
+    # Before the hub's first summary no launcher may rely on it: each renews its own Lease.
+    assert [sender.send(beats[sender.pod_name]) for sender in senders] == [False] * 5
+    published = Published()
+    hub = Hub(lambda: client(server.port), PREFIX, 1.0, published)
+    summary = hub.once()
+    assert summary["members"] == 5
+    expanded = beatsummary.expand(published.summaries[-1])
+    assert sorted(expanded) == sorted(beats)
+    assert all(expanded[pod]["step"] == "7" for pod in beats)
+    assert [sender.send(beats[sender.pod_name]) for sender in senders] == [True] * 5
+    # A second run of a launcher (a restarted container) registers again: still one member.
+    again = BeatSender(lambda: client(server.port), f"{PREFIX}0", 30.0)
+    again.send(beats[f"{PREFIX}0"])
+    assert hub.once()["members"] == 5
+
+
+def test_what_is_not_a_beat_is_left_out(server: dist.TCPStore) -> None:
+    writer = client(server.port)
+    writer.set(beathub.BEAT_PREFIX + f"{PREFIX}0", b"\x80garbage")
+    writer.set(
+        beathub.BEAT_PREFIX + f"{PREFIX}1", beatsummary.encode_beat({"step": "3", "phase": "training"})
+    )
+    writer.append(beathub.MEMBERS_KEY, f"{PREFIX}0,{PREFIX}1,")
+    published = Published()
+    assert Hub(lambda: client(server.port), PREFIX, 1.0, published).once()["members"] == 1
+
+
+def test_a_hub_silent_past_the_timeout_sends_the_launcher_back_to_its_lease(server: dist.TCPStore) -> None:
+    sender = BeatSender(lambda: client(server.port), f"{PREFIX}0", 2.0)
+    beat = beathub.beat_of(lease_of(f"{PREFIX}0", 1), heartbeat.ANNOTATION_PREFIX)
+    stale = datetime.now(UTC).timestamp() - 5.0
+    client(server.port).set(beathub.ALIVE_KEY, f"{stale:.3f}")
+    assert [sender.send(beat) for _ in range(3)] == [False, False, False]
+    client(server.port).set(beathub.ALIVE_KEY, f"{datetime.now(UTC).timestamp():.3f}")
+    assert sender.send(beat) is True
+
+
+def test_an_unreachable_store_is_the_own_lease_and_a_retry_later() -> None:
+    attempts: list[int] = []
+
+    def refuse() -> Any:
+        attempts.append(1)
+        raise RuntimeError("connection refused")
+
+    sender = BeatSender(refuse, f"{PREFIX}0", 30.0)
+    assert sender.send({"step": "1"}) is False
+    assert sender.send({"step": "2"}) is False  # no second attempt before RETRY_SECONDS
+    assert len(attempts) == 1
+
+
+def test_the_hub_reconnects_after_its_store_went_away() -> None:
+    first = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+    port = first.port
+    published = Published()
+    connections: list[int] = []
+
+    def connect() -> Any:
+        connections.append(1)
+        return client(port)
+
+    hub = Hub(connect, PREFIX, 0.05, published)
+    hub.once()
+    del first  # the store is gone: the next summary fails
+    stop = threading.Event()
+    replacement: list[dist.TCPStore] = []
+
+    def serve_again() -> None:
+        replacement.append(
+            dist.TCPStore(
+                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+            )
+        )
+
+    runner = threading.Thread(target=hub.run, args=(stop,))
+    runner.start()
+    try:
+        serve_again()
+        deadline = datetime.now(UTC) + timedelta(seconds=20)
+        while len(published.summaries) < 3 and datetime.now(UTC) < deadline:
+            stop.wait(0.05)
+    finally:
+        stop.set()
+        runner.join(10)
+    assert len(published.summaries) >= 3
+    assert len(connections) >= 2
+    assert client(port).check([beathub.ALIVE_KEY])

@@ -1,0 +1,272 @@
+"""The heartbeat hub: one summary Lease for a whole job, however many workers it has.
+
+With `heartbeat.reporting: hub` a launcher does not renew its pod's Lease every interval. It puts its beat (what
+the Lease would say) into the job's rendezvous store, under a key of its own, through its own gated connection
+(`BeatSender`). The hub, a container of the rendezvous pod (`python -m phalanx.worker.beathub`), reads every
+beat each interval, summarises them (phalanx.beatsummary) and writes one Lease named after the rendezvous pod,
+which the operator expands back into per-pod heartbeats (operator/hubview.py). The job's heartbeats then cost
+the API server one write per interval instead of one per worker per interval.
+
+The hub is a failure of its own, kept apart from the store: it runs in its own container, and the store does not
+depend on it. Each summary it makes is also stamped into the store (`ALIVE_KEY`); a launcher that finds that
+stamp older than the heartbeat timeout, or cannot reach the store, renews its own Lease again until the hub is
+back. The operator, for its part, judges no worker silent while the hub is (operator/hubview.py).
+
+Nothing read from the store is trusted beyond a JSON object of strings (`beatsummary.decode_beat`): any member of
+the job can write any key of its store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from phalanx import beatsummary
+
+logger = logging.getLogger("phalanx.beathub")
+
+BEAT_PREFIX = "phalanx/hub/beat/"
+"""A launcher's beat: this prefix and its pod's name."""
+MEMBERS_KEY = "phalanx/hub/members"
+"""The pods that beat, each name followed by a comma (`Store.append`): the keys the hub reads."""
+ALIVE_KEY = "phalanx/hub/alive"
+"""The Unix time of the hub's latest summary."""
+FRESH_INTERVALS = 1.5
+"""A beat renewed within this many intervals of a summary is fresh (classed by what it says alone)."""
+ALIVE_LOOK_INTERVALS = 2
+"""A launcher reads the hub's stamp every this many beats."""
+RETRY_SECONDS = 5.0
+"""After a failed connection, a launcher tries the store again no sooner than this."""
+
+
+def beat_of(lease_body: Mapping[str, Any], prefix: str) -> dict[str, str]:
+    """A launcher's beat from the Lease it would write (`heartbeat.lease_body`): what the operator keeps of a
+    Lease (`status.summarize_lease`): the annotations without `prefix`, the renew time and the owner's uid."""
+    metadata = lease_body.get("metadata") or {}
+    beat = {
+        key.removeprefix(prefix): str(value)
+        for key, value in (metadata.get("annotations") or {}).items()
+        if key.startswith(prefix)
+    }
+    beat["renewTime"] = str((lease_body.get("spec") or {}).get("renewTime") or "")
+    owners = [owner for owner in metadata.get("ownerReferences") or [] if owner.get("kind") == "Pod"]
+    if owners and owners[0].get("uid"):
+        beat["ownerUid"] = str(owners[0]["uid"])
+    return beat
+
+
+def member_names(raw: bytes, prefix: str) -> list[str]:
+    """The pods named in `MEMBERS_KEY` that can be the job's workers (`prefix` and an index), each once."""
+    seen: dict[str, None] = {}
+    for name in raw.decode(errors="replace").split(","):
+        index = name.removeprefix(prefix)
+        if name.startswith(prefix) and index.isdigit() and int(index) <= beatsummary.MAX_INDEX:
+            seen[name] = None
+    return list(seen)
+
+
+class BeatSender:
+    """A launcher's side of the hub: its beat into the store, and whether the hub is taking beats.
+
+    `connect` opens a store connection of the sender's own (a wait elsewhere never holds up a beat)."""
+
+    def __init__(self, connect: Callable[[], Any], pod_name: str, timeout_seconds: float) -> None:
+        self._connect = connect
+        self.pod_name = pod_name
+        self.timeout_seconds = timeout_seconds
+        self._store: Any = None
+        self._registered = False
+        self._retry_at = 0.0
+        self._beats = 0
+        self._hub_at: float | None = None
+
+    def send(self, beat: Mapping[str, str]) -> bool:
+        """Put the beat into the store; True when the hub summarised within the heartbeat timeout (the beat
+        will reach the operator), False when the pod's own Lease must carry it."""
+        now = time.monotonic()
+        if self._store is None and now < self._retry_at:
+            return False
+        try:
+            if self._store is None:
+                self._store = self._connect()
+                self._registered = False
+            store = self._store
+            store.set(BEAT_PREFIX + self.pod_name, beatsummary.encode_beat(beat))
+            if not self._registered:
+                # After the first beat: every name the hub reads has a beat to read.
+                store.append(MEMBERS_KEY, self.pod_name + ",")
+                self._registered = True
+            if self._beats % ALIVE_LOOK_INTERVALS == 0 or not self._hub_alive():
+                self._hub_at = _stamp(store.get(ALIVE_KEY)) if store.check([ALIVE_KEY]) else None
+            self._beats += 1
+        except Exception as error:  # any store failure: the own Lease carries the beat
+            logger.info("heartbeat hub unreachable (%s): the pod's own Lease carries its heartbeat", error)
+            self._store, self._retry_at, self._hub_at = None, now + RETRY_SECONDS, None
+            return False
+        return self._hub_alive()
+
+    def _hub_alive(self) -> bool:
+        return self._hub_at is not None and abs(time.time() - self._hub_at) <= self.timeout_seconds
+
+
+def _stamp(raw: bytes) -> float | None:
+    try:
+        return float(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- the hub
+
+
+class LeaseWriter:
+    """The summary Lease, named after the rendezvous pod and owned by it (what the admission policy lets the
+    pod's token write)."""
+
+    def __init__(self, pod_name: str, namespace: str, pod_uid: str, duration_seconds: int) -> None:
+        from phalanx.worker.lease import LeaseClient
+
+        self._client = LeaseClient(pod_name, namespace, pod_uid)
+        self.pod_name, self.namespace, self.pod_uid = pod_name, namespace, pod_uid
+        self.duration_seconds = duration_seconds
+
+    def write(self, summary_text: str, now: datetime) -> None:
+        self._client.renew(
+            summary_lease(
+                self.pod_name, self.namespace, self.pod_uid, summary_text, now, self.duration_seconds
+            )
+        )
+
+
+def summary_lease(
+    pod_name: str, namespace: str, pod_uid: str, summary_text: str, now: datetime, duration_seconds: int
+) -> dict[str, Any]:
+    """The hub's Lease: the summary in one annotation (it carries no heartbeat phase: it is no pod's
+    heartbeat)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": pod_name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "phalanx"},
+            "annotations": {beatsummary.SUMMARY_ANNOTATION: summary_text},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod_name,
+                    "uid": pod_uid,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": {
+            "holderIdentity": pod_name,
+            "leaseDurationSeconds": duration_seconds,
+            "renewTime": beatsummary.micro_time(now),
+        },
+    }
+
+
+class Hub:
+    """Reads every beat of the job each interval and publishes the summary."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        prefix: str,
+        interval_seconds: float,
+        publish: Callable[[str, datetime], None],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.connect = connect
+        """Opens a connection to the job's store (again, after a failure: the store may have restarted)."""
+        self.store: Any = None
+        self.prefix = prefix
+        self.interval_seconds = interval_seconds
+        self.publish = publish
+        self.clock = clock
+
+    def read_beats(self) -> dict[int, dict[str, str]]:
+        """Every registered pod's latest beat that decodes, by index."""
+        if not self.store.check([MEMBERS_KEY]):
+            return {}
+        names = member_names(self.store.get(MEMBERS_KEY), self.prefix)
+        if not names:
+            return {}
+        raws = self.store.multi_get([BEAT_PREFIX + name for name in names])
+        beats = {}
+        for name, raw in zip(names, raws, strict=True):
+            beat = beatsummary.decode_beat(bytes(raw))
+            if beat is not None:
+                beats[int(name.removeprefix(self.prefix))] = beat
+        return beats
+
+    def once(self) -> dict[str, Any]:
+        """One summary: read, summarise, publish, then stamp the store (launchers trust the hub from then)."""
+        if self.store is None:
+            self.store = self.connect()
+        beats = self.read_beats()
+        now = self.clock()
+        summary = beatsummary.summarise(self.prefix, beats, now, FRESH_INTERVALS * self.interval_seconds)
+        self.publish(beatsummary.encode(summary), now)
+        self.store.set(ALIVE_KEY, f"{time.time():.3f}")
+        return summary
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                summary = self.once()
+                logger.debug("summary of %d beats in %d classes", summary["members"], len(summary["classes"]))
+            except Exception as error:  # the next interval tries again; the launchers fall back meanwhile
+                logger.warning("heartbeat summary failed: %s", error)
+                self.store = None
+            stop.wait(max(0.0, self.interval_seconds - (time.monotonic() - started)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m phalanx.worker.beathub", description=__doc__)
+    parser.add_argument("--store", required=True, help="host:port of the job's rendezvous store (its gate)")
+    parser.add_argument(
+        "--job", required=True, help="the TrainingJob's name (its workers are <job>-worker-<i>)"
+    )
+    parser.add_argument("--interval", type=float, required=True, help="seconds between summaries")
+    parser.add_argument("--timeout", type=float, required=True, help="the job's heartbeat timeout in seconds")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from phalanx.worker import rendezvous, storegate
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    secret_file = os.environ.get(rendezvous.SECRET_FILE_ENV)
+    secret = storegate.read_secret(secret_file) if secret_file else None
+    pod_name, namespace, pod_uid = (
+        os.environ.get(key, "") for key in ("POD_NAME", "POD_NAMESPACE", "POD_UID")
+    )
+    if not (pod_name and namespace and pod_uid):
+        print("phalanx-beathub: POD_NAME, POD_NAMESPACE and POD_UID must be set", file=sys.stderr)
+        return 2
+    host, _, port = args.store.rpartition(":")
+
+    def connect() -> Any:
+        return rendezvous.connect(host, int(port), max(args.timeout, 5.0), secret)
+
+    writer = LeaseWriter(pod_name, namespace, pod_uid, max(1, int(args.timeout)))
+    print(f"phalanx-beathub: summarising {args.job}-worker-* every {args.interval:g}s", flush=True)
+    Hub(connect, f"{args.job}-worker-", args.interval, writer.write).run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
