@@ -78,6 +78,12 @@ BENCHMARKS: tuple[Entry, ...] = (
         "a group of N = 8 to 12,500 emulated launchers formed and re-formed after a death: time and bytes",
     ),
     Entry(
+        "heartbeat-hub",
+        "phalanx.bench.heartbeat_hub",
+        False,
+        "a job of N = 8 to 12,500 emulated launchers beating through its hub: API writes/s, hub cost, silence seen",
+    ),
+    Entry(
         "reconcile-cost",
         "phalanx.bench.reconcile_cost",
         False,

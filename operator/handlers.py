@@ -887,10 +887,14 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             changed = True
         # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
         if changed and type is not None and job_name is not None:
-            # The reconcile itself blocks: off the event loop, as a sync handler would run.
-            await asyncio.get_running_loop().run_in_executor(
-                handler_threads.executor, functools.partial(run, job_name, namespace, logger, **kwargs)
-            )
+            await reconcile_off_loop(job_name, namespace, logger, kwargs)
+
+    async def reconcile_off_loop(job_name: str, namespace: str, logger: Any, kwargs: dict[str, Any]) -> None:
+        """Reconcile the job from a heartbeat handler: the reconcile blocks, so it runs off the event loop, on
+        kopf's handler threads, as a sync handler would."""
+        await asyncio.get_running_loop().run_in_executor(
+            handler_threads.executor, functools.partial(run, job_name, namespace, logger, **kwargs)
+        )
 
     hub_signals = HeartbeatSignals()
 
@@ -918,9 +922,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         for pod, said in beatsummary.real_beats(hub.summary).items():
             changed = reconciler.health.observe((namespace, job_name), pod, said) or changed
         if changed and type is not None:
-            await asyncio.get_running_loop().run_in_executor(
-                handler_threads.executor, functools.partial(run, job_name, namespace, logger, **kwargs)
-            )
+            await reconcile_off_loop(job_name, namespace, logger, kwargs)
 
     @kopf.on.event(
         "coordination.k8s.io",

@@ -15,6 +15,7 @@ import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
+from phalanx import beatsummary
 from phalanx.operator import api, builders, gang, handlers
 from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
@@ -351,14 +352,17 @@ def _lease_body(name: str, renewed: str, **annotations: str) -> dict[str, Any]:
     }
 
 
-def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Callable[..., Any]) -> None:
+def lease_events(
+    make_job: Callable[..., Any], handler_id: str, pod: str
+) -> Callable[[str | None, dict[str, Any]], int]:
+    """Runs the Lease handler `handler_id` on an event of `pod`'s Lease (the job's `demo`); each call returns the
+    reconciles of the job that the event caused."""
     registry = kopf.OperatorRegistry()
     kube = FakeKube(make_job())
     handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
-    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "lease_changed"]
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == handler_id]
 
     def event(kind: str | None, body: dict[str, Any]) -> int:
-        """Reconciles of the job this event caused."""
         before = kube.calls.count(("get", "demo"))
         handled = handler.fn(
             namespace="ml",
@@ -367,7 +371,7 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
             type=kind,
             logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
             phalanx_pods={},
-            phalanx_pod_jobs={("ml", "demo-worker-0"): ["demo"]},
+            phalanx_pod_jobs={("ml", pod): ["demo"]},
             phalanx_leases={},
             phalanx_nodes={},
             phalanx_job_histories={},
@@ -379,6 +383,12 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
         assert inspect.iscoroutine(handled)
         asyncio.run(handled)
         return kube.calls.count(("get", "demo")) - before
+
+    return event
+
+
+def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Callable[..., Any]) -> None:
+    event = lease_events(make_job, "lease_changed", "demo-worker-0")
 
     training = {"phase": "training", "step": "10", "rank": "0", "group-started": "2026-01-01T11:00:00Z"}
     # The operator's start-up listing: remembered, left to the resume handlers.
@@ -402,12 +412,7 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
 def test_a_hub_summary_wakes_its_job_only_when_some_worker_s_signal_changed(
     make_job: Callable[..., Any],
 ) -> None:
-    from phalanx import beatsummary
-
-    registry = kopf.OperatorRegistry()
-    kube = FakeKube(make_job())
-    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
-    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "hub_changed"]
+    event = lease_events(make_job, "hub_changed", "demo-rdzv")
 
     def summary_event(kind: str | None, second: int, beats: dict[int, dict[str, str]]) -> int:
         """Reconciles of the job caused by the hub's summary of `beats` made at 12:00:`second`."""
@@ -422,25 +427,7 @@ def test_a_hub_summary_wakes_its_job_only_when_some_worker_s_signal_changed(
             },
             "spec": {"renewTime": beatsummary.micro_time(at)},
         }
-        before = kube.calls.count(("get", "demo"))
-        handled = handler.fn(
-            namespace="ml",
-            name="demo-rdzv",
-            body=body,
-            type=kind,
-            logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
-            phalanx_pods={},
-            phalanx_pod_jobs={("ml", "demo-rdzv"): ["demo"]},
-            phalanx_leases={},
-            phalanx_nodes={},
-            phalanx_job_histories={},
-            phalanx_waiting_gangs={},
-            phalanx_priorities={},
-            phalanx_hubs={},
-        )
-        assert inspect.iscoroutine(handled)
-        asyncio.run(handled)
-        return kube.calls.count(("get", "demo")) - before
+        return event(kind, body)
 
     training = {"phase": "training", "group-started": "2026-01-01T11:00:00Z"}
     gang = {index: {**training, "step": "10", "rank": str(index)} for index in range(3)}
