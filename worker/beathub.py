@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -45,6 +46,8 @@ ALIVE_LOOK_INTERVALS = 2
 """A launcher reads the hub's stamp every this many beats."""
 RETRY_SECONDS = 5.0
 """After a failed connection, a launcher tries the store again no sooner than this."""
+FORGET_AFTER_TIMEOUTS = 10
+"""The hub leaves out a beat older than this many heartbeat timeouts (its pod was replaced long ago)."""
 
 
 def beat_of(lease_body: Mapping[str, Any], prefix: str) -> dict[str, str]:
@@ -187,6 +190,7 @@ class Hub:
         interval_seconds: float,
         publish: Callable[[str, datetime], None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        forget_after: float = math.inf,
     ) -> None:
         self.connect = connect
         """Opens a connection to the job's store (again, after a failure: the store may have restarted)."""
@@ -195,9 +199,13 @@ class Hub:
         self.interval_seconds = interval_seconds
         self.publish = publish
         self.clock = clock
+        self.forget_after = forget_after
+        """Seconds after which a pod's last beat is left out: its pod has long been replaced (a name that comes
+        back beats again), and a summary that kept every beat of every pod a long job ever had would grow with
+        its history."""
 
-    def read_beats(self) -> dict[int, dict[str, str]]:
-        """Every registered pod's latest beat that decodes, by index."""
+    def read_beats(self, now: datetime | None = None) -> dict[int, dict[str, str]]:
+        """Every registered pod's latest beat that decodes and is not older than `forget_after`, by index."""
         if not self.store.check([MEMBERS_KEY]):
             return {}
         names = member_names(self.store.get(MEMBERS_KEY), self.prefix)
@@ -207,16 +215,20 @@ class Hub:
         beats = {}
         for name, raw in zip(names, raws, strict=True):
             beat = beatsummary.decode_beat(bytes(raw))
-            if beat is not None:
+            if beat is not None and not self._forgotten(beat, now):
                 beats[int(name.removeprefix(self.prefix))] = beat
         return beats
+
+    def _forgotten(self, beat: Mapping[str, str], now: datetime | None) -> bool:
+        renewed = beatsummary.parse_time(beat.get("renewTime"))
+        return now is not None and renewed is not None and (now - renewed).total_seconds() > self.forget_after
 
     def once(self) -> dict[str, Any]:
         """One summary: read, summarise, publish, then stamp the store (launchers trust the hub from then)."""
         if self.store is None:
             self.store = self.connect()
-        beats = self.read_beats()
         now = self.clock()
+        beats = self.read_beats(now)
         summary = beatsummary.summarise(self.prefix, beats, now, FRESH_INTERVALS * self.interval_seconds)
         self.publish(beatsummary.encode(summary), now)
         self.store.set(ALIVE_KEY, f"{time.time():.3f}")
@@ -264,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     writer = LeaseWriter(pod_name, namespace, pod_uid, max(1, int(args.timeout)))
     print(f"phalanx-beathub: summarising {args.job}-worker-* every {args.interval:g}s", flush=True)
-    Hub(connect, f"{args.job}-worker-", args.interval, writer.write).run(stop)
+    forget_after = FORGET_AFTER_TIMEOUTS * args.timeout
+    Hub(connect, f"{args.job}-worker-", args.interval, writer.write, forget_after=forget_after).run(stop)
     return 0
 
 

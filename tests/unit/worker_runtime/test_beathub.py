@@ -159,3 +159,20 @@ def test_the_hub_reconnects_after_its_store_went_away() -> None:
     assert len(published.summaries) >= 3
     assert len(connections) >= 2
     assert client(port).check([beathub.ALIVE_KEY])
+
+
+def test_a_beat_long_past_every_timeout_is_left_out_of_the_summary(server: dist.TCPStore) -> None:
+    now = datetime.now(UTC)
+    writer = client(server.port)
+    for index, age in ((0, 1.0), (1, 299.0), (2, 301.0)):
+        beat = {
+            "step": "3",
+            "phase": "training",
+            "renewTime": beatsummary.micro_time(now - timedelta(seconds=age)),
+        }
+        writer.set(beathub.BEAT_PREFIX + f"{PREFIX}{index}", beatsummary.encode_beat(beat))
+        writer.append(beathub.MEMBERS_KEY, f"{PREFIX}{index},")
+    hub = Hub(lambda: client(server.port), PREFIX, 1.0, Published(), clock=lambda: now, forget_after=300.0)
+    summary = hub.once()
+    assert summary["members"] == 2
+    assert sorted(beatsummary.expand(summary)) == [f"{PREFIX}0", f"{PREFIX}1"]
