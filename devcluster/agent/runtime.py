@@ -103,7 +103,10 @@ def kill_at_once(processes: list[ContainerProcess]) -> None:
         if process.popen.poll() is None:
             signal_group(process.pid, signal.SIGKILL)
     for process in processes:
-        process.signal(signal.SIGKILL)
+        # Whether or not the group's leader is gone by now: what left the group outlives it.
+        for member in marked_processes(process.container_id) if process.container_id else ():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, signal.SIGKILL)
 
 
 class ContainerProcess:
