@@ -8,7 +8,7 @@ store connection each, each sending a training beat every interval, spread over 
 server: each record is one Lease write. The baseline is the Lease path measured in the same run's terms: one
 write per worker per interval, which is what `heartbeat.reporting: leases` costs by construction.
 
-Halfway through, worker 0's launcher falls silent. The operator can call it silent once a summary shows its
+A third of the way through, worker 0's launcher falls silent. The operator can call it silent once a summary shows its
 renewal older than the heartbeat timeout: the delay past the timeout is what the hub adds to detection.
 """
 
@@ -44,6 +44,8 @@ SENDING_THREADS = 32
 WRITES_BOUND = 20.0
 """The issue's bound on a job's heartbeat writes per second, whatever its size."""
 JOB = "big"
+HUB_AT_MOST = 600.0
+"""Seconds the hub process runs at most (it stops when the driver closes its input)."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -89,9 +91,10 @@ def measure(members: int, scratch: Path) -> dict[str, Any]:
         hub = subprocess.Popen(
             [
                 sys.executable, "-m", "phalanx.bench.hub_process", "--port", str(port), "--job", JOB,
-                "--interval", str(INTERVAL), "--seconds", str(seconds + INTERVAL), "--watch", f"{JOB}-worker-0",
+                "--interval", str(INTERVAL), "--seconds", str(HUB_AT_MOST), "--watch", f"{JOB}-worker-0",
                 *(["--secret-file", str(secret_file)] if gated else []),
             ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
@@ -100,7 +103,8 @@ def measure(members: int, scratch: Path) -> dict[str, Any]:
             raise RuntimeError("the hub did not start")
         connected = connect_all(senders)
         sent, latencies, last_beat = drive(senders, seconds)
-        out, _ = hub.communicate(timeout=seconds + 120)
+        time.sleep(INTERVAL)  # the hub's summary of the last beats
+        out, _ = hub.communicate(input="", timeout=120)
         store_cpu = cpu_seconds(store.pid)
     finally:
         store.kill()
@@ -133,10 +137,11 @@ def connect_all(senders: list[Any]) -> list[float]:
 
 
 def drive(senders: list[Any], seconds: float) -> tuple[list[float], list[float], float]:
-    """Every sender beats once per interval, spread over it, for `seconds`; worker 0 falls silent halfway.
+    """Every sender beats once per interval, spread over it, for `seconds`; worker 0 falls silent a third of
+    the way.
     Returns the times of the beats sent, the seconds each send took, and worker 0's last beat."""
     started = time.monotonic()
-    silenced_at = time.time() + seconds / 2
+    silenced_at = time.time() + seconds / 3
     last_of_first = [0.0]
     sent: list[float] = []
     latencies: list[float] = []
@@ -180,8 +185,8 @@ def silence_seen_after(figures: dict[str, Any]) -> float | None:
     last_beat = figures["last_beat"]
     for record in figures["hub"]["summaries"]:
         renewed = record.get("watched_renewal")
-        if not renewed:
-            continue
+        if not renewed or record["at"] <= last_beat:
+            continue  # before its last beat (a slow start may have left its first one old): not this silence
         moment = datetime.fromisoformat(renewed.replace("Z", "+00:00")).timestamp()
         if record["at"] - moment > TIMEOUT:
             return record["at"] - (last_beat + TIMEOUT)

@@ -2,7 +2,7 @@
 (so that its CPU is its own), against the job's store, publishing to a record instead of the API server.
 
 Run as `python -m phalanx.bench.hub_process --port P --job NAME --interval S --seconds D [--watch POD]`; it prints
-`ready` once connected (its first summary made), then, D seconds later, one JSON object: each summary's time, the seconds it took (read, summarise, encode), its size and class count, the
+`ready` once connected (its first summary made), then, D seconds later or when its input ends, one JSON object: each summary's time, the seconds it took (read, summarise, encode), its size and class count, the
 watched pod's renewal as the summary expands it, and the process's CPU seconds.
 """
 
@@ -77,7 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     hub.once()  # connected, and the first summary made: the driver may start its clock
     print("ready", flush=True)
     stop = threading.Event()
-    threading.Timer(args.seconds, stop.set).start()
+    deadline = threading.Timer(args.seconds, stop.set)
+    deadline.daemon = True  # a pending timer must not keep the process from ending
+    deadline.start()
+
+    def stop_at_end_of_input() -> None:
+        sys.stdin.read()  # the driver closes our input once it is done
+        stop.set()
+
+    threading.Thread(target=stop_at_end_of_input, daemon=True).start()
     hub.run(stop)
     for record, seconds in zip(records, took, strict=False):
         record["seconds"] = seconds
