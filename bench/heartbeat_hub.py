@@ -54,8 +54,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def beat_for(index: int, step: int) -> dict[str, str]:
-    """A training launcher's beat at `step` (what `beathub.beat_of` makes of its Lease)."""
-    from phalanx.worker import beathub, heartbeat
+    """A training launcher's beat at `step` (what `beatsummary.lease_summary` makes of its Lease)."""
+    from phalanx import beatsummary
+    from phalanx.worker import heartbeat
 
     status = heartbeat.PodStatus(phase="training", step=step, rank=index, step_seconds=0.5, loss=2.5)
     body = heartbeat.lease_body(
@@ -66,7 +67,7 @@ def beat_for(index: int, step: int) -> dict[str, str]:
         now=datetime.now(UTC),
         lease_duration_seconds=int(TIMEOUT),
     )
-    return beathub.beat_of(body, heartbeat.ANNOTATION_PREFIX)
+    return beatsummary.lease_summary(body)
 
 
 def measure(members: int, scratch: Path) -> dict[str, Any]:

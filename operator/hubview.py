@@ -1,6 +1,6 @@
 """A job's heartbeats as the operator reads them when the job has a heartbeat hub (pure functions).
 
-With the hub (`spec.heartbeat.hub`), launchers put their beats into the job's rendezvous store and the hub, a
+With the hub (`spec.heartbeat.reporting: hub`), launchers put their beats into the job's rendezvous store and the hub, a
 container of the rendezvous pod, publishes one summary Lease named after that pod (phalanx.beatsummary). The
 reconcile expands it into the per-pod heartbeats detection has always read, and keeps, pod by pod, the later of
 that and the pod's own Lease: a launcher that cannot reach the hub renews its own Lease again.
@@ -81,9 +81,7 @@ def merge(
         mine = own.get(pod)
         if mine is None or _renewed(said) > _renewed(mine):
             merged[pod] = said
-    silent = (now - hub.at).total_seconds()
-    out = silent > HUB_LATE_INTERVALS * interval_seconds
-    if not out or silent > outage_grace_seconds(interval_seconds, timeout_seconds):
+    if gap_closes_in(hub, now, interval_seconds, timeout_seconds) is None:
         return merged, None
     return merged, viewclock.Gap(start=hub.at, end=None)
 

@@ -1521,16 +1521,12 @@ def _completed(b: _Builder, trainer: str) -> tuple[bool, bool]:
     return some, some and every
 
 
-def _with_hub(job: dict[str, Any], observed: Observed) -> Observed:
-    """The heartbeats with the hub's word merged in, and the hub's silence as a gap in the job's view."""
-    if observed.hub is None:
+def _with_hub(spec: api.TrainingJobSpec | None, observed: Observed) -> Observed:
+    """The heartbeats with the hub's word merged in, and the hub's silence as a gap in the job's view. A job
+    whose spec was refused judges no heartbeat; a summary Lease beside a job that reports through Leases is no
+    word of its workers."""
+    if observed.hub is None or spec is None or spec.heartbeat_reporting != "hub":
         return observed
-    try:
-        spec = api.TrainingJobSpec.model_validate(job.get("spec") or {})
-    except ValueError:
-        return observed  # an invalid spec is refused below; no heartbeat is judged for it
-    if spec.heartbeat_reporting != "hub":
-        return observed  # a summary Lease beside a job that reports through Leases is no word of its workers
     heartbeat = spec.heartbeat
     trainers = [observe.pod_name(pod) for pod in observed.pods if observe.is_trainer(pod)]
     leases, gap = hubview.merge(
@@ -1547,15 +1543,6 @@ def _with_hub(job: dict[str, Any], observed: Observed) -> Observed:
 
 def plan(job: dict[str, Any], observed: Observed) -> Plan:
     """Decide one reconcile of `job`."""
-    observed = _with_hub(job, observed)
-    # A node problem the control plane may have made up during an outage is not acted on until confirmed.
-    observed = replace(
-        observed,
-        nodes=detection.confirmed_nodes(
-            observed.nodes, observed.pods, observed.leases, observed.now, observed.view_gaps
-        ),
-    )
-    b = _Builder(job, observed)
     job_name = job["metadata"]["name"]
     spec, issues = validation.check(
         job.get("spec"),
@@ -1571,6 +1558,15 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
             "would queue its pods again: leave gang.podGroup unset"
         )
         spec, issues = None, [validation.SpecIssue("spec.gang.podGroup", why)]
+    observed = _with_hub(spec, observed)
+    # A node problem the control plane may have made up during an outage is not acted on until confirmed.
+    observed = replace(
+        observed,
+        nodes=detection.confirmed_nodes(
+            observed.nodes, observed.pods, observed.leases, observed.now, observed.view_gaps
+        ),
+    )
+    b = _Builder(job, observed)
     trainer = _trainer_name(spec, job)
     accepted_replicas = spec.replicas if spec is not None else b.status.replicas.desired
     _observe_into_status(b, spec, trainer, accepted_replicas)

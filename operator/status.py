@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from phalanx import contract
+from phalanx import beatsummary, contract
 from phalanx.operator import api, capacity, names, topology
 from phalanx.operator.timeutil import parse_time
 
@@ -117,30 +117,10 @@ def summarize_pod(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-MAX_LEASE_VALUE = 4096
-"""Characters kept of one heartbeat annotation (the longest a worker writes, `checkpoint-skipped`, is ~2 KB)."""
-MAX_LEASE_SUMMARY = 16384
-"""Characters kept of one Lease's heartbeat annotations in all (a worker's come to ~5 KB at most): anyone who
-can write Leases could otherwise fill the operator's memory with 256 KiB of annotations per Lease."""
-
-
-def summarize_lease(body: dict[str, Any]) -> dict[str, Any]:
-    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time), each
-    value cut to `MAX_LEASE_VALUE` and the whole to `MAX_LEASE_SUMMARY` characters."""
-    annotations = (body.get("metadata") or {}).get("annotations") or {}
-    summary: dict[str, Any] = {}
-    budget = MAX_LEASE_SUMMARY
-    for key, value in annotations.items():
-        if not key.startswith(LEASE_ANNOTATION_PREFIX) or budget <= 0:
-            continue
-        field, text = key.removeprefix(LEASE_ANNOTATION_PREFIX)[:64], str(value)[:MAX_LEASE_VALUE]
-        budget -= len(field) + len(text)
-        if budget >= 0:
-            summary[field] = text
-    summary["renewTime"] = (body.get("spec") or {}).get("renewTime")
-    owners = (body.get("metadata") or {}).get("ownerReferences") or []
-    summary["ownerUid"] = next((owner.get("uid") for owner in owners if owner.get("kind") == "Pod"), None)
-    return summary
+MAX_LEASE_VALUE = beatsummary.MAX_LEASE_VALUE
+MAX_LEASE_SUMMARY = beatsummary.MAX_LEASE_SUMMARY
+summarize_lease = beatsummary.lease_summary
+"""Heartbeat fields of a worker's Lease (`beatsummary.lease_summary`: a launcher's beat is the same)."""
 
 
 SKIPPED_ANNOTATION = "checkpoint-skipped"

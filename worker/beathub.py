@@ -50,22 +50,6 @@ FORGET_AFTER_TIMEOUTS = 10
 """The hub leaves out a beat older than this many heartbeat timeouts (its pod was replaced long ago)."""
 
 
-def beat_of(lease_body: Mapping[str, Any], prefix: str) -> dict[str, str]:
-    """A launcher's beat from the Lease it would write (`heartbeat.lease_body`): what the operator keeps of a
-    Lease (`status.summarize_lease`): the annotations without `prefix`, the renew time and the owner's uid."""
-    metadata = lease_body.get("metadata") or {}
-    beat = {
-        key.removeprefix(prefix): str(value)
-        for key, value in (metadata.get("annotations") or {}).items()
-        if key.startswith(prefix)
-    }
-    beat["renewTime"] = str((lease_body.get("spec") or {}).get("renewTime") or "")
-    owners = [owner for owner in metadata.get("ownerReferences") or [] if owner.get("kind") == "Pod"]
-    if owners and owners[0].get("uid"):
-        beat["ownerUid"] = str(owners[0]["uid"])
-    return beat
-
-
 def member_names(raw: bytes, prefix: str) -> list[str]:
     """The pods named in `MEMBERS_KEY` that can be the job's workers (`prefix` and an index), each once."""
     seen: dict[str, None] = {}

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from phalanx import beatsummary
 from phalanx.worker import (
     attemptstore,
     autointerval,
@@ -768,9 +769,7 @@ class PodReporter:
         # Through the hub once it answers; the own Lease is still written first (the pod's heartbeat exists
         # before the hub hears of it), at the last word (the pod ends: no wait for the next summary), and
         # whenever the hub does not answer.
-        hub_took_it = self.hub is not None and self.hub.send(
-            beathub.beat_of(body, heartbeat.ANNOTATION_PREFIX)
-        )
+        hub_took_it = self.hub is not None and self.hub.send(beatsummary.lease_summary(body))
         if self._lease is not None and (not hub_took_it or not self._lease_written or force):
             self._lease.renew(body)
             self._lease_written = True

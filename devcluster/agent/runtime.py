@@ -88,8 +88,12 @@ def signal_container(pid: int, container_id: str | None, sig: int) -> None:
     """Signal the container's process group; a kill, freeze or thaw also every process that left the group
     but still carries the container's marker."""
     signal_group(pid, sig)
-    if not container_id or sig not in WHOLE_CONTAINER_SIGNALS:
-        return
+    if container_id and sig in WHOLE_CONTAINER_SIGNALS:
+        signal_marked(container_id, sig)
+
+
+def signal_marked(container_id: str, sig: int) -> None:
+    """Signal every process that carries the container's marker, in its group or not."""
     for member in marked_processes(container_id):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(member, sig)
@@ -104,9 +108,8 @@ def kill_at_once(processes: list[ContainerProcess]) -> None:
             signal_group(process.pid, signal.SIGKILL)
     for process in processes:
         # Whether or not the group's leader is gone by now: what left the group outlives it.
-        for member in marked_processes(process.container_id) if process.container_id else ():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(member, signal.SIGKILL)
+        if process.container_id:
+            signal_marked(process.container_id, signal.SIGKILL)
 
 
 class ContainerProcess:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from phalanx import contract
+
 VERSION = 1
 SUMMARY_ANNOTATION = "phalanx.dev/hub-summary"
 """The summary Lease's annotation that holds the summary (JSON)."""
@@ -86,6 +88,32 @@ def micro_time(moment: datetime) -> str:
 
 
 # ------------------------------------------------------------------------------------------- beats
+
+MAX_LEASE_VALUE = 4096
+"""Characters kept of one heartbeat annotation (the longest a worker writes, `checkpoint-skipped`, is ~2 KB)."""
+MAX_LEASE_SUMMARY = 16384
+"""Characters kept of one Lease's heartbeat annotations in all (a worker's come to ~5 KB at most): anyone who
+can write Leases could otherwise fill the operator's memory with 256 KiB of annotations per Lease."""
+
+
+def lease_summary(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Heartbeat fields of a worker's Lease (annotations without their prefix, plus the renew time and the
+    owning pod's uid), each value cut to `MAX_LEASE_VALUE` and the whole to `MAX_LEASE_SUMMARY` characters: what
+    the operator keeps of a Lease, and what a launcher puts into the store as its beat."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    summary: dict[str, Any] = {}
+    budget = MAX_LEASE_SUMMARY
+    for key, value in annotations.items():
+        if not key.startswith(contract.LEASE_ANNOTATION_PREFIX) or budget <= 0:
+            continue
+        field, text = key.removeprefix(contract.LEASE_ANNOTATION_PREFIX)[:64], str(value)[:MAX_LEASE_VALUE]
+        budget -= len(field) + len(text)
+        if budget >= 0:
+            summary[field] = text
+    summary["renewTime"] = (body.get("spec") or {}).get("renewTime")
+    owners = (body.get("metadata") or {}).get("ownerReferences") or []
+    summary["ownerUid"] = next((owner.get("uid") for owner in owners if owner.get("kind") == "Pod"), None)
+    return summary
 
 
 def encode_beat(beat: Mapping[str, str | None]) -> bytes:

@@ -53,7 +53,7 @@ class Published:
 
 def test_a_launcher_s_beat_is_what_the_operator_keeps_of_its_lease() -> None:
     body = lease_of(f"{PREFIX}3", step=41)
-    beat = beathub.beat_of(body, heartbeat.ANNOTATION_PREFIX)
+    beat = beatsummary.lease_summary(body)
     assert beat["step"] == "41" and beat["phase"] == "training" and beat["rank"] == "3"
     assert beat["renewTime"] == body["spec"]["renewTime"]
     assert beat["ownerUid"] == f"uid-{PREFIX}3"
@@ -67,10 +67,7 @@ def test_a_launcher_s_beat_is_what_the_operator_keeps_of_its_lease() -> None:
 
 def test_beats_reach_one_summary_and_the_launchers_learn_the_hub_took_them(server: dist.TCPStore) -> None:
     senders = [BeatSender(lambda: client(server.port), f"{PREFIX}{index}", 30.0) for index in range(5)]
-    beats = {
-        sender.pod_name: beathub.beat_of(lease_of(sender.pod_name, 7), heartbeat.ANNOTATION_PREFIX)
-        for sender in senders
-    }
+    beats = {sender.pod_name: beatsummary.lease_summary(lease_of(sender.pod_name, 7)) for sender in senders}
     # Before the hub's first summary no launcher may rely on it: each renews its own Lease.
     assert [sender.send(beats[sender.pod_name]) for sender in senders] == [False] * 5
     published = Published()
@@ -100,7 +97,7 @@ def test_what_is_not_a_beat_is_left_out(server: dist.TCPStore) -> None:
 
 def test_a_hub_silent_past_the_timeout_sends_the_launcher_back_to_its_lease(server: dist.TCPStore) -> None:
     sender = BeatSender(lambda: client(server.port), f"{PREFIX}0", 2.0)
-    beat = beathub.beat_of(lease_of(f"{PREFIX}0", 1), heartbeat.ANNOTATION_PREFIX)
+    beat = beatsummary.lease_summary(lease_of(f"{PREFIX}0", 1))
     stale = datetime.now(UTC).timestamp() - 5.0
     client(server.port).set(beathub.ALIVE_KEY, f"{stale:.3f}")
     assert [sender.send(beat) for _ in range(3)] == [False, False, False]
