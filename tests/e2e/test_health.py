@@ -18,7 +18,7 @@ from phalanx.worker.checkpoint import durable
 
 from .conftest import Cluster, Operator, wait_for
 from .test_fault_scenarios import _checkpoint_claim, _claim_directory
-from .test_operator import condition, events_for, get_job, job_pods, trainingjob, wait_succeeded
+from .test_operator import condition, events_for, get_job, trainingjob, wait_succeeded
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,13 @@ def wait_paused(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
         "wait", "--for=condition=Suspended", f"trainingjob/{name}", "-n", namespace, "--timeout=300s",
         timeout=310,
     )  # fmt: skip
-    wait_for(lambda: not job_pods(cluster, namespace, name, TRAINER_LABELS), 90, message="workers gone")
+    # Gone, terminating ones too: a worker's save on SIGTERM ends before its pod object is deleted.
+    selector = f"phalanx.dev/job-name={name},{TRAINER_LABELS}"
+    wait_for(
+        lambda: not cluster.core.list_namespaced_pod(namespace, label_selector=selector).items,
+        90,
+        message="workers gone, terminating ones too",
+    )
     return get_job(cluster, namespace, name)
 
 
