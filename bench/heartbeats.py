@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from phalanx import contract
+
 ANNOTATION_PREFIX = "phalanx.dev/"
 REQUEST_TIMEOUT = 10
 
@@ -44,7 +46,7 @@ def lease_body(
             "name": pod,
             "namespace": namespace,
             "annotations": {ANNOTATION_PREFIX + key: value for key, value in annotations.items()},
-            "labels": {"app.kubernetes.io/managed-by": "phalanx"},
+            "labels": dict(contract.LEASE_LABELS),
             "ownerReferences": [
                 {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid, "blockOwnerDeletion": False}
             ],

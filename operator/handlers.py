@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from phalanx import beatsummary, kubecredentials
+from phalanx import beatsummary, contract, kubecredentials
 from phalanx.operator import (
     api,
     builders,
@@ -708,6 +708,15 @@ def unseen_gang_pods(
     return unseen
 
 
+WATCH_SELECTORS: dict[tuple[str, str], str] = {
+    ("coordination.k8s.io", "leases"): contract.LEASE_SELECTOR,
+    ("v1", "pods"): names.LABEL_JOB_NAME,
+}
+"""Label selectors of the operator's watches, by (group or version, plural): the only Leases and pods its handlers
+take (every Lease handler filters on annotations or labels that these Leases carry; every pod handler on the job's
+label)."""
+
+
 def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:
     """Our finalizer and storage prefix under phalanx.dev, quiet kopf Events, the thread count."""
     kopf_settings.persistence.finalizer = FINALIZER
@@ -718,6 +727,11 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> No
     # Our own Events tell the story; kopf's per-handler log Events would only add noise and writes.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.execution.max_workers = max_workers
+    # Asked of the API server, not filtered here: the handlers' own filters drop what they do not want only after
+    # it arrived, and every node's heartbeat Lease (one every 10 s a node: 500/s at 5,000 nodes) and every pod of
+    # the cluster would reach the operator for nothing.
+    for resource, selector in WATCH_SELECTORS.items():
+        kopf_settings.watching.label_selectors[resource] = selector
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconciler: JobReconciler) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from phalanx import contract
 from phalanx.operator.timeutil import format_micro_time, now
 
 LOGGER = logging.getLogger(__name__)
@@ -161,7 +162,11 @@ def canary_lease(namespace: str, holder: str, renewed: datetime, operator_name: 
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
-        "metadata": {"name": CANARY_NAME, "namespace": namespace, "labels": {CANARY_LABEL: operator_name}},
+        "metadata": {
+            "name": CANARY_NAME,
+            "namespace": namespace,
+            "labels": {**contract.LEASE_LABELS, CANARY_LABEL: operator_name},
+        },
         "spec": {"holderIdentity": holder, "renewTime": format_micro_time(renewed)},
     }
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from phalanx import beatsummary
+from phalanx import beatsummary, contract
 
 logger = logging.getLogger("phalanx.beathub")
 
@@ -144,7 +144,7 @@ def summary_lease(
         "metadata": {
             "name": pod_name,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "phalanx"},
+            "labels": dict(contract.LEASE_LABELS),
             "annotations": {beatsummary.SUMMARY_ANNOTATION: summary_text},
             "ownerReferences": [
                 {

@@ -376,7 +376,7 @@ def lease_body(
         "name": pod_name,
         "namespace": namespace,
         "annotations": lease_annotations(status),
-        "labels": {"app.kubernetes.io/managed-by": "phalanx"},
+        "labels": dict(contract.LEASE_LABELS),
     }
     if pod_uid:
         metadata["ownerReferences"] = [

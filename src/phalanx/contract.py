@@ -48,6 +48,12 @@ ROLE_RENDEZVOUS: Role = "rendezvous"
 # ------------------------------------------------------------------------------- heartbeat Leases
 LEASE_ANNOTATION_PREFIX = "phalanx.dev/"
 """Every heartbeat field is an annotation of the pod's Lease under this prefix (`phalanx.dev/step`, ...)."""
+LEASE_LABELS = {"app.kubernetes.io/managed-by": "phalanx"}
+"""Labels of every Lease the operator reads (a pod's heartbeat, a hub's summary, the operator's view canary): its
+Lease watch asks the API server for these alone, so the rest of the cluster's Leases (each node's heartbeat, every
+10 s a node) never reach it."""
+LEASE_SELECTOR = ",".join(f"{key}={value}" for key, value in LEASE_LABELS.items())
+"""`LEASE_LABELS` as a label selector."""
 
 Phase = Literal["starting", "rendezvous", "standby", "training", "saving", "restoring", "finished", "exiting"]
 PHASE_STARTING: Phase = "starting"

@@ -673,3 +673,53 @@ def test_the_store_secret_is_drawn_when_it_is_created_never_by_a_plan(make_job: 
     assert "data" not in secret  # the plan's object is left as it was
     service = builders.build_rendezvous_service(job, _spec(job))
     assert kube.with_drawn_secret(service) is service
+
+
+def test_the_operator_s_watches_ask_the_api_server_only_for_what_its_handlers_take(make_job: MakeJob) -> None:
+    """The server-side selectors must select every Lease and pod the operator reads, or it goes blind to them."""
+    from datetime import UTC, datetime
+
+    import kopf
+    from kopf._cogs.structs import references
+
+    from phalanx import beatsummary, contract
+    from phalanx.operator import handlers, viewclock
+    from phalanx.worker import beathub, heartbeat
+
+    settings = kopf.OperatorSettings()
+    handlers.configure_kopf(settings, 4)
+
+    def selector(group: str, plural: str) -> list[str]:
+        resource = references.Resource(group=group, version="v1", plural=plural, namespaced=True)
+        return list(settings.watching.label_selectors.collect(resource))
+
+    def selected(labels: dict[str, str], wanted: list[str]) -> bool:
+        (expression,) = wanted
+        key, _, value = expression.partition("=")
+        return key in labels and (not value or labels[key] == value)
+
+    now = datetime.now(UTC)
+    status = heartbeat.PodStatus(phase="training", step=3)
+    leases = [
+        heartbeat.lease_body(
+            pod_name="p", namespace="ml", pod_uid="u", status=status, now=now, lease_duration_seconds=10
+        ),
+        beathub.summary_lease("demo-rdzv", "ml", "u", beatsummary.encode({}), now, 10),
+        viewclock.canary_lease("ml", "operator-0", now, "phalanx"),
+    ]
+    assert selector("coordination.k8s.io", "leases") == [contract.LEASE_SELECTOR]
+    for lease in leases:
+        assert selected(lease["metadata"]["labels"], selector("coordination.k8s.io", "leases")), lease
+    job = make_job(spares=1)
+    spec = _spec(job)
+    pods = [
+        builders.build_worker_pod(job, spec, 0, "worker"),
+        builders.build_worker_pod(job, spec, 1, "spare"),
+        builders.build_rendezvous_pod(job, spec),
+    ]
+    for pod in pods:
+        assert selected(pod["metadata"]["labels"], selector("", "pods")), pod["metadata"]["labels"]
+    assert selector("", "nodes") == []  # every node: a lost one is read as it goes
+    assert not selected(
+        {"app.kubernetes.io/managed-by": "kubelet"}, selector("coordination.k8s.io", "leases")
+    )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from phalanx import contract
 from phalanx.operator import api, detection, viewclock
 from phalanx.operator.viewclock import Gap, OperatorView, ViewClock, seen_age, unseen_seconds
 
@@ -131,7 +132,8 @@ def test_the_canary_writer_marks_only_permanent_refusals_as_broken() -> None:
     assert written[0]["metadata"] == {
         "name": viewclock.CANARY_NAME,
         "namespace": "phalanx-system",
-        "labels": {viewclock.CANARY_LABEL: "phalanx"},
+        # The operator's Lease watch asks for `LEASE_LABELS` alone: the canary must carry them to be seen.
+        "labels": {**contract.LEASE_LABELS, viewclock.CANARY_LABEL: "phalanx"},
     }
     assert written[0]["spec"] == {"holderIdentity": "op-1", "renewTime": "2026-01-01T12:00:00.000000Z"}
     writer.renew_once()  # the API server is busy: the view is stale, not the writer broken
