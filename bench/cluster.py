@@ -159,13 +159,29 @@ class BenchCluster:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def start(cls, state_dir: Path | None, scratch: Path, log: Callable[[str], None]) -> BenchCluster:
+    def start(
+        cls,
+        state_dir: Path | None,
+        scratch: Path,
+        log: Callable[[str], None],
+        nodes: int = REAL_NODES,
+        simulated_nodes: int = SIMULATED_NODES,
+        gpus_per_node: int = 0,
+        node_heartbeat_seconds: float = 0.0,
+    ) -> BenchCluster:
         """Start a cluster in `scratch` (or reuse/start the one in `state_dir`, which is left running)."""
         owned = state_dir is None
         root = scratch / "cluster" if state_dir is None else state_dir
-        log(f"local cluster in {root} ({REAL_NODES} nodes, {SIMULATED_NODES} simulated)")
+        log(f"local cluster in {root} ({nodes} nodes, {simulated_nodes} simulated)")
         started = time.monotonic()
-        layout = controlplane.up(root, nodes=REAL_NODES, simulated_nodes=SIMULATED_NODES, quiet=True)
+        layout = controlplane.up(
+            root,
+            nodes=nodes,
+            simulated_nodes=simulated_nodes,
+            gpus_per_node=gpus_per_node,
+            quiet=True,
+            node_heartbeat_seconds=node_heartbeat_seconds,
+        )
         log(f"local cluster ready in {time.monotonic() - started:.0f} s")
         return cls(state_dir=layout.root, kubeconfig=layout.kubeconfig, owned=owned, log=log)
 

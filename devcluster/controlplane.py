@@ -82,6 +82,10 @@ class ClusterConfig:
     pod_prefix: str = ""
     """The first two octets of the pod network, routed to this host for the cluster (devcluster/podnetwork.py);
     empty: 127.<cluster_octet>, which needs no route but cannot go into Endpoints."""
+    node_heartbeat_seconds: float = 0.0
+    """Seconds between the agent's node heartbeats (each node's Lease), with the node lifecycle's grace period
+    four of them, as a kubelet's 10 s and the controller's 40 s: a cluster of thousands of simulated nodes
+    (`phalanx bench --only scale`). 0: the short periods the tests want (2 s, a crashed node NotReady in 8 s)."""
 
     @property
     def pod_network_prefix(self) -> str:
@@ -204,6 +208,7 @@ def choose_config(
     kubernetes_version: str = KUBERNETES_VERSION,
     kueue: bool = False,
     pod_prefix: str = "",
+    node_heartbeat_seconds: float = 0.0,
 ) -> ClusterConfig:
     used: set[int] = set()
 
@@ -231,10 +236,22 @@ def choose_config(
         kubernetes_version=kubernetes_version,
         kueue=kueue,
         pod_prefix=pod_prefix,
+        node_heartbeat_seconds=node_heartbeat_seconds,
     )
 
 
 # ---- component command lines ---------------------------------------------------------------------
+
+
+def node_monitor_flags(node_heartbeat_seconds: float) -> list[str]:
+    """The node lifecycle controller's periods for the agent's node heartbeat period (0: the tests' short one)."""
+    if not node_heartbeat_seconds:
+        return ["--node-monitor-period=2s", "--node-monitor-grace-period=8s"]
+    period = min(5.0, node_heartbeat_seconds)
+    return [
+        f"--node-monitor-period={period:g}s",
+        f"--node-monitor-grace-period={4 * node_heartbeat_seconds:g}s",
+    ]
 
 
 def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -> list[str]:
@@ -312,8 +329,7 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
             "--controllers=*",
             "--use-service-account-credentials=true",
             # Short node-lifecycle periods: a crashed node is NotReady in seconds, not 40 s.
-            "--node-monitor-period=2s",
-            "--node-monitor-grace-period=8s",
+            *node_monitor_flags(config.node_heartbeat_seconds),
             *(["--pod-eviction-timeout=30s"] if legacy else []),
             "--kube-api-qps=200",
             "--kube-api-burst=400",
@@ -347,6 +363,9 @@ def component_argv(name: str, config: ClusterConfig, layout: Layout, pki: Pki) -
         ]  # fmt: skip
         if config.gpus_per_node:
             argv.append(f"--gpus-per-node={config.gpus_per_node}")
+        if config.node_heartbeat_seconds:
+            seconds = config.node_heartbeat_seconds
+            argv.extend([f"--lease-interval={seconds:g}", f"--status-interval={max(60.0, 6 * seconds):g}"])
         if config.real_nodes:
             argv.append(f"--real-node-dns={config.node_ip}")
         argv.extend(pod_namespaces_flag(os.environ))
@@ -550,6 +569,7 @@ def up(
     quiet: bool = False,
     real_nodes: int = 0,
     kueue: bool | None = None,
+    node_heartbeat_seconds: float = 0.0,
 ) -> Layout:
     """Starts the cluster in `state_dir`. `kueue` True or False starts or stops Kueue with it from now on;
     None keeps what the cluster did before."""
@@ -567,8 +587,13 @@ def up(
         raise UserFacingError(other_version_message(layout, previous.kubernetes_version, version))
     running = running_components(layout)
     if previous and len(running) == len(COMPONENT_ORDER):
-        sizes = (previous.nodes, previous.simulated_nodes, previous.real_nodes)
-        if sizes != (nodes, simulated_nodes, real_nodes):
+        sizes = (
+            previous.nodes,
+            previous.simulated_nodes,
+            previous.real_nodes,
+            previous.node_heartbeat_seconds,
+        )
+        if sizes != (nodes, simulated_nodes, real_nodes, node_heartbeat_seconds):
             say(
                 f"cluster already running in {layout.root} with {previous.nodes} nodes, "
                 f"{previous.simulated_nodes} simulated nodes and {previous.real_nodes} real nodes; "
@@ -622,6 +647,7 @@ def up(
             kubernetes_version=version,
             kueue=with_kueue,
             pod_prefix=podnetwork.choose_prefix(previous.pod_prefix if previous else ""),
+            node_heartbeat_seconds=node_heartbeat_seconds,
         )
         layout.config_file.write_text(json.dumps(asdict(config), indent=2))
         write_kubeconfig(layout, pki, config.api_port)

@@ -342,12 +342,16 @@ def _floor_issues(spec: api.TrainingJobSpec, admission: Admission) -> list[SpecI
     issues: list[SpecIssue] = []
     budget = admission.heartbeat_writes_per_second
     pods = spec.effective_max_replicas + spec.spares
-    if budget is not None and spec.heartbeat.interval_seconds * budget < pods:
-        floor = pods / budget
+    # Through the hub a job writes one Lease per interval, whatever its size.
+    hub = spec.heartbeat_reporting == "hub"
+    writers = 1 if hub else pods
+    if budget is not None and spec.heartbeat.interval_seconds * budget < writers:
+        floor = writers / budget
+        who = "the job's heartbeat hub" if hub else f"{pods} pods"
         issues.append(
             SpecIssue(
                 "spec.heartbeat.intervalSeconds",
-                f"must be at least {floor:g} for {pods} pods: the operator allows {budget:g} heartbeat writes "
+                f"must be at least {floor:g} for {who}: the operator allows {budget:g} heartbeat writes "
                 "per second per job (the chart's heartbeatWritesPerSecond)",
             )
         )

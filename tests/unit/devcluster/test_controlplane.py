@@ -117,6 +117,25 @@ def test_component_command_lines(tmp_path: Path) -> None:
         "--gpus-per-node=1",
     } <= set(agent)
     assert pki.admin_token() and (layout.pki / "tokens.csv").stat().st_mode & 0o777 == 0o600
+    assert not any(arg.startswith("--lease-interval") for arg in agent)
+
+
+def test_a_cluster_for_scale_beats_its_nodes_as_kubelets_do_and_waits_as_long_for_them(
+    tmp_path: Path,
+) -> None:
+    """Thousands of simulated nodes at the tests' 2 s heartbeat would be the API server's main load."""
+    layout = controlplane.Layout(tmp_path)
+    pki = ensure_pki(layout.pki)
+    config = controlplane.ClusterConfig(
+        nodes=1, simulated_nodes=520, gpus_per_node=8, cluster_octet=123, etcd_port=1, etcd_peer_port=2,
+        api_port=3, scheduler_port=4, controller_manager_port=5, binaries=fake_binaries_dict(),
+        node_heartbeat_seconds=10,
+    )  # fmt: skip
+    agent = controlplane.component_argv("node-agent", config, layout, pki)
+    assert {"--lease-interval=10", "--status-interval=60"} <= set(agent)
+    manager = controlplane.component_argv("kube-controller-manager", config, layout, pki)
+    assert "--node-monitor-grace-period=40s" in manager and "--node-monitor-period=5s" in manager
+    assert "--node-monitor-grace-period=8s" not in manager
 
 
 def test_a_taken_port_is_explained(tmp_path: Path) -> None:

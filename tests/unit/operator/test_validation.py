@@ -336,22 +336,29 @@ def test_a_heartbeat_faster_than_the_operators_write_budget_allows_is_refused_na
     make_job: MakeJob,
 ) -> None:
     admission = Admission(heartbeat_writes_per_second=100)
-    # 200 workers and 50 spares at 100 writes per second: a beat every 2.5 s at most.
-    job = make_job(replicas=200, spares=50, heartbeat={"intervalSeconds": 1, "timeoutSeconds": 30})
+    # 200 workers and 50 spares at 100 writes per second, each renewing its own Lease: a beat every 2.5 s at most.
+    leases = {"intervalSeconds": 1, "timeoutSeconds": 30, "reporting": "leases"}
+    job = make_job(replicas=200, spares=50, heartbeat=leases)
     spec, issues = check(job["spec"], "demo", admission=admission)
     assert spec is None
     (issue,) = issues
     assert issue.field == "spec.heartbeat.intervalSeconds"
     assert "at least 2.5 for 250 pods" in issue.message and "heartbeatWritesPerSecond" in issue.message
-    job = make_job(replicas=200, spares=50, heartbeat={"intervalSeconds": 2.5, "timeoutSeconds": 30})
+    job = make_job(replicas=200, spares=50, heartbeat={**leases, "intervalSeconds": 2.5})
     assert check(job["spec"], "demo", admission=admission)[1] == []
     # Scaling up to maxReplicas counts too.
-    job = make_job(
-        replicas=2, spares=1, maxReplicas=300, heartbeat={"intervalSeconds": 1, "timeoutSeconds": 30}
-    )
+    job = make_job(replicas=2, spares=1, maxReplicas=300, heartbeat=leases)
     assert [issue.field for issue in check(job["spec"], "demo", admission=admission)[1]] == [
         "spec.heartbeat.intervalSeconds"
     ]
+    # Through the heartbeat hub (`auto` picks it from 128 pods) the job writes one Lease per interval.
+    for reporting in ("auto", "hub"):
+        hub = {"intervalSeconds": 1, "timeoutSeconds": 30, "reporting": reporting}
+        job = make_job(replicas=12_000, spares=100, heartbeat=hub)
+        assert check(job["spec"], "demo", admission=Admission(heartbeat_writes_per_second=100))[1] == []
+    job = make_job(replicas=200, spares=50, heartbeat={**hub, "intervalSeconds": 1})
+    (issue,) = check(job["spec"], "demo", admission=Admission(heartbeat_writes_per_second=0.5))[1]
+    assert "at least 2 for the job's heartbeat hub" in issue.message
 
 
 def test_a_gang_timeout_or_back_off_under_the_operators_floor_is_refused(make_job: MakeJob) -> None:
