@@ -54,6 +54,13 @@ BENCHMARKS: tuple[Entry, ...] = (
         "a 1,000-worker TrainingJob on simulated nodes: pods/s, time to Running, partial gangs",
     ),
     Entry(
+        "scale",
+        "phalanx.bench.scale",
+        False,
+        "one TrainingJob of N pods of 8 GPUs (N = 8, 64, 512) on simulated nodes with emulated launchers: API "
+        "writes/s (the job's share), operator watch events/s, CPU and RSS, silent-worker detection, gang bound",
+    ),
+    Entry(
         "operator-scale",
         "phalanx.bench.operator_scale",
         True,

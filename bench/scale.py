@@ -1,0 +1,676 @@
+"""One job at the seeds' scale on the local cluster (`phalanx bench --only scale`).
+
+Each size runs one TrainingJob of N worker pods and N / 64 hot spares (at least one), `nprocPerNode: 8`, one pod
+per simulated node of 8 `nvidia.com/gpu`: N = 512 is 4,096 GPUs. The cluster is this benchmark's own: one agent
+node for the operator and a simulated node per pod, which beat as kubelets do (a Lease every 10 s, the node
+controller's grace 40 s). The pods only pretend to run; their launchers are emulated here through the launcher's
+own heartbeat code (bench/scale_launchers.py): below 128 pods each renews its pod's Lease, from 128 each puts
+its beat into the job's store and the job's heartbeat hub (`python -m phalanx.worker.beathub`, the rendezvous
+pod's second container, with the same store behind the same gate) writes one summary Lease; `heartbeat.reporting:
+auto` picks the same. The store and the hub run on this machine as the rendezvous pod would run them (that pod
+is simulated too), the hub with the cluster's admin credentials.
+
+Measured at each size:
+- the gang: the job applied -> every pod bound, and Running; a gang is partial when a pod was bound before the
+  last was created;
+- steady state over a window: the API server's writes per second (its request counters) beside the job's share
+  and the simulated nodes' (both counted from watches: each write to an object is one event of it); the events
+  per second the operator's watches deliver (the job's pods, Leases and TrainingJob, and every node); the
+  operator's CPU and resident memory;
+- detection: one worker's launcher falls silent, as a frozen one does; from its last beat to the operator's
+  `HeartbeatTimeout` Event naming it, less the heartbeat timeout.
+
+12,500 pods (100,000 GPUs) is projected from the measured sizes where this machine does not carry it.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from phalanx import contract
+from phalanx.bench import prom
+from phalanx.bench.cluster import (
+    SIMULATED_LABEL,
+    SIMULATED_TOLERATION,
+    BenchCluster,
+    BenchError,
+    process_tree_figures,
+    wait_for,
+)
+from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Timeout
+from phalanx.bench.kubeobjects import is_terminating, name_of, phase_of, uid_of
+from phalanx.bench.scale_launchers import EmulatedLaunchers
+from phalanx.bench.watch import Watch, bound, created, first_times, pod_watch, running
+from phalanx.operator import api, names
+
+NAME = "scale"
+TITLE = "One job at the seeds' scale: N pods of 8 GPUs on simulated nodes, emulated launchers"
+JOB = "big"
+GPUS_PER_POD = 8
+INTERVAL = 2.0
+TIMEOUT = 10.0
+NODE_HEARTBEAT = 10.0
+"""Seconds between the simulated nodes' Lease renewals (a kubelet's default)."""
+SEED_SCALE = 12_500
+"""Pods of a 100,000-GPU job at 8 GPUs a pod."""
+WRITES_BOUND = 20.0
+DETECTION_BOUND = 3.0
+GANG_BOUND_SECONDS = 180.0
+HUB_SUMMARY_WAIT = 60.0
+RECOVERY_WAIT = 120.0
+DETECTION_WAIT = TIMEOUT + 60.0
+ENVELOPE = (
+    "Kubernetes' scalability envelope: 5,000 nodes, 150,000 pods, API call p99 <= 1 s; each node's heartbeat "
+    "Lease every 10 s (500 writes/s at 5,000 nodes)"
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...]
+    window: float
+    """Seconds of the steady-state window."""
+    trials: int
+    """Silent workers per size."""
+
+
+FULL = Plan(sizes=(8, 64, 512), window=30.0, trials=3)
+QUICK = Plan(sizes=(64,), window=10.0, trials=1)
+
+
+def spares_for(workers: int) -> int:
+    return max(1, workers // 64)
+
+
+def job_manifest(workers: int, spares: int) -> dict[str, Any]:
+    """One job of `workers` pods of 8 GPUs on simulated nodes (its rendezvous pod too: the nodeSelector is copied
+    to it)."""
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "metadata": {"name": JOB},
+        "spec": {
+            "replicas": workers,
+            "spares": spares,
+            "nprocPerNode": GPUS_PER_POD,
+            "heartbeat": {"intervalSeconds": INTERVAL, "timeoutSeconds": TIMEOUT},
+            "failurePolicy": {"maxRestarts": 1000},
+            "gang": {"scheduleTimeoutSeconds": 600},
+            "template": {
+                "spec": {
+                    "nodeSelector": {SIMULATED_LABEL: "true"},
+                    "tolerations": [SIMULATED_TOLERATION],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "phalanx:bench",
+                            "command": ["python", "train.py"],
+                            "resources": {
+                                "requests": {"memory": "8Mi", "nvidia.com/gpu": str(GPUS_PER_POD)},
+                                "limits": {"nvidia.com/gpu": str(GPUS_PER_POD)},
+                            },
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+# ------------------------------------------------------------------------------ watches that count events
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One watch event: when this process got it, and the little the analysis reads."""
+
+    t: float
+    type: str
+    name: str
+    reason: str = ""
+    message: str = ""
+
+
+def seen(kind: str, raw: dict[str, Any], moment: float) -> Seen:
+    return Seen(
+        moment,
+        kind,
+        (raw.get("metadata") or {}).get("name", ""),
+        raw.get("reason", ""),
+        raw.get("message", ""),
+    )
+
+
+def counting_watch(new_api: Callable[[], client.ApiClient], lister: str, *args: Any) -> Watch[Seen]:
+    """Every event of a list call of CoreV1Api, CoordinationV1Api or CustomObjectsApi (`lister` names it)."""
+    apis = {
+        "core": client.CoreV1Api,
+        "coordination": client.CoordinationV1Api,
+        "custom": client.CustomObjectsApi,
+    }
+    group, method = lister.split(".")
+    return Watch(new_api, lambda api_client: getattr(apis[group](api_client), method), args, seen)
+
+
+def changes_between(events: list[Seen], start: float, end: float) -> int:
+    """Writes seen in [start, end): every event but the first listing."""
+    return sum(1 for event in events if event.type != "LISTED" and start <= event.t < end)
+
+
+# ------------------------------------------------------------------------------ one size
+
+
+@dataclass
+class SizeFigures:
+    workers: int
+    spares: int
+    hub: bool
+    gang: dict[str, float] = field(default_factory=dict)
+    partial: bool = False
+    window: float = 0.0
+    writes_total: float = 0.0
+    writes_by_resource: dict[str, float] = field(default_factory=dict)
+    job_writes: dict[str, float] = field(default_factory=dict)
+    node_writes: dict[str, float] = field(default_factory=dict)
+    operator_events: dict[str, float] = field(default_factory=dict)
+    operator_cpu: float = 0.0
+    operator_rss_mb: float = 0.0
+    detection: list[float] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    launcher_failures: int = 0
+    late_rounds: int = 0
+    errors: dict[str, float] = field(default_factory=dict)
+
+
+class HubSide:
+    """The rendezvous pod's two processes run here: the job's store behind its gate, and the heartbeat hub."""
+
+    def __init__(self, cluster: BenchCluster, namespace: str, scratch: Path) -> None:
+        from phalanx.bench.rendezvous_scale import start_store
+        from phalanx.worker import rendezvous, storegate
+
+        secret = cluster.core.read_namespaced_secret(names.store_secret_name(JOB), namespace)
+        secret_file = scratch / f"{namespace}-secret"
+        secret_file.write_bytes(base64.b64decode((secret.data or {})[names.STORE_SECRET_KEY]))
+        secret_file.chmod(0o600)
+        self.store, self.port = start_store(secret_file)
+        self.secret = storegate.read_secret(str(secret_file))
+        pod = cluster.core.read_namespaced_pod(names.rendezvous_name(JOB), namespace)
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "POD_NAME": name_of(pod),
+            "POD_NAMESPACE": namespace,
+            "POD_UID": uid_of(pod),
+            rendezvous.SECRET_FILE_ENV: str(secret_file),
+        }
+        self.hub = subprocess.Popen(
+            [
+                sys.executable, "-m", "phalanx.worker.beathub", "--store", f"127.0.0.1:{self.port}",
+                "--job", JOB, "--interval", f"{INTERVAL:g}", "--timeout", f"{TIMEOUT:g}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(scratch / f"{namespace}-hub.log").open("w"),
+        )  # fmt: skip
+
+    def connect(self) -> Any:
+        from phalanx.worker import rendezvous
+
+        return rendezvous.connect("127.0.0.1", self.port, 30.0, self.secret)
+
+    def close(self) -> None:
+        for process in (self.hub, self.store):
+            process.terminate()
+        for process in (self.hub, self.store):
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def wait_gang(pods: Watch[Any], count: int, applied: float) -> tuple[dict[str, float], bool]:
+    """Seconds from the apply to the last trainer pod created, bound and Running; whether the gang was partial."""
+
+    def times(when: Callable[[Any], bool]) -> dict[str, float]:
+        trainers = [event for event in pods.events() if event.name != names.rendezvous_name(JOB)]
+        return first_times(trainers, when)
+
+    wait_for(lambda: len(times(running)) >= count, 900, interval=1.0, message=f"{count} trainer pods Running")
+    made, placed, ran = times(created), times(bound), times(running)
+    gang = {
+        "created": max(made.values()) - applied,
+        "bound": max(placed.values()) - applied,
+        "running": max(ran.values()) - applied,
+    }
+    return gang, min(placed.values()) < max(made.values())
+
+
+def operator_figures(cluster: BenchCluster) -> tuple[float, float]:
+    rss, cpu = process_tree_figures(cluster.operator_process())
+    return rss, cpu
+
+
+def measure_size(
+    cluster: BenchCluster, workers: int, plan: Plan, scratch: Path, log: Callable[[str], None]
+) -> SizeFigures:
+    spares = spares_for(workers)
+    figures = SizeFigures(workers, spares, workers + spares >= api.HUB_FROM_PODS)
+    namespace = cluster.create_namespace(f"scale-{workers}")
+    new_api = cluster.new_api_client
+    watches: dict[str, Watch[Any]] = {
+        "pods": pod_watch(new_api, namespace),
+        "leases": counting_watch(new_api, "coordination.list_namespaced_lease", namespace),
+        "trainingjobs": counting_watch(
+            new_api, "custom.list_namespaced_custom_object", api.GROUP, api.VERSION, namespace, api.PLURAL
+        ),
+        "events": counting_watch(new_api, "core.list_namespaced_event", namespace),
+        "nodes": counting_watch(new_api, "core.list_node"),
+        "node leases": counting_watch(new_api, "coordination.list_namespaced_lease", "kube-node-lease"),
+    }
+    hub_side: HubSide | None = None
+    launchers: EmulatedLaunchers | None = None
+    try:
+        for watch in watches.values():
+            watch.start()
+        log(f"N={workers}: applying a job of {workers} workers and {spares} spares")
+        applied = time.monotonic()
+        cluster.apply([job_manifest(workers, spares)], namespace)
+        figures.gang, figures.partial = wait_gang(watches["pods"], workers + spares, applied)
+        log(f"N={workers}: gang Running in {figures.gang['running']:.1f} s")
+        if figures.hub:
+            wait_for(
+                lambda: running(watch_last(watches["pods"], names.rendezvous_name(JOB))),
+                120,
+                message="the rendezvous pod Running",
+            )
+            hub_side = HubSide(cluster, namespace, scratch)
+        launchers = EmulatedLaunchers(
+            new_api,
+            namespace,
+            JOB,
+            INTERVAL,
+            TIMEOUT,
+            hub_side.connect if hub_side else None,
+            replicas=workers,
+        ).start()
+        if figures.hub:
+            wait_for(
+                lambda: any(e.name == names.rendezvous_name(JOB) for e in watches["leases"].events()),
+                HUB_SUMMARY_WAIT,
+                message="the hub's first summary Lease",
+            )
+        time.sleep(3 * INTERVAL)  # every launcher's first beat and Lease are behind
+        steady_window(cluster, figures, watches, plan.window)
+        log(f"N={workers}: steady window done ({figures.writes_total:.1f} writes/s in all)")
+        for trial in range(plan.trials):
+            detect_silence(cluster, figures, watches, launchers, namespace, trial, log)
+        figures.launcher_failures, figures.late_rounds = launchers.failures, launchers.late_rounds
+    finally:
+        if launchers is not None:
+            launchers.stop()
+        if hub_side is not None:
+            hub_side.close()
+        for watch in watches.values():
+            watch.stop()
+        cluster.delete_namespace(namespace, wait=False)
+    return figures
+
+
+def watch_last(pods: Watch[Any], name: str) -> Any:
+    """The latest event of pod `name` (None: none yet)."""
+    return next((event for event in reversed(pods.events()) if event.name == name), None)
+
+
+def steady_window(
+    cluster: BenchCluster, figures: SizeFigures, watches: dict[str, Watch[Any]], seconds: float
+) -> None:
+    before = prom.parse(cluster.apiserver_metrics(), prom.REQUESTS)
+    _, cpu_before = operator_figures(cluster)
+    start = time.monotonic()
+    time.sleep(seconds)
+    end = time.monotonic()
+    after = prom.parse(cluster.apiserver_metrics(), prom.REQUESTS)
+    rss, cpu_after = operator_figures(cluster)
+    span = end - start
+    rows = prom.request_deltas(before, after)
+    figures.window = span
+    figures.writes_total = prom.writes(rows) / span
+    figures.writes_by_resource = {
+        key: count / span
+        for key, count in prom.by_resource(rows, lambda row: row.verb.upper() in prom.WRITE_VERBS).items()
+    }
+    figures.errors = prom.errors(rows)
+
+    def rate(name: str) -> float:
+        return changes_between(watches[name].events(), start, end) / span
+
+    figures.job_writes = {name: rate(name) for name in ("leases", "trainingjobs", "pods")}
+    figures.node_writes = {"node leases": rate("node leases"), "nodes": rate("nodes")}
+    figures.operator_events = {**figures.job_writes, "nodes": rate("nodes")}
+    figures.operator_cpu = (cpu_after - cpu_before) / span
+    figures.operator_rss_mb = rss
+
+
+def detect_silence(
+    cluster: BenchCluster,
+    figures: SizeFigures,
+    watches: dict[str, Watch[Any]],
+    launchers: EmulatedLaunchers,
+    namespace: str,
+    trial: int,
+    log: Callable[[str], None],
+) -> None:
+    """One worker's launcher falls silent; the time from its last beat to the operator's Event naming it, past
+    the timeout. Then wait until the gang is whole again."""
+    selector = f"{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+    live = sorted(
+        (name_of(pod), uid_of(pod))
+        for pod in cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        if phase_of(pod) == "Running" and not is_terminating(pod)
+    )
+    if not live:
+        figures.misses.append(f"trial {trial}: no Running worker to silence")
+        return
+    victim, uid = live[(trial * 7 + 1) % len(live)]
+    since = time.monotonic()
+    last = launchers.silence(victim, uid)
+
+    def named() -> Seen | None:
+        return next(
+            (
+                event
+                for event in watches["events"].events()
+                if event.t >= since and event.reason == "HeartbeatTimeout" and victim in event.message
+            ),
+            None,
+        )
+
+    try:
+        event = wait_for(named, DETECTION_WAIT, interval=0.1, message=f"the operator to find {victim} silent")
+    except BenchError as error:
+        figures.misses.append(f"trial {trial}: {error}")
+        return
+    figures.detection.append(event.t - (last + TIMEOUT))
+    log(f"N={figures.workers}: {victim} silent, found {figures.detection[-1]:+.2f} s past the timeout")
+    whole = figures.workers + figures.spares
+
+    def recovered() -> bool:
+        pods = cluster.core.list_namespaced_pod(
+            namespace, label_selector=f"{contract.LABEL_JOB_NAME}={JOB}"
+        ).items
+        trainers = [
+            pod
+            for pod in pods
+            if name_of(pod) != names.rendezvous_name(JOB)
+            and not is_terminating(pod)
+            and phase_of(pod) == "Running"
+        ]
+        return len(trainers) >= whole
+
+    try:
+        wait_for(recovered, RECOVERY_WAIT, interval=1.0, message="the gang whole again")
+    except BenchError as error:
+        figures.misses.append(f"trial {trial}: {error}")
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+def power_law(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    from phalanx.bench.rendezvous_scale import power_law as fit
+
+    return fit(points)
+
+
+def projection(label: str, unit: str, points: list[tuple[float, float]]) -> str | None:
+    fit = power_law(points)
+    if fit is None:
+        return None
+    value = fit[0] * SEED_SCALE ** fit[1]
+    return (
+        f"Projection, not a measurement: {label} at N = {SEED_SCALE:,} = {value:.3g} {unit} "
+        f"(power law fitted to N = {', '.join(f'{int(x):,}' for x, _ in points)}, exponent {fit[1]:.2f})"
+    )
+
+
+def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
+    metrics: list[Metric] = []
+    for workers, figures in measured.items():
+        pods = figures.workers + figures.spares
+        heartbeat_writes = figures.job_writes.get("leases", 0.0)
+        metrics += [
+            Metric(
+                name=f"gang bound, N={workers}",
+                unit="s",
+                samples=[figures.gang["bound"]],
+                description=f"the job applied -> all {pods} trainer pods bound to nodes",
+                target=Target(op="<=", value=GANG_BOUND_SECONDS, stat="max", text="<= 3 min at 12,500 pods")
+                if workers >= 512
+                else None,
+            ),
+            Metric(
+                name=f"gang Running, N={workers}",
+                unit="s",
+                samples=[figures.gang["running"]],
+                description=f"the job applied -> all {pods} trainer pods Running (simulated nodes start them at once)",
+            ),
+            Metric(
+                name=f"API writes/s in all, N={workers}",
+                unit="writes/s",
+                samples=[figures.writes_total],
+                description="every write the API server served in the steady window, whoever made it",
+            ),
+            Metric(
+                name=f"the job's heartbeat writes/s, N={workers}",
+                unit="writes/s",
+                samples=[heartbeat_writes],
+                description="writes to the job's Leases in the steady window: "
+                + ("the hub's summary (and any pod's own Lease)" if figures.hub else "each pod's own Lease"),
+                target=Target(op="<=", value=WRITES_BOUND, stat="max", text="at most 20 for the whole job")
+                if workers >= 512
+                else None,
+                baseline=Baseline(
+                    text="each pod renewing its own Lease every interval", value=round(pods / INTERVAL, 1)
+                ),
+            ),
+            Metric(
+                name=f"the job's writes/s in all, N={workers}",
+                unit="writes/s",
+                samples=[sum(figures.job_writes.values())],
+                description="the job's Leases, its pods and its TrainingJob (status): the job's share of the writes",
+            ),
+            Metric(
+                name=f"simulated nodes' writes/s, N={workers}",
+                unit="writes/s",
+                samples=[sum(figures.node_writes.values())],
+                description="the node agent's node Lease renewals and node status writes (not the job's)",
+            ),
+            Metric(
+                name=f"operator watch events/s, N={workers}",
+                unit="events/s",
+                samples=[sum(figures.operator_events.values())],
+                description="events the operator's watches deliver: the job's pods, Leases and TrainingJob, every node",
+                target=Target(op="<=", value=WRITES_BOUND, stat="max", text="bounded as the writes are")
+                if workers >= 512
+                else None,
+                baseline=Baseline(
+                    text="without the server-side Lease selector every node Lease renewal comes too",
+                    value=round(
+                        sum(figures.operator_events.values()) + figures.node_writes["node leases"], 1
+                    ),
+                ),
+            ),
+            Metric(
+                name=f"operator CPU, N={workers}",
+                unit="%",
+                samples=[100 * figures.operator_cpu],
+                description="the operator's process, CPU time over the steady window",
+            ),
+            Metric(
+                name=f"operator RSS, N={workers}",
+                unit="MB",
+                samples=[figures.operator_rss_mb],
+                description="the operator's resident memory at the end of the steady window",
+                target=Target(op="<=", value=1024, stat="max", text="<= 1 GiB") if workers >= 512 else None,
+            ),
+            Metric(
+                name=f"silent worker found past the timeout, N={workers}",
+                unit="s",
+                samples=figures.detection,
+                description="a launcher's last beat + the heartbeat timeout -> the operator's HeartbeatTimeout Event",
+                target=Target(op="<=", value=DETECTION_BOUND, stat="p99", text="p99 <= 3 s")
+                if workers >= 512
+                else None,
+            ),
+        ]
+    return metrics
+
+
+def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[str]:
+    notes = [ENVELOPE + "."]
+    for workers, figures in measured.items():
+        how = "the heartbeat hub" if figures.hub else "each pod's own Lease"
+        notes.append(
+            f"N = {workers:,} ({workers * GPUS_PER_POD:,} GPUs, {figures.spares} spares), heartbeats through {how}: "
+            f"the job's writes/s {fmt_rates(figures.job_writes)}; the simulated nodes' {fmt_rates(figures.node_writes)}; "
+            f"the API server's by resource {fmt_rates(top(figures.writes_by_resource))}."
+        )
+        if figures.partial:
+            notes.append(
+                f"N = {workers:,}: a pod was bound before the last pod was created (a partial gang)."
+            )
+        if figures.misses:
+            notes.append(f"N = {workers:,}: " + "; ".join(figures.misses))
+        if figures.errors:
+            notes.append(f"N = {workers:,}: the API server answered {figures.errors} in the window.")
+        if figures.launcher_failures or figures.late_rounds:
+            notes.append(
+                f"N = {workers:,}: the emulated launchers had {figures.launcher_failures} failed beats and "
+                f"{figures.late_rounds} rounds longer than the interval (this process, not the job)."
+            )
+    for workers, why in stopped.items():
+        notes.append(f"N = {workers:,} was not carried: {why}")
+    points = sorted(measured.items())
+    for label, unit, value_of in (
+        ("operator CPU", "%", lambda f: 100 * f.operator_cpu),
+        ("operator RSS", "MB", lambda f: f.operator_rss_mb),
+        ("gang bound", "s", lambda f: f.gang["bound"]),
+    ):
+        line = projection(label, unit, [(float(n), value_of(f)) for n, f in points])
+        if line:
+            notes.append(line)
+    hub_writes = [f.job_writes.get("leases", 0.0) for f in measured.values() if f.hub]
+    if hub_writes:
+        notes.append(
+            f"The job's heartbeat writes through the hub do not grow with N ({', '.join(f'{w:.2f}' for w in hub_writes)}/s "
+            f"at the hub sizes measured): at N = {SEED_SCALE:,} they are one Lease per {INTERVAL:g} s by construction, "
+            f"against {SEED_SCALE / INTERVAL:,.0f}/s with each pod's own Lease."
+        )
+    return notes
+
+
+def top(rates: dict[str, float], count: int = 6) -> dict[str, float]:
+    return dict(sorted(rates.items(), key=lambda item: -item[1])[:count])
+
+
+def fmt_rates(rates: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in rates.items()) or "none"
+
+
+def series_of(measured: dict[int, SizeFigures]) -> list[Series]:
+    sizes = sorted(measured)
+    x = [float(n) for n in sizes]
+
+    def curve(name: str, chart: str, unit: str, values: list[float]) -> Series:
+        return Series(name=name, x=x, y=values, x_label="pods (N)", y_label=unit, chart=chart, log_log=True)
+
+    return [
+        curve("API writes/s, all", "writes", "writes/s", [measured[n].writes_total for n in sizes]),
+        curve(
+            "API writes/s, the job's",
+            "writes",
+            "writes/s",
+            [sum(measured[n].job_writes.values()) for n in sizes],
+        ),
+        curve(
+            "operator CPU %", "operator", "% / MB", [max(1e-3, 100 * measured[n].operator_cpu) for n in sizes]
+        ),
+        curve("operator RSS MB", "operator", "% / MB", [measured[n].operator_rss_mb for n in sizes]),
+        curve(
+            "silence found past the timeout, s (p50)",
+            "detection",
+            "s",
+            [
+                max(1e-3, sorted(measured[n].detection)[len(measured[n].detection) // 2])
+                if measured[n].detection
+                else 1e-3
+                for n in sizes
+            ],
+        ),
+    ]
+
+
+def run(context: Any, quick: bool) -> BenchResult:
+    """Harness entry point (`phalanx bench --only scale`)."""
+    plan = QUICK if quick else FULL
+    scratch = context.scratch(NAME)
+    largest = max(plan.sizes)
+    started = time.monotonic()
+    cluster = BenchCluster.start(
+        None,
+        scratch,
+        context.log,
+        nodes=1,
+        simulated_nodes=largest + spares_for(largest),
+        gpus_per_node=GPUS_PER_POD,
+        node_heartbeat_seconds=NODE_HEARTBEAT,
+    )
+    measured: dict[int, SizeFigures] = {}
+    stopped: dict[int, str] = {}
+    try:
+        cluster.ensure_operator()
+        for workers in plan.sizes:
+            try:
+                measured[workers] = measure_size(cluster, workers, plan, scratch, context.log)
+            except Exception as error:  # a size this machine does not carry: reported, the rest is kept
+                stopped[workers] = f"{type(error).__name__}: {error}"
+                break
+    finally:
+        cluster.close()
+    if SEED_SCALE not in measured and SEED_SCALE not in stopped:
+        stopped[SEED_SCALE] = (
+            "not run: a node per pod is 12,700 simulated nodes and as many node Leases, which this 2-core machine's "
+            "API server, etcd and node agent share with the operator and the emulated launchers"
+        )
+    return BenchResult(
+        name=NAME,
+        title=TITLE,
+        quick=quick,
+        seconds=time.monotonic() - started,
+        metrics=metrics_of(measured),
+        timeouts=[
+            Timeout(name="heartbeat interval", seconds=INTERVAL, source="spec.heartbeat.intervalSeconds"),
+            Timeout(name="heartbeat timeout", seconds=TIMEOUT, source="spec.heartbeat.timeoutSeconds"),
+            Timeout(name="steady-state window", seconds=plan.window, source="scale"),
+            Timeout(
+                name="simulated node heartbeat (Lease)", seconds=NODE_HEARTBEAT, source="scale's cluster"
+            ),
+            Timeout(name="node monitor grace period", seconds=4 * NODE_HEARTBEAT, source="scale's cluster"),
+            Timeout(name="wait for a silent worker to be found", seconds=DETECTION_WAIT, source="scale"),
+        ],
+        notes=notes_of(measured, stopped),
+        series=series_of(measured) if measured else [],
+        error=None if measured else "; ".join(stopped.values()),
+        details={str(n): vars(f) for n, f in measured.items()},
+    )

@@ -1,0 +1,246 @@
+"""The heartbeats of a big job's launchers, emulated in one process for pods that only pretend to run.
+
+Each pod of the job gets what its launcher would send, through the launcher's own code: the Lease body of
+`worker.heartbeat.lease_body` (phase `training` for a worker, `standby` for a spare, a step that moves), renewed
+as the pod's own Lease with `heartbeat.reporting: leases`, and with the hub put into the job's store by the
+launcher's `worker.beathub.BeatSender`, the pod's own Lease written first and whenever the hub does not take the
+beat (`worker.launch.PodReporter`). The job's pods are listed again every interval, so a replacement or a
+promoted spare beats as its launcher would.
+
+Their rendezvous is emulated as the launchers' own keeps the group: its members stay in it while they beat, and
+a place left by a member that fell silent or went away is taken by a waiting pod (a hot spare first), which then
+says `training`; a pod outside the group says `standby`. The operator's labels follow those heartbeats, as they
+follow torch's promotions.
+
+`silence(pod)` stops one pod's beats, as a frozen launcher's stop: the operator must find it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from phalanx import beatsummary, contract
+from phalanx.worker import heartbeat
+
+REQUEST_TIMEOUT = 10
+STEPS_PER_BEAT = 10
+
+
+@dataclass(frozen=True)
+class EmulatedPod:
+    name: str
+    uid: str
+    index: int
+    role: str
+
+
+def pods_of(listing: dict[str, Any]) -> list[EmulatedPod]:
+    """The Running trainer pods of a pod listing (pure)."""
+    found = []
+    for pod in listing.get("items") or []:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+            continue
+        role = labels.get(contract.LABEL_ROLE, "")
+        if role not in (contract.ROLE_WORKER, contract.ROLE_SPARE):
+            continue
+        found.append(EmulatedPod(meta["name"], meta["uid"], int(labels.get(contract.LABEL_INDEX, "0")), role))
+    return found
+
+
+def regroup(group: list[str], pods: list[EmulatedPod], replicas: int, silent: set[str]) -> list[str]:
+    """The group's members (pod uids) after a round: the members still there and beating keep their places, and
+    the places left are taken by waiting pods, spares first, then by index (pure)."""
+    present = {pod.uid for pod in pods if pod.uid not in silent}
+    kept = [uid for uid in group if uid in present][:replicas]
+    if not group:  # the first formation: the pods labelled workers
+        waiting = sorted(pods, key=lambda pod: (pod.role != contract.ROLE_WORKER, pod.index))
+    else:
+        waiting = sorted(pods, key=lambda pod: (pod.role != contract.ROLE_SPARE, pod.index))
+    for pod in waiting:
+        if len(kept) >= replicas:
+            break
+        if pod.uid in present and pod.uid not in kept:
+            kept.append(pod.uid)
+    return kept
+
+
+def beat_body(
+    pod: EmulatedPod, namespace: str, step: int, group_started: float, timeout: float, training: bool
+) -> dict[str, Any]:
+    """The Lease the pod's launcher would write now (pure but for the clock): `training` in the group, else
+    `standby`."""
+    status = heartbeat.PodStatus(
+        phase="training" if training else "standby",
+        step=step if training else None,
+        step_at=time.time() if training else None,
+        rank=pod.index if training else None,
+        step_seconds=0.5 if training else None,
+        loss=2.5 if training else None,
+        group_started=group_started if training else None,
+    )
+    return heartbeat.lease_body(
+        pod_name=pod.name,
+        namespace=namespace,
+        pod_uid=pod.uid,
+        status=status,
+        now=datetime.now(UTC),
+        lease_duration_seconds=max(1, int(timeout)),
+    )
+
+
+class EmulatedLaunchers:
+    """Beats for every Running trainer pod of one job, every `interval`, in a thread.
+
+    `connect`: a store connection through the job's gate (None: no hub; every beat renews the pod's Lease)."""
+
+    def __init__(
+        self,
+        new_api: Callable[[], Any],
+        namespace: str,
+        job: str,
+        interval: float,
+        timeout: float,
+        connect: Callable[[], Any] | None = None,
+        threads: int = 16,
+        replicas: int = 0,
+    ) -> None:
+        from phalanx.worker.beathub import BeatSender
+
+        self.namespace, self.job = namespace, job
+        self.interval, self.timeout = interval, timeout
+        self._api = new_api()
+        self._connect = connect
+        self._sender = BeatSender
+        self._senders: dict[str, Any] = {}
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="launcher")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launchers", daemon=True)
+        self._lock = threading.Lock()
+        self._leases_written: set[str] = set()
+        self._silenced: set[str] = set()
+        """Uids of the pods whose launchers fell silent."""
+        self.replicas = replicas
+        self._group: list[str] = []
+        self._group_started = time.time()
+        self._step = 0
+        self.last_beat: dict[str, float] = {}
+        """Monotonic time of each pod's last beat that went out (to the hub or its Lease)."""
+        self.lease_writes = 0
+        """Writes of the pods' own Leases (with the hub: the first, and those while the hub was out)."""
+        self.hub_beats = 0
+        """Beats the hub took."""
+        self.failures = 0
+        self.late_rounds = 0
+        """Rounds that took longer than the interval (this process could not keep up)."""
+
+    def start(self) -> EmulatedLaunchers:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True)
+        self._api.close()
+
+    def silence(self, pod: str, uid: str) -> float:
+        """Stop the beats of pod `pod` (uid `uid`; a later pod of that name beats); returns the monotonic time of
+        its last beat."""
+        with self._lock:
+            self._silenced.add(uid)
+            return self.last_beat.get(pod, time.monotonic())
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        method, url, headers, payload, post = self._api.param_serialize(
+            method,
+            path,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(method, url, headers, payload, post, _request_timeout=REQUEST_TIMEOUT)
+        return response.status, response.read()
+
+    def _pods(self) -> list[EmulatedPod]:
+        selector = f"{contract.LABEL_JOB_NAME}%3D{self.job}"
+        status, data = self._call("GET", f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}")
+        if status != 200:
+            raise RuntimeError(f"listing the job's pods: {status}")
+        return pods_of(json.loads(data))
+
+    def _renew_lease(self, pod: EmulatedPod, body: dict[str, Any]) -> None:
+        leases = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+        status = 0
+        if pod.uid not in self._leases_written:
+            status, _ = self._call("POST", leases, body)
+        if pod.uid in self._leases_written or status == 409:
+            status, _ = self._call("PATCH", f"{leases}/{pod.name}", body, "application/merge-patch+json")
+        if status >= 300:
+            raise RuntimeError(f"lease {pod.name}: {status}")
+        with self._lock:
+            self._leases_written.add(pod.uid)
+            self.lease_writes += 1
+
+    def _beat(self, pod: EmulatedPod, step: int, group_started: float, training: bool) -> None:
+        with self._lock:
+            if pod.uid in self._silenced:
+                return
+        body = beat_body(pod, self.namespace, step, group_started, self.timeout, training)
+        try:
+            took = False
+            if self._connect is not None:
+                sender = self._senders.get(pod.uid)
+                if sender is None:
+                    sender = self._senders[pod.uid] = self._sender(self._connect, pod.name, self.timeout)
+                took = sender.send(beatsummary.lease_summary(body))
+                if took:
+                    with self._lock:
+                        self.hub_beats += 1
+            if not took or pod.uid not in self._leases_written:
+                self._renew_lease(pod, body)
+        except Exception:  # an error or a timed-out call: the next round tries again
+            with self._lock:
+                self.failures += 1
+            return
+        with self._lock:
+            self.last_beat[pod.name] = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                pods = self._pods()
+                with self._lock:
+                    silent = set(self._silenced)
+                group = regroup(self._group, pods, self.replicas, silent)
+                if set(group) != set(self._group):
+                    # A new group: the launchers' rendezvous re-formed it with the replacement in.
+                    self._group_started = time.time()
+                self._group = group
+                self._step += STEPS_PER_BEAT
+                members, count = set(group), len(pods)
+                list(
+                    self._pool.map(
+                        self._beat,
+                        pods,
+                        [self._step] * count,
+                        [self._group_started] * count,
+                        [pod.uid in members for pod in pods],
+                    )
+                )
+            except Exception:
+                with self._lock:
+                    self.failures += 1
+            spent = time.monotonic() - started
+            if spent > self.interval:
+                self.late_rounds += 1
+            self._stop.wait(max(0.0, self.interval - spent))

@@ -1,0 +1,124 @@
+"""The scale benchmark's pure parts: the job it applies, what its emulated launchers say, and its report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx import beatsummary, contract
+from phalanx.bench import scale, scale_launchers
+from phalanx.operator import api, validation
+
+
+def test_the_job_is_one_pod_of_eight_gpus_per_simulated_node_and_the_hub_comes_with_size() -> None:
+    for workers, hub in ((8, False), (64, False), (512, True), (12_500, True)):
+        manifest = scale.job_manifest(workers, scale.spares_for(workers))
+        spec, issues = validation.check(manifest["spec"], scale.JOB, admission=validation.Admission(
+            heartbeat_writes_per_second=100
+        ))  # fmt: skip
+        assert issues == [] and spec is not None, issues
+        assert spec.spares == max(1, workers // 64) and spec.nproc_per_node == 8
+        (container,) = spec.template["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert (spec.heartbeat_reporting == "hub") is hub
+        assert spec.template["spec"]["nodeSelector"] == {"phalanx.dev/simulated": "true"}
+
+
+def _pod(name: str, role: str, index: int, phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "uid": f"uid-{name}",
+        "labels": {contract.LABEL_ROLE: role, contract.LABEL_INDEX: str(index)},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+def test_the_emulated_launchers_beat_for_running_workers_and_spares_only() -> None:
+    listing = {
+        "items": [
+            _pod("big-worker-0", "worker", 0),
+            _pod("big-worker-1", "spare", 1),
+            _pod("big-worker-2", "worker", 2, phase="Pending"),
+            _pod("big-worker-3", "worker", 3, deleting=True),
+            _pod("big-rdzv", "rendezvous", 0),
+        ]
+    }
+    pods = scale_launchers.pods_of(listing)
+    assert [(pod.name, pod.role) for pod in pods] == [("big-worker-0", "worker"), ("big-worker-1", "spare")]
+    worker, spare = (
+        scale_launchers.beat_body(pod, "ml", 40, 1_000.0, 10, pod.role == "worker") for pod in pods
+    )
+    said = beatsummary.lease_summary(worker)
+    assert said["phase"] == "training" and said["step"] == "40" and said["rank"] == "0"
+    assert worker["metadata"]["labels"] == contract.LEASE_LABELS
+    assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-big-worker-0"
+    assert beatsummary.lease_summary(spare)["phase"] == "standby"
+    assert "step" not in beatsummary.lease_summary(spare) or not beatsummary.lease_summary(spare)["step"]
+
+
+def _figures(workers: int, hub: bool, leases: float, detection: list[float]) -> scale.SizeFigures:
+    return scale.SizeFigures(
+        workers=workers,
+        spares=scale.spares_for(workers),
+        hub=hub,
+        gang={"created": 1.0, "bound": 2.0 + workers / 100, "running": 3.0 + workers / 100},
+        window=30.0,
+        writes_total=100.0 + leases,
+        writes_by_resource={"PATCH leases": leases},
+        job_writes={"leases": leases, "trainingjobs": 0.2, "pods": 0.0},
+        node_writes={"node leases": workers / 10, "nodes": 0.1},
+        operator_events={"leases": leases, "trainingjobs": 0.2, "pods": 0.0, "nodes": 0.1},
+        operator_cpu=0.05 + workers / 10_000,
+        operator_rss_mb=90.0 + workers / 10,
+        detection=detection,
+    )
+
+
+def test_the_report_judges_the_big_sizes_and_projects_the_seed_scale() -> None:
+    measured = {
+        8: _figures(8, False, 4.5, [0.4]),
+        64: _figures(64, False, 32.5, [0.8]),
+        512: _figures(512, True, 0.5, [0.6, 1.2, 4.0]),
+    }
+    metrics = {metric.name: metric for metric in scale.metrics_of(measured)}
+    writes = metrics["the job's heartbeat writes/s, N=512"]
+    assert writes.target is not None and writes.verdict().met
+    assert writes.baseline is not None and writes.baseline.value == round(520 / scale.INTERVAL, 1)
+    assert metrics["the job's heartbeat writes/s, N=64"].target is None
+    found = metrics["silent worker found past the timeout, N=512"]
+    assert found.verdict().met is False  # p99 of 0.6, 1.2 and 4.0 s is over 3 s
+    events = metrics["operator watch events/s, N=512"]
+    assert events.baseline is not None and events.baseline.value == round(0.8 + 51.2, 1)
+    notes = scale.notes_of(measured, {})
+    assert any(note.startswith("Projection, not a measurement: operator RSS at N = 12,500") for note in notes)
+    assert any("12,500 was not" in note for note in scale.notes_of(measured, {12_500: "not run: why"}))
+    assert any("do not grow with N" in note for note in notes)
+    assert {series.chart for series in scale.series_of(measured)} == {"writes", "operator", "detection"}
+
+
+def test_writes_are_counted_from_watch_events_inside_the_window_only() -> None:
+    events = [
+        scale.Seen(0.5, "LISTED", "a"),
+        scale.Seen(1.0, "MODIFIED", "a"),
+        scale.Seen(2.0, "ADDED", "b"),
+        scale.Seen(3.0, "MODIFIED", "a"),
+    ]
+    assert scale.changes_between(events, 0.0, 3.0) == 2
+    assert 512 + scale.spares_for(512) >= api.HUB_FROM_PODS
+
+
+def test_the_emulated_rendezvous_keeps_its_members_and_fills_a_place_left_with_a_spare_first() -> None:
+    pods = [scale_launchers.EmulatedPod(f"w{i}", f"u{i}", i, "worker") for i in range(3)]
+    pods.append(scale_launchers.EmulatedPod("w3", "u3", 3, "spare"))
+    group = scale_launchers.regroup([], pods, 3, set())
+    assert group == ["u0", "u1", "u2"]  # the first formation: the workers
+    # u1 falls silent: the spare takes its place, the others keep theirs.
+    group = scale_launchers.regroup(group, pods, 3, {"u1"})
+    assert group == ["u0", "u2", "u3"]
+    # The replacement the operator made for u1 (labelled a worker) waits: the group is whole.
+    pods = [pod for pod in pods if pod.uid != "u1"] + [scale_launchers.EmulatedPod("w1", "u9", 1, "worker")]
+    assert scale_launchers.regroup(group, pods, 3, {"u1"}) == ["u0", "u2", "u3"]
+    # u0's pod is gone: the waiting pod takes its place.
+    pods = [pod for pod in pods if pod.uid != "u0"]
+    assert scale_launchers.regroup(group, pods, 3, {"u1"}) == ["u2", "u3", "u9"]
