@@ -190,6 +190,8 @@ class SizeFigures:
     launcher_failures: int = 0
     late_rounds: int = 0
     errors: dict[str, float] = field(default_factory=dict)
+    false_alarms: list[str] = field(default_factory=list)
+    """`HeartbeatTimeout`s of pods whose launchers were not silenced, with what the emulation knew of them."""
 
 
 class HubSide:
@@ -225,9 +227,9 @@ class HubSide:
         )  # fmt: skip
 
     def connect(self) -> Any:
-        from phalanx.worker import rendezvous
+        from phalanx.worker import launch, rendezvous
 
-        return rendezvous.connect("127.0.0.1", self.port, 30.0, self.secret)
+        return rendezvous.connect("127.0.0.1", self.port, launch.HUB_STORE_TIMEOUT, self.secret)
 
     def close(self) -> None:
         for process in (self.hub, self.store):
@@ -316,6 +318,7 @@ def measure_size(
         for trial in range(plan.trials):
             detect_silence(cluster, figures, watches, launchers, namespace, trial, log)
         figures.launcher_failures, figures.late_rounds = launchers.failures, launchers.late_rounds
+        figures.false_alarms = false_alarms(watches["events"].events(), launchers)
     finally:
         if launchers is not None:
             launchers.stop()
@@ -360,6 +363,20 @@ def steady_window(
     figures.operator_events = {**figures.job_writes, "nodes": rate("nodes")}
     figures.operator_cpu = (cpu_after - cpu_before) / span
     figures.operator_rss_mb = rss
+
+
+def false_alarms(events: list[Seen], launchers: EmulatedLaunchers) -> list[str]:
+    """The operator's `HeartbeatTimeout`s of pods whose launchers never fell silent: what the emulation knew of
+    each (its beats' path, its failed beats), for finding out which side lost them."""
+    found = []
+    for event in events:
+        if event.reason != "HeartbeatTimeout" or event.type == "LISTED":
+            continue
+        pod = event.message.split(":", 1)[0]
+        if launchers.was_silenced(pod):
+            continue
+        found.append(f"{pod} at +{event.t - launchers.started:.1f} s: {launchers.describe(pod, event.t)}")
+    return found
 
 
 def detect_silence(
@@ -512,6 +529,13 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                 ),
             ),
             Metric(
+                name=f"workers judged silent that were not, N={workers}",
+                unit="count",
+                samples=[float(len(figures.false_alarms))],
+                description="HeartbeatTimeouts of pods whose emulated launchers never stopped beating",
+                target=Target(op="<=", value=0, stat="max", text="no false alarm"),
+            ),
+            Metric(
                 name=f"operator CPU, N={workers}",
                 unit="%",
                 samples=[100 * figures.operator_cpu],
@@ -546,6 +570,11 @@ def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[
             f"the job's writes/s {fmt_rates(figures.job_writes)}; the simulated nodes' {fmt_rates(figures.node_writes)}; "
             f"the API server's by resource {fmt_rates(top(figures.writes_by_resource))}."
         )
+        if figures.false_alarms:
+            notes.append(
+                f"N = {workers:,}: {len(figures.false_alarms)} pods were judged silent though their launchers had "
+                f"not fallen silent: " + "; ".join(figures.false_alarms[:10])
+            )
         if figures.partial:
             notes.append(
                 f"N = {workers:,}: a pod was bound before the last pod was created (a partial gang)."

@@ -31,6 +31,8 @@ from phalanx.worker import heartbeat
 
 REQUEST_TIMEOUT = 10
 STEPS_PER_BEAT = 10
+CONNECTING_THREADS = 64
+"""Launchers connecting to the store at once (each real launcher connects on its own)."""
 
 
 @dataclass(frozen=True)
@@ -122,12 +124,18 @@ class EmulatedLaunchers:
         self._sender = BeatSender
         self._senders: dict[str, Any] = {}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="launcher")
+        self._connections = ThreadPoolExecutor(max_workers=CONNECTING_THREADS, thread_name_prefix="connect")
+        self._connecting: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="launchers", daemon=True)
         self._lock = threading.Lock()
         self._leases_written: set[str] = set()
         self._silenced: set[str] = set()
         """Uids of the pods whose launchers fell silent."""
+        self._silenced_names: set[str] = set()
+        self._paths: dict[str, str] = {}
+        self._failed: dict[str, int] = {}
+        self.started = time.monotonic()
         self.replicas = replicas
         self._group: list[str] = []
         self._group_started = time.time()
@@ -150,13 +158,28 @@ class EmulatedLaunchers:
         self._stop.set()
         self._thread.join(timeout=30)
         self._pool.shutdown(wait=True)
+        self._connections.shutdown(wait=True, cancel_futures=True)
         self._api.close()
+
+    def was_silenced(self, pod: str) -> bool:
+        with self._lock:
+            return pod in self._silenced_names
+
+    def describe(self, pod: str, at: float) -> str:
+        """What the emulation knows of `pod`'s beats at monotonic time `at` (for a false alarm's note)."""
+        with self._lock:
+            last = self.last_beat.get(pod)
+            path = self._paths.get(pod, "none")
+            failed = self._failed.get(pod, 0)
+        age = f"{at - last:.1f} s" if last is not None else "never"
+        return f"last beat {age} before, last path {path}, {failed} failed beats"
 
     def silence(self, pod: str, uid: str) -> float:
         """Stop the beats of pod `pod` (uid `uid`; a later pod of that name beats); returns the monotonic time of
         its last beat."""
         with self._lock:
             self._silenced.add(uid)
+            self._silenced_names.add(pod)
             return self.last_beat.get(pod, time.monotonic())
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
@@ -197,22 +220,51 @@ class EmulatedLaunchers:
         body = beat_body(pod, self.namespace, step, group_started, self.timeout, training)
         try:
             took = False
+            first = pod.uid not in self._leases_written
+            if first:  # before the hub is asked, as the launcher does
+                self._renew_lease(pod, body)
             if self._connect is not None:
                 sender = self._senders.get(pod.uid)
-                if sender is None:
-                    sender = self._senders[pod.uid] = self._sender(self._connect, pod.name, self.timeout)
-                took = sender.send(beatsummary.lease_summary(body))
+                if sender is None or not sender.connected:
+                    # Each launcher connects on its own: a slow handshake holds up no other pod's beat.
+                    self._open(pod, body, sender)
+                else:
+                    took = sender.send(beatsummary.lease_summary(body))
                 if took:
                     with self._lock:
                         self.hub_beats += 1
-            if not took or pod.uid not in self._leases_written:
+            if not took and not first:
                 self._renew_lease(pod, body)
         except Exception:  # an error or a timed-out call: the next round tries again
             with self._lock:
                 self.failures += 1
+                self._failed[pod.name] = self._failed.get(pod.name, 0) + 1
             return
         with self._lock:
             self.last_beat[pod.name] = time.monotonic()
+            self._paths[pod.name] = "hub" if took else "lease"
+
+    def _open(self, pod: EmulatedPod, body: dict[str, Any], sender: Any = None) -> None:
+        """The pod's sender (`sender`, or a new one), connecting (and registering) with a beat on a thread of its
+        own."""
+        opener = self._connect
+        if opener is None:
+            return
+        with self._lock:
+            if pod.uid in self._connecting:
+                return
+            self._connecting.add(pod.uid)
+
+        def connect() -> None:
+            try:
+                opened = sender if sender is not None else self._sender(opener, pod.name, self.timeout)
+                opened.send(beatsummary.lease_summary(body))
+                self._senders[pod.uid] = opened
+            finally:
+                with self._lock:
+                    self._connecting.discard(pod.uid)
+
+        self._connections.submit(connect)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -75,6 +75,11 @@ class BeatSender:
         self._beats = 0
         self._hub_at: float | None = None
 
+    @property
+    def connected(self) -> bool:
+        """Whether the sender holds a store connection (False: the next beat opens one, or waits for its retry)."""
+        return self._store is not None
+
     def send(self, beat: Mapping[str, str]) -> bool:
         """Put the beat into the store; True when the hub summarised within the heartbeat timeout (the beat
         will reach the operator), False when the pod's own Lease must carry it."""

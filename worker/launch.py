@@ -769,10 +769,14 @@ class PodReporter:
         )
         urgent = news_for_the_operator(self._last_sent, status)
         self._last_sent = status
-        hub_took_it = self.hub is not None and self.hub.send(beatsummary.lease_summary(body))
-        if self._lease is not None and writes_own_lease(hub_took_it, self._lease_written, force, urgent):
+        first = self._lease is not None and not self._lease_written
+        if first:
+            # Before the hub is asked: its first contact (a connection through the gate) may take a while.
             self._lease.renew(body)
             self._lease_written = True
+        hub_took_it = self.hub is not None and self.hub.send(beatsummary.lease_summary(body))
+        if self._lease is not None and not first and writes_own_lease(hub_took_it, True, force, urgent):
+            self._lease.renew(body)
 
 
 def news_for_the_operator(before: heartbeat.PodStatus | None, now: heartbeat.PodStatus) -> bool:
