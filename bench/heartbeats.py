@@ -55,6 +55,33 @@ def lease_body(
     }
 
 
+def raw_call(
+    api: Any, method: str, path: str, body: Any = None, content_type: str = "application/json"
+) -> tuple[int, bytes]:
+    """One API call without the client's models: (status, body bytes)."""
+    method, url, headers, payload, post = api.param_serialize(
+        method,
+        path,
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, headers, payload, post, _request_timeout=REQUEST_TIMEOUT)
+    return response.status, response.read()
+
+
+def write_lease(api: Any, namespace: str, name: str, body: dict[str, Any], known: bool) -> None:
+    """Create the pod's Lease (`known`: renew it); a Lease left by an earlier pod of that name is taken over."""
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    status = 0
+    if not known:
+        status, _ = raw_call(api, "POST", leases, body)
+    if known or status == 409:
+        status, _ = raw_call(api, "PATCH", f"{leases}/{name}", body, "application/merge-patch+json")
+    if status >= 300:
+        raise RuntimeError(f"lease {name}: {status}")
+
+
 class HeartbeatSimulator:
     """Renews one Lease per running worker pod of a namespace every `interval` seconds, in a thread.
 
@@ -103,18 +130,8 @@ class HeartbeatSimulator:
         self._pool.shutdown(wait=True)
         self._api.close()
 
-    def _call(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> tuple[int, bytes]:
-        method, url, headers, payload, post = self._api.param_serialize(
-            method,
-            path,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self._api.call_api(method, url, headers, payload, post, _request_timeout=REQUEST_TIMEOUT)
-        return response.status, response.read()
+    def _call(self, method: str, path: str) -> tuple[int, bytes]:
+        return raw_call(self._api, method, path)
 
     def _workers(self) -> list[dict[str, Any]]:
         status, data = self._call(
@@ -147,15 +164,8 @@ class HeartbeatSimulator:
             self.duration,
             datetime.now(UTC),
         )
-        leases = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
         try:
-            status = 0
-            if not known:
-                status, _ = self._call("POST", leases, body)
-            if known or status == 409:  # renewing, or a Lease of an earlier pod of that name: take it over
-                status, _ = self._call("PATCH", f"{leases}/{name}", body, "application/merge-patch+json")
-            if status >= 300:
-                raise RuntimeError(f"lease {name}: {status}")
+            write_lease(self._api, self.namespace, name, body, known)
         except Exception:  # an error or a timed-out call: the next round tries again
             with self._lock:
                 self.failures += 1

@@ -27,9 +27,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from phalanx import beatsummary, contract
+from phalanx.bench.heartbeats import raw_call, write_lease
 from phalanx.worker import heartbeat
 
-REQUEST_TIMEOUT = 10
 STEPS_PER_BEAT = 10
 CONNECTING_THREADS = 64
 """Launchers connecting to the store at once (each real launcher connects on its own)."""
@@ -182,33 +182,17 @@ class EmulatedLaunchers:
             self._silenced_names.add(pod)
             return self.last_beat.get(pod, time.monotonic())
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        method, url, headers, payload, post = self._api.param_serialize(
-            method,
-            path,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self._api.call_api(method, url, headers, payload, post, _request_timeout=REQUEST_TIMEOUT)
-        return response.status, response.read()
-
     def _pods(self) -> list[EmulatedPod]:
         selector = f"{contract.LABEL_JOB_NAME}%3D{self.job}"
-        status, data = self._call("GET", f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}")
+        status, data = raw_call(
+            self._api, "GET", f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}"
+        )
         if status != 200:
             raise RuntimeError(f"listing the job's pods: {status}")
         return pods_of(json.loads(data))
 
     def _renew_lease(self, pod: EmulatedPod, body: dict[str, Any]) -> None:
-        leases = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
-        status = 0
-        if pod.uid not in self._leases_written:
-            status, _ = self._call("POST", leases, body)
-        if pod.uid in self._leases_written or status == 409:
-            status, _ = self._call("PATCH", f"{leases}/{pod.name}", body, "application/merge-patch+json")
-        if status >= 300:
-            raise RuntimeError(f"lease {pod.name}: {status}")
+        write_lease(self._api, self.namespace, pod.name, body, pod.uid in self._leases_written)
         with self._lock:
             self._leases_written.add(pod.uid)
             self.lease_writes += 1
