@@ -52,8 +52,11 @@ NONCE_BYTES = 32
 MAC_BYTES = hashlib.sha256().digest_size
 HANDSHAKE_TIMEOUT = 5.0
 """Seconds a peer has to answer the challenge before the gate drops it."""
-MAX_PENDING_HANDSHAKES = 256
-"""Connections still proving themselves at once; more are dropped unread (a flood cannot hold the gate)."""
+MAX_PENDING_HANDSHAKES = 16_384
+"""Connections still proving themselves at once; more are dropped unread (a flood cannot hold the gate). A whole
+gang connects at once when it starts (12,500 launchers of a 100,000-GPU job, each with a connection or two): at
+256, the launchers of a 512-pod gang past the first 256 were dropped and waited out their retry. Each pending one
+costs a socket and a coroutine for at most `HANDSHAKE_TIMEOUT`."""
 MIN_SECRET_BYTES = 16
 RELAY_CHUNK = 1 << 16
 

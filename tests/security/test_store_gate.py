@@ -181,6 +181,36 @@ def test_many_connections_at_once_all_pass_the_forwarder(gated: rendezvous.Gated
     assert gated.store.check([f"client/{index}" for index in range(40)])
 
 
+def test_a_whole_gang_proving_itself_at_once_is_admitted(gated: rendezvous.GatedServer) -> None:
+    """The launchers of a big gang connect at the same moment: every one still proving itself is waited for, none is
+    dropped for the crowd (a flood of strangers is bounded by the handshake timeout instead)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    members = 600  # over the old bound of 256 at once; 3 files each here (client, gate side, store side)
+    if hard != resource.RLIM_INFINITY and hard < 4 * members:
+        pytest.skip(f"this machine's open-files limit ({hard}) holds fewer connections than the test needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8 * members)), hard))
+    sockets = []
+    try:
+        for _ in range(
+            members
+        ):  # every connection waits at the challenge: all are proving themselves at once
+            sock = socket.create_connection(("127.0.0.1", gated.port), timeout=20)
+            sockets.append(sock)
+        challenges = [sock.recv(len(storegate.MAGIC) + storegate.NONCE_BYTES) for sock in sockets]
+        proofs = []
+        for sock, challenge in zip(sockets, challenges, strict=True):
+            proof = storegate.client_proof(SECRET, challenge, bytes(storegate.NONCE_BYTES))
+            sock.sendall(proof)
+            proofs.append(proof)
+        for sock, challenge, proof in zip(sockets, challenges, proofs, strict=True):
+            storegate.check_gate(SECRET, challenge, proof, sock.recv(storegate.MAC_BYTES))
+        assert gated.gate.refused == 0
+    finally:
+        for sock in sockets:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_gates_and_forwarders_close_on_their_loop_s_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """asyncio's Server is not thread-safe: closed from the caller's thread while a relayed connection ended
     on the loop, it raised from inside asyncio (about once in 300 closes)."""
