@@ -54,13 +54,6 @@ BENCHMARKS: tuple[Entry, ...] = (
         "a 1,000-worker TrainingJob on simulated nodes: pods/s, time to Running, partial gangs",
     ),
     Entry(
-        "scale",
-        "phalanx.bench.scale",
-        False,
-        "one TrainingJob of N pods of 8 GPUs (N = 8, 64, 512) on simulated nodes with emulated launchers: API "
-        "writes/s (the job's share), operator watch events/s, CPU and RSS, silent-worker detection, gang bound",
-    ),
-    Entry(
         "operator-scale",
         "phalanx.bench.operator_scale",
         True,
@@ -89,6 +82,13 @@ BENCHMARKS: tuple[Entry, ...] = (
         "phalanx.bench.heartbeat_hub",
         False,
         "a job of N = 8 to 12,500 emulated launchers beating through its hub: API writes/s, hub cost, silence seen",
+    ),
+    Entry(
+        "scale",
+        "phalanx.bench.scale",
+        False,
+        "one TrainingJob of N pods of 8 GPUs (N = 8, 64, 512) on simulated nodes with emulated launchers: API "
+        "writes/s (the job's share), operator watch events/s, CPU and RSS, silent-worker detection, gang bound",
     ),
     Entry(
         "reconcile-cost",
