@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from phalanx import contract
 
@@ -82,7 +82,49 @@ def write_lease(api: Any, namespace: str, name: str, body: dict[str, Any], known
         raise RuntimeError(f"lease {name}: {status}")
 
 
-class HeartbeatSimulator:
+class PacedRounds:
+    """A round every `interval` seconds on a thread of its own, its calls on a pool of `threads`: a round that
+    fails is counted and the next one tries again, one that overruns the interval is counted as late."""
+
+    def __init__(self, new_api: Any, interval: float, threads: int, name: str) -> None:
+        self.interval = interval
+        self._api = new_api()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{name}s", daemon=True)
+        self._lock = threading.Lock()
+        self.failures = 0
+        self.late_rounds = 0
+        """Rounds that took longer than the interval (this process could not keep up)."""
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True)
+        self._api.close()
+
+    def _round(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self._round()
+            except Exception:
+                with self._lock:
+                    self.failures += 1
+            spent = time.monotonic() - started
+            if spent > self.interval:
+                self.late_rounds += 1
+            self._stop.wait(max(0.0, self.interval - spent))
+
+
+class HeartbeatSimulator(PacedRounds):
     """Renews one Lease per running worker pod of a namespace every `interval` seconds, in a thread.
 
     Raw REST calls (no model objects): at 200 Leases every 5 s the client's model (de)serialization
@@ -99,36 +141,18 @@ class HeartbeatSimulator:
         steps_per_beat: int = 10,
         threads: int = 4,
     ) -> None:
+        super().__init__(new_api, interval, threads, "heartbeat")
         self.namespace = namespace
-        self.interval = interval
         self.duration = duration
         self.world_size = world_size
         self.steps_per_beat = steps_per_beat
-        self._api = new_api()
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="heartbeat")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
         self._beats: dict[str, int] = {}
         self._created: set[str] = set()
         self._last: dict[str, float] = {}
-        self._lock = threading.Lock()
         self.writes = 0
-        self.failures = 0
-        self.late_rounds = 0
-        """Rounds that took longer than the interval (this process could not keep up)."""
         self.max_gap = 0.0
         """Longest time between two renewals of one Lease (above the heartbeat timeout, the operator
         rightly declares the pod dead: this process, not the operator, fell behind)."""
-
-    def start(self) -> HeartbeatSimulator:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self._pool.shutdown(wait=True)
-        self._api.close()
 
     def _call(self, method: str, path: str) -> tuple[int, bytes]:
         return raw_call(self._api, method, path)
@@ -178,16 +202,5 @@ class HeartbeatSimulator:
                 self.max_gap = max(self.max_gap, now - self._last[uid])
             self._last[uid] = now
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                pods = self._workers()
-                list(self._pool.map(self._beat, pods))
-            except Exception:
-                with self._lock:
-                    self.failures += 1
-            spent = time.monotonic() - started
-            if spent > self.interval:
-                self.late_rounds += 1
-            self._stop.wait(max(0.0, self.interval - spent))
+    def _round(self) -> None:
+        list(self._pool.map(self._beat, self._workers()))

@@ -18,7 +18,6 @@ follow torch's promotions.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from phalanx import beatsummary, contract
-from phalanx.bench.heartbeats import raw_call, write_lease
+from phalanx.bench.heartbeats import PacedRounds, raw_call, write_lease
 from phalanx.worker import heartbeat
 
 STEPS_PER_BEAT = 10
@@ -99,7 +98,7 @@ def beat_body(
     )
 
 
-class EmulatedLaunchers:
+class EmulatedLaunchers(PacedRounds):
     """Beats for every Running trainer pod of one job, every `interval`, in a thread.
 
     `connect`: a store connection through the job's gate (None: no hub; every beat renews the pod's Lease)."""
@@ -117,18 +116,14 @@ class EmulatedLaunchers:
     ) -> None:
         from phalanx.worker.beathub import BeatSender
 
+        super().__init__(new_api, interval, threads, "launcher")
         self.namespace, self.job = namespace, job
-        self.interval, self.timeout = interval, timeout
-        self._api = new_api()
+        self.timeout = timeout
         self._connect = connect
         self._sender = BeatSender
         self._senders: dict[str, Any] = {}
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="launcher")
         self._connections = ThreadPoolExecutor(max_workers=CONNECTING_THREADS, thread_name_prefix="connect")
         self._connecting: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="launchers", daemon=True)
-        self._lock = threading.Lock()
         self._leases_written: set[str] = set()
         self._silenced: set[str] = set()
         """Uids of the pods whose launchers fell silent."""
@@ -146,20 +141,10 @@ class EmulatedLaunchers:
         """Writes of the pods' own Leases (with the hub: the first, and those while the hub was out)."""
         self.hub_beats = 0
         """Beats the hub took."""
-        self.failures = 0
-        self.late_rounds = 0
-        """Rounds that took longer than the interval (this process could not keep up)."""
-
-    def start(self) -> EmulatedLaunchers:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self._pool.shutdown(wait=True)
+        super().stop()
         self._connections.shutdown(wait=True, cancel_futures=True)
-        self._api.close()
 
     def was_silenced(self, pod: str) -> bool:
         with self._lock:
@@ -250,33 +235,23 @@ class EmulatedLaunchers:
 
         self._connections.submit(connect)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                pods = self._pods()
-                with self._lock:
-                    silent = set(self._silenced)
-                group = regroup(self._group, pods, self.replicas, silent)
-                if set(group) != set(self._group):
-                    # A new group: the launchers' rendezvous re-formed it with the replacement in.
-                    self._group_started = time.time()
-                self._group = group
-                self._step += STEPS_PER_BEAT
-                members, count = set(group), len(pods)
-                list(
-                    self._pool.map(
-                        self._beat,
-                        pods,
-                        [self._step] * count,
-                        [self._group_started] * count,
-                        [pod.uid in members for pod in pods],
-                    )
-                )
-            except Exception:
-                with self._lock:
-                    self.failures += 1
-            spent = time.monotonic() - started
-            if spent > self.interval:
-                self.late_rounds += 1
-            self._stop.wait(max(0.0, self.interval - spent))
+    def _round(self) -> None:
+        pods = self._pods()
+        with self._lock:
+            silent = set(self._silenced)
+        group = regroup(self._group, pods, self.replicas, silent)
+        if set(group) != set(self._group):
+            # A new group: the launchers' rendezvous re-formed it with the replacement in.
+            self._group_started = time.time()
+        self._group = group
+        self._step += STEPS_PER_BEAT
+        members, count = set(group), len(pods)
+        list(
+            self._pool.map(
+                self._beat,
+                pods,
+                [self._step] * count,
+                [self._group_started] * count,
+                [pod.uid in members for pod in pods],
+            )
+        )
