@@ -49,6 +49,13 @@ def gated(pod: dict[str, Any]) -> dict[str, Any]:
     return {**pod, "spec": {**spec, "schedulingGates": [*gates, {"name": SCHEDULING_GATE}]}}
 
 
+def ungated(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` without the gang's scheduling gate (any other gate kept)."""
+    spec = pod.get("spec") or {}
+    gates = [gate for gate in spec.get("schedulingGates") or [] if gate.get("name") != SCHEDULING_GATE]
+    return {**pod, "spec": {**spec, "schedulingGates": gates}}
+
+
 def is_gated(pod: dict[str, Any]) -> bool:
     """Whether the pod still waits at the gang's scheduling gate."""
     gates = (pod.get("spec") or {}).get("schedulingGates") or []

@@ -38,6 +38,7 @@ from phalanx.operator import (
     health,
     hubview,
     names,
+    ownwrites,
     policy,
     queueing,
     reconcile,
@@ -51,7 +52,7 @@ from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event, Plan
 from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSettings
-from phalanx.operator.timeutil import now, parse_time
+from phalanx.operator.timeutil import format_time, now, parse_time
 from phalanx.operator.wakeups import Wakeups
 
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
@@ -146,8 +147,7 @@ class JobReconciler:
         self._queued: set[tuple[str, str]] = set()
         """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
-        self._roles_written: dict[tuple[str, str], tuple[str | None, str]] = {}
-        """(namespace, pod) -> (uid, role label) the operator wrote and its pod index has not shown yet."""
+        self.own_writes = ownwrites.OwnWrites()
         self._kueue_missing: set[tuple[str, str]] = set()
         """Queued jobs told that this cluster serves no Kueue Workload API."""
         self._foreign: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -166,6 +166,7 @@ class JobReconciler:
         self.creations.forget((namespace, name))
         self.health.forget((namespace, name))
         self.unseen_pods.forget((namespace, name))
+        self.own_writes.forget(namespace, name)
         self.metrics.forget_job_health(namespace, name)
         self.metrics.job_checkpoint_interval(namespace, name, None)
         self.metrics.job_state(uid, None)
@@ -212,12 +213,12 @@ class JobReconciler:
                 # Gone, going, or another controller's (`spec.managedBy`): nothing of it is ours to touch.
                 return None
             uid = job["metadata"].get("uid")
-            job_pods = self._with_own_labels(
-                namespace,
-                [dict(pod) for pod in list(pods.get((namespace, name), ())) if observe.owned_by(pod, uid)],
-            )
+            indexed = [
+                dict(pod) for pod in list(pods.get((namespace, name), ())) if observe.owned_by(pod, uid)
+            ]
+            self._check_pod_watch(job, [observe.pod_name(pod) for pod in indexed], logger)
+            job_pods = self.own_writes.laid_over(namespace, name, indexed)
             pod_names = [observe.pod_name(pod) for pod in job_pods]
-            self._check_pod_watch(job, pod_names, logger)
             job_leases = {
                 pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
             }
@@ -384,11 +385,19 @@ class JobReconciler:
             for pod, outcome in zip(plan.create_pods, outcomes, strict=True)
             if outcome is False
         ]
-        self.unseen_pods.found_existing(key, existing)
+        made_at = format_time(now())
         for pod, outcome in zip(plan.create_pods, outcomes, strict=True):
             if outcome is True:
                 created.add(pod["metadata"]["name"])
                 self.metrics.pods_created.labels(role=pod["metadata"]["labels"][names.LABEL_ROLE]).inc()
+                summary = observe.summarize_pod(
+                    {**pod, "metadata": {**pod["metadata"], "creationTimestamp": made_at}}
+                )
+                self.own_writes.wrote(
+                    namespace, key[1], pod["metadata"]["name"], None, ownwrites.Created(summary)
+                )
+        # Created or found existing, the pod index must show each of them soon (else its watch has stopped).
+        self.unseen_pods.found_existing(key, [*existing, *created])
         rejections = [outcome for outcome in outcomes if isinstance(outcome, throttle.Rejection)]
         if rejections:
             # The next reconcile (when the pause ends) puts it in the job's conditions.
@@ -398,21 +407,18 @@ class JobReconciler:
         self._each("delete", self.kube.delete_pod, [(namespace, pod) for pod in plan.delete_pods])
         self.metrics.pods_deleted.inc(len(plan.force_delete_pods) + len(plan.delete_pods))
         # After this reconcile's creations: the gates open once the whole gang exists.
-        self._each(
-            "ungate",
-            self.kube.ungate_pod,
-            [(namespace, pod, gang.SCHEDULING_GATE) for pod in plan.ungate_pods],
-        )
-        labelled = self._each(
-            "label",
-            self._label_role,
-            [(namespace, pod, role) for pod, role in plan.relabel_pods.items()],
-        )
         uids = {observe.pod_name(pod): pod["metadata"].get("uid") for pod in observed_pods}
-        with self._locks_guard:
-            for (pod_name, role), done in zip(plan.relabel_pods.items(), labelled, strict=True):
-                if done:
-                    self._roles_written[(namespace, pod_name)] = (uids.get(pod_name), role)
+        job_name = job["metadata"]["name"]
+        for operation, changes in (
+            ("ungate", [(pod, ownwrites.GateLifted()) for pod in plan.ungate_pods]),
+            ("label", [(pod, ownwrites.RoleLabel(role)) for pod, role in plan.relabel_pods.items()]),
+        ):
+            done = self._each(
+                operation, self._change_pod, [(namespace, pod, change) for pod, change in changes]
+            )
+            for (pod_name, change), written in zip(changes, done, strict=True):
+                if written:
+                    self.own_writes.wrote(namespace, job_name, pod_name, uids.get(pod_name), change)
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
         if self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
@@ -443,27 +449,12 @@ class JobReconciler:
             failed = Event("Warning", FAILED_CREATE, throttle.rejection_message(rejections))
             self._guarded("event", self.kube.post_event, job, failed)
 
-    def _label_role(self, namespace: str, pod: str, role: str) -> bool:
-        self.kube.label_pod(namespace, pod, {names.LABEL_ROLE: role})
+    def _change_pod(self, namespace: str, pod: str, change: ownwrites.PodChange) -> bool:
+        if isinstance(change, ownwrites.GateLifted):
+            self.kube.ungate_pod(namespace, pod, gang.SCHEDULING_GATE)
+        elif isinstance(change, ownwrites.RoleLabel):
+            self.kube.label_pod(namespace, pod, {names.LABEL_ROLE: change.role})
         return True
-
-    def _with_own_labels(self, namespace: str, job_pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The job's pods as indexed, with the role labels this operator wrote and its watch has not shown yet:
-        a reconcile that ran before that event must not relabel the pod (and announce its promotion) again."""
-        with self._locks_guard:
-            for position, pod in enumerate(job_pods):
-                key = (namespace, observe.pod_name(pod))
-                written = self._roles_written.get(key)
-                if written is None:
-                    continue
-                uid, role = written
-                labels = (pod.get("metadata") or {}).get("labels") or {}
-                if uid != pod["metadata"].get("uid") or labels.get(names.LABEL_ROLE) == role:
-                    del self._roles_written[key]  # the watch caught up (or the pod is another one now)
-                    continue
-                metadata = {**pod["metadata"], "labels": {**labels, names.LABEL_ROLE: role}}
-                job_pods[position] = {**pod, "metadata": metadata}
-        return job_pods
 
     def _check_pod_watch(self, job: dict[str, Any], indexed: list[str], logger: Any) -> None:
         """Set `watch_stalled` when a pod of the job's own that a creation found existing is still missing from

@@ -2,9 +2,9 @@
 
 kopf's watch of pods can end for good after the operator was frozen (seen after a 60 s SIGSTOP: the stream
 stopped and was never started again, while the other watches went on). The pod index then never changes: a
-worker's failure is never seen, and every reconcile tries to create the pods it cannot see. The API server
-answers those creations with AlreadyExists, which is the evidence used here: a pod of the job's own that the
-server says exists and the index still does not show after `limit` seconds means the watch is dead. A restart
+worker's failure is never seen. The evidence used here is a pod the API server says exists (it answered the
+operator's creation, or answered AlreadyExists to it) and the index still does not show after `limit` seconds:
+when that pod is the job's own, the watch is dead. A restart
 starts every watch afresh (and the operator re-reads everything before it acts).
 """
 
@@ -27,7 +27,7 @@ class UnseenPods:
         self._guard = threading.Lock()
 
     def found_existing(self, job: JobKey, pods: Iterable[str]) -> None:
-        """The API server answered AlreadyExists for these pods, which the index did not show."""
+        """The API server created these pods, or answered AlreadyExists for them; the index did not show them."""
         now = self._clock()
         with self._guard:
             first = self._first.setdefault(job, {})

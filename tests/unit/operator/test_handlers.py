@@ -16,7 +16,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from phalanx import beatsummary
-from phalanx.operator import api, builders, gang, handlers
+from phalanx.operator import api, builders, gang, handlers, ownwrites
 from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event
@@ -147,6 +147,33 @@ def test_a_forming_gang_waits_at_its_scheduling_gate_until_every_pod_exists(
     opened = [call[1] for call in whole.calls if call[0] == "ungate"]
     assert sorted(opened) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert not [call for call in whole.calls if call[0] == "create"]
+
+
+def test_a_gang_s_gates_are_lifted_once_while_the_index_still_shows_them(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """Lifting a big gang's gates takes a while; the reconciles its pods' events bring meanwhile read an index
+    that still shows the gates, and must not PATCH every pod again."""
+    just_now = format_time(datetime.now(UTC))
+    names_and_roles = [(f"demo-worker-{i}", "worker") for i in range(3)] + [("demo-rdzv", "rendezvous")]
+    pods = [
+        summarize_pod(gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now)))
+        for name, role in names_and_roles
+    ]
+    kube = FakeKube(make_job())
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    for _ in range(3):
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): copy.deepcopy(pods)}, {}, {}, logger)
+    opened = [call[1] for call in kube.calls if call[0] == "ungate"]
+    assert sorted(opened) == sorted(name for name, _ in names_and_roles)
+    # Once the index shows them open, nothing is remembered; a pod of the same name made anew is judged afresh.
+    shown = [gang.ungated(pod) for pod in pods]
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): shown}, {}, {}, logger)
+    assert len(reconciler.own_writes) == 0
+    remade = [*shown[:2], {**pods[2], "metadata": {**pods[2]["metadata"], "uid": "another"}}, shown[3]]
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): remade}, {}, {}, logger)
+    assert [call[1] for call in kube.calls if call[0] == "ungate"][len(opened) :] == ["demo-worker-2"]
 
 
 def test_a_job_another_controller_manages_is_left_alone(
@@ -627,13 +654,16 @@ def test_throttled_creations_pause_the_job_and_resume_after_the_backoff(make_job
     assert plan.wake_after == 2.0  # woken when the pause ends, not at the next periodic reconcile
     assert ("event", "FailedCreate") not in kube.calls  # "not now" is no fault of the job's
     assert metrics.registry.get_sample_value("phalanx_api_errors_total", {"operation": "create"}) == 1
+    first = {name for kind, name in kube.calls if kind == "create"}
     kube.calls.clear()
     moment[0] = 1.0
     reconcile()
     assert not [call for call in kube.calls if call[0] in ("create", "refused")]
     moment[0] = 2.5
     reconcile()
-    assert len([call for call in kube.calls if call[0] == "create"]) == 7
+    # The two created before the pause are not sent again though the (empty) index does not show them yet.
+    created = [name for kind, name in kube.calls if kind == "create"]
+    assert len(created) == 5 and not first & set(created)
     assert creations.paused_for(("ml", "demo")) == 0.0
 
 
@@ -861,8 +891,8 @@ def test_a_new_spec_tries_at_once_and_created_pods_names_what_was_created(
     kube.rejected = set()
     kube.calls.clear()
     plan = reconcile()
+    # The rendezvous pod, created before, is remembered until the (here empty) pod index shows it.
     assert [name for kind, name in kube.calls if kind == "create"] == [
-        "demo-rdzv",
         "demo-worker-0",
         "demo-worker-1",
         "demo-worker-2",
@@ -957,7 +987,8 @@ def test_a_promotion_is_relabelled_and_announced_once_while_the_index_lags(
     # Once the index shows the label, the memory of it goes; a new pod of that name is judged afresh.
     caught_up = [*pods[:2], make_pod("demo-worker-2", role="worker"), pods[3]]
     reconciler.reconcile("ml", "demo", {("ml", "demo"): caught_up}, leases, nodes, logger)
-    assert reconciler._roles_written == {}
+    remembered = reconciler.own_writes.pending("ml", "demo")
+    assert not [change for _, change in remembered if isinstance(change, ownwrites.RoleLabel)], remembered
 
 
 class ExistingPodsKube(RejectingKube):
@@ -1000,6 +1031,39 @@ def test_the_job_s_own_pods_existing_but_never_indexed_mean_the_pod_watch_stoppe
     reconcile()
     # The job's own pods, existing and unseen for a minute: the watch stopped. Someone else's say nothing.
     assert reconciler.watch_stalled.is_set() is stalled
+
+
+def test_pods_it_created_and_never_indexed_are_not_sent_again_and_mean_the_pod_watch_stopped(
+    make_job: Callable[..., Any],
+) -> None:
+    from phalanx.operator import watchguard
+
+    moment = [0.0]
+
+    class CreatingKube(ExistingPodsKube):
+        def create(self, obj: dict[str, Any]) -> bool:
+            self.calls.append(("create", obj["metadata"]["name"]))
+            return True
+
+    kube = CreatingKube(make_job(), owner_uid="uid-123")
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    reconciler.unseen_pods = watchguard.UnseenPods(limit_seconds=60, clock=lambda: moment[0])
+    reconciler.own_writes = ownwrites.OwnWrites(limit_seconds=60, clock=lambda: moment[0])
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def reconcile() -> None:
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+
+    reconcile()
+    created = [name for kind, name in kube.calls if kind == "create"]
+    assert len(created) == 4
+    moment[0] = 30.0
+    reconcile()  # the index a moment behind: the pods are taken as existing, not created again
+    assert [name for kind, name in kube.calls if kind == "create"] == created
+    assert not reconciler.watch_stalled.is_set()
+    moment[0] = 61.0
+    reconcile()
+    assert reconciler.watch_stalled.is_set()
 
 
 @pytest.mark.parametrize("owner", [None, "uid-of-someone-else"])
