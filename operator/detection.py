@@ -380,6 +380,10 @@ def _step_reached(step_at: str, floor: str | None, now: datetime) -> str | None:
     return format_micro_time(min(reached, now))
 
 
+VERDICT_RENEWAL_MARGIN_SECONDS = 0.25
+"""Past a healthy peer's next renewal: the time its Lease takes to reach the operator's watch."""
+
+
 def next_heartbeat_deadline(
     trainers: list[dict[str, Any]],
     leases: dict[str, dict[str, Any]],
@@ -410,6 +414,15 @@ def next_heartbeat_deadline(
         stalled = _seconds_since(track.since, now, gaps)
         if pod.lease_phase == TRAINING_PHASE and stalled is not None:
             deadlines.append(heartbeat.progress_timeout_seconds - stalled)
+        verdict = _verdict_time(lease)
+        if verdict is not None and pod.lease_phase == TRAINING_PHASE:
+            # A hang verdict waits until every peer renewed after it (`_a_peer_fell_silent`), which their
+            # renewals do not announce: look again once each healthy peer's next renewal is due, and each
+            # interval after that while the verdict stands.
+            due = (
+                (verdict - now).total_seconds() + heartbeat.interval_seconds + VERDICT_RENEWAL_MARGIN_SECONDS
+            )
+            deadlines.append(due if due > 0 else heartbeat.interval_seconds)
     # A deadline already past was judged by this reconcile: only the ones ahead call for a wake-up.
     ahead = [seconds for seconds in deadlines if seconds > 0]
     return min(ahead) if ahead else None

@@ -585,6 +585,34 @@ def test_launcher_hangs_keep_the_blame_rule_of_stalled_workers(make_pod: MakePod
     assert [(f.cause, f.pod) for f in failures] == [("NoProgress", "demo-worker-0")]
 
 
+def test_a_hang_verdict_waiting_on_its_peers_renewals_is_looked_at_again_when_they_are_due(
+    make_pod: MakePod, now: datetime
+) -> None:
+    """Peers' renewals wake no reconcile: the verdict held until each renewed after it must not wait for the
+    periodic reconcile."""
+    pods = [make_pod("demo-worker-0"), make_pod("demo-worker-1")]
+    reached = micro(now)
+    leases = {name: lease(now, step=7, **{"step-at": reached}) for name in ("demo-worker-0", "demo-worker-1")}
+    _, tracks = run(pods, leases, now)
+    threshold = 1.4
+    judged = now + timedelta(seconds=threshold)
+    verdict = {"fault": "hung", "step-at": reached, "fault-since": reached, "hang-threshold": threshold}
+    peer_before = lease(judged, step=7, age=0.3, **{"step-at": reached})  # renewed just before the verdict
+    held = {"demo-worker-0": peer_before, "demo-worker-1": lease(judged, step=7, age=0.0, **verdict)}
+    assert run(pods, held, judged, tracks)[0] == []
+    due = HEARTBEAT.interval_seconds + detection.VERDICT_RENEWAL_MARGIN_SECONDS
+    deadline = detection.next_heartbeat_deadline(pods, held, tracks, HEARTBEAT, judged)
+    assert deadline == pytest.approx(due)
+    # By then the peer renewed: the verdict is acted on. Were it still held, it is looked at each interval.
+    then = judged + timedelta(seconds=due)
+    renewed = {**held, "demo-worker-0": lease(then, step=7, age=0.1, **{"step-at": reached})}
+    assert [f.cause for f in run(pods, renewed, then, tracks)[0]] == ["NoProgress"]
+    still = judged + timedelta(seconds=due + 0.5)
+    assert detection.next_heartbeat_deadline(pods, held, tracks, HEARTBEAT, still) == pytest.approx(
+        HEARTBEAT.interval_seconds
+    )
+
+
 def test_a_survivor_waiting_on_a_peer_that_fell_silent_is_not_blamed(
     make_pod: MakePod, now: datetime
 ) -> None:
