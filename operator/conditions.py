@@ -37,6 +37,9 @@ REASON_TRAINING = "Training"
 REASON_WAITING = "WaitingForWorkers"
 REASON_FINISHED = "TrainingFinished"
 REASON_SUSPENDED = "Suspended"
+# Suspended=False while the job's pods are still stopping (each worker saves a checkpoint on SIGTERM):
+# `kubectl wait --for=condition=Suspended` then returns once no pod of the job runs and every save is done.
+REASON_SUSPENDING = "Suspending"
 REASON_RESUMED = "Resumed"
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
 REASON_CREATE_REFUSED = "CreateRefused"

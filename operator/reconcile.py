@@ -1615,6 +1615,15 @@ def plan(job: dict[str, Any], observed: Observed) -> Plan:
     if queue is not None and queue.workers is not None and queue.workers < spec.replicas:
         # Kueue admitted fewer workers than asked for now (a scale-up after the admission): run those.
         spec = spec.model_copy(update={"replicas": queue.workers})
+    suspended = conditions.find(b.status.conditions, conditions.SUSPENDED)
+    if (
+        suspended is not None
+        and suspended.status == "False"
+        and suspended.reason == conditions.REASON_SUSPENDING
+    ):
+        # Resumed before its pods were all gone: suspended all the same, so the condition turns False now (the
+        # active deadline counts from the resume).
+        b.condition(conditions.SUSPENDED, True, conditions.REASON_SUSPENDED, suspended.message)
     was_suspended = conditions.is_true(b.status.conditions, conditions.SUSPENDED)
     reason = conditions.REASON_RESUMED if was_suspended else conditions.REASON_NOT_SUSPENDED
     message = "the job was resumed" if was_suspended else "the job is not suspended"
@@ -1705,7 +1714,18 @@ def _stop_gang(
     for track in b.status.tracking:
         track.done = True
     b.status.rendezvous = None
-    b.condition(conditions.SUSPENDED, True, reason, detail or message, "Normal")
+    stopping = sum(1 for pod in b.observed.pods if observe.phase(pod) not in observe.FINISHED_PHASES)
+    if stopping:
+        # Not suspended while a pod still runs: a worker stopping saves its checkpoint on SIGTERM, and who
+        # waits for `Suspended` reads that checkpoint next. Their going wakes the job.
+        b.condition(
+            conditions.SUSPENDED,
+            False,
+            conditions.REASON_SUSPENDING,
+            f"{detail or message}: {stopping} of its pods still stopping (a worker saves a checkpoint on SIGTERM)",
+        )
+    else:
+        b.condition(conditions.SUSPENDED, True, reason, detail or message, "Normal")
     b.condition(conditions.RUNNING, False, reason, message)
     b.condition(conditions.GANG_SCHEDULED, False, reason, message)
     if conditions.find(b.status.conditions, conditions.DEGRADED) is not None:

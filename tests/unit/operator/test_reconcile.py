@@ -144,8 +144,20 @@ def test_suspend_removes_pods_and_keeps_status_then_resume_recreates(
     assert sorted(suspended.delete_pods) == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert suspended.create_pods == []
     assert suspended.status["state"] == "Suspended" and suspended.status["step"] == 17
-    assert _condition(suspended, "Suspended")["status"] == "True"
-    resumed = plan(_with_status(make_job(suspend=False), suspended), Observed(pods=[], now=now))
+    # Not Suspended while its pods stop (each worker saves a checkpoint on SIGTERM): who waits for the condition
+    # reads the checkpoint next.
+    stopping = _condition(suspended, "Suspended")
+    assert stopping["status"] == "False" and stopping["reason"] == "Suspending", stopping
+    assert "4 of its pods still stopping" in stopping["message"]
+    terminating = [
+        {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "t"}} for pod in _running_gang(make_pod)
+    ]
+    still = plan(_with_status(make_job(suspend=True), suspended), Observed(pods=terminating, now=now))
+    assert _condition(still, "Suspended")["reason"] == "Suspending" and not still.delete_pods
+    gone = plan(_with_status(make_job(suspend=True), still), Observed(pods=[], now=now))
+    assert _condition(gone, "Suspended")["status"] == "True"
+    assert [event.reason for event in gone.events] == ["Suspended"]
+    resumed = plan(_with_status(make_job(suspend=False), gone), Observed(pods=[], now=now))
     assert len(resumed.create_pods) == 4
     assert _condition(resumed, "Suspended")["reason"] == "Resumed"
     assert "Resumed" in {event.reason for event in resumed.events}
