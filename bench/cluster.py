@@ -360,22 +360,24 @@ class BenchCluster:
             return ready[0] if len(ready) == 1 else None
         return next((pod for pod in ready if name_of(pod) == holder), None)
 
-    def ensure_operator(self) -> OperatorInfo:
-        """The running operator; installed from the chart with Helm's SDK when none runs."""
+    def ensure_operator(self, values: dict[str, Any] | None = None) -> OperatorInfo:
+        """The running operator; installed from the chart with Helm's SDK when none runs, with `values` beside
+        `OPERATOR_VALUES`."""
         leader = self.leader_pod()
         if self.operator is not None and leader is not None and uid_of(leader) == self.operator.uid:
             return self.operator
         installed_here = False
         if not any(is_ready(pod) for pod in self.operator_pods()):
             chart = assets.chart_dir()
-            self.log(f"installing the operator with Helm (values {OPERATOR_VALUES})")
+            chosen = {**OPERATOR_VALUES, **(values or {})}
+            self.log(f"installing the operator with Helm (values {chosen})")
             helm = self._helm()
             with contextlib.suppress(helmsdk.sdk().HelmError):
                 helm.uninstall(OPERATOR_RELEASE, ignore_not_found=True, wait="watcher")
             helm.install(
                 str(chart),
                 OPERATOR_RELEASE,
-                values=OPERATOR_VALUES,
+                values=chosen,
                 create_namespace=True,
             )
             installed_here = True

@@ -12,7 +12,10 @@ a place left by a member that fell silent or went away is taken by a waiting pod
 says `training`; a pod outside the group says `standby`. The operator's labels follow those heartbeats, as they
 follow torch's promotions.
 
-`silence(pod)` stops one pod's beats, as a frozen launcher's stop: the operator must find it.
+`silence(pod)` stops one pod's beats, as a frozen launcher's stop: the operator must find it. `report(pod, ...)`
+gives one pod's launcher news for the operator, sent at once as the launcher's next look (every 0.1 s) sends it:
+a verdict on a training process (`stopped`, or `hung` past its hang threshold) or a group restart (a training
+process died); with the hub, such news also goes to the pod's own Lease (`worker.beathub.writes_own_lease`).
 """
 
 from __future__ import annotations
@@ -21,17 +24,31 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from phalanx import beatsummary, contract
 from phalanx.bench.heartbeats import PacedRounds, raw_call, write_lease
-from phalanx.worker import heartbeat
+from phalanx.worker import beathub, heartbeat
 
 STEPS_PER_BEAT = 10
+HANG_THRESHOLD = 5.0
+"""The hang threshold the emulated launchers report (a real one's is adaptive: worker/trainerwatch.py)."""
 CONNECTING_THREADS = 64
 """Launchers connecting to the store at once (each real launcher connects on its own)."""
+
+
+@dataclass(frozen=True)
+class News:
+    """What one pod's launcher has to tell beyond its beat: a verdict on a training process, group restarts."""
+
+    fault: str | None = None
+    group_restarts: int = 0
+    frozen_step: int | None = None
+    """The step a stopped or hung training process stays at."""
+    frozen_since: float | None = None
+    """Unix time it stopped advancing: the fault's start (`fault-since`) and the step's `step-at`."""
 
 
 @dataclass(frozen=True)
@@ -75,18 +92,36 @@ def regroup(group: list[str], pods: list[EmulatedPod], replicas: int, silent: se
 
 
 def beat_body(
-    pod: EmulatedPod, namespace: str, step: int, group_started: float, timeout: float, training: bool
+    pod: EmulatedPod,
+    namespace: str,
+    step: int,
+    group_started: float,
+    timeout: float,
+    training: bool,
+    news: News | None = None,
 ) -> dict[str, Any]:
     """The Lease the pod's launcher would write now (pure but for the clock): `training` in the group, else
-    `standby`."""
+    `standby`; with its `news`."""
+    news = news or News()
+    frozen = news.frozen_step is not None
+    step = news.frozen_step if news.frozen_step is not None else step
     status = heartbeat.PodStatus(
         phase="training" if training else "standby",
         step=step if training else None,
-        step_at=time.time() if training else None,
+        step_at=(news.frozen_since if frozen else time.time()) if training else None,
         rank=pod.index if training else None,
         step_seconds=0.5 if training else None,
         loss=2.5 if training else None,
         group_started=group_started if training else None,
+        group_restarts=news.group_restarts or None,
+        restart_cause="a training process exited" if news.group_restarts else None,
+        fault=news.fault,
+        fault_rank=pod.index if news.fault else None,
+        fault_since=news.frozen_since if news.fault else None,
+        fault_message=f"{pod.name}: the launcher reports a training process {news.fault}"
+        if news.fault
+        else None,
+        hang_threshold=HANG_THRESHOLD if training else None,
     )
     return heartbeat.lease_body(
         pod_name=pod.name,
@@ -128,6 +163,9 @@ class EmulatedLaunchers(PacedRounds):
         self._silenced: set[str] = set()
         """Uids of the pods whose launchers fell silent."""
         self._silenced_names: set[str] = set()
+        self._reported_names: set[str] = set()
+        self._news: dict[str, News] = {}
+        """Per pod uid, the news its launcher tells (`report`)."""
         self._paths: dict[str, str] = {}
         self._failed: dict[str, int] = {}
         self.started = time.monotonic()
@@ -149,6 +187,10 @@ class EmulatedLaunchers(PacedRounds):
     def was_silenced(self, pod: str) -> bool:
         with self._lock:
             return pod in self._silenced_names
+
+    def was_reported(self, pod: str) -> bool:
+        with self._lock:
+            return pod in self._reported_names
 
     def describe(self, pod: str, at: float) -> str:
         """What the emulation knows of `pod`'s beats at monotonic time `at` (for a false alarm's note)."""
@@ -182,11 +224,46 @@ class EmulatedLaunchers(PacedRounds):
             self._leases_written.add(pod.uid)
             self.lease_writes += 1
 
-    def _beat(self, pod: EmulatedPod, step: int, group_started: float, training: bool) -> None:
+    def freeze(self, pod: str, uid: str) -> None:
+        """Pod `pod` (uid `uid`)'s training stops advancing (a stop or a hang begins): its step stays, it goes on
+        beating, and no verdict is told yet."""
+        with self._lock:
+            before = self._news.get(uid, News())
+            if before.frozen_step is None:
+                self._news[uid] = replace(before, frozen_step=self._step, frozen_since=time.time())
+
+    def report(self, pod: str, uid: str, fault: str | None = None, restarted: bool = False) -> float:
+        """Pod `pod` (uid `uid`)'s launcher has news: a verdict on a training process (`fault`, from when its
+        training stopped advancing: `freeze`, else now) or a restart of its group (`restarted`: a training
+        process died). Sent at once, and carried by its later beats as a launcher keeps saying it; returns the
+        monotonic time it went out."""
+        if fault:
+            self.freeze(pod, uid)
+        with self._lock:
+            self._reported_names.add(pod)
+            before = self._news.get(uid, News())
+            self._news[uid] = replace(
+                before,
+                fault=fault or before.fault,
+                group_restarts=before.group_restarts + (1 if restarted else 0),
+            )
+            group, group_started, step = set(self._group), self._group_started, self._step
+        # From here on every beat of the pod carries the news, a round's as well as this one.
+        sent = time.monotonic()
+        target = next((each for each in self._pods() if each.uid == uid), None)
+        if target is None:
+            raise RuntimeError(f"{pod} is not a Running trainer pod of the job")
+        self._beat(target, step, group_started, uid in group, urgent=True)
+        return sent
+
+    def _beat(
+        self, pod: EmulatedPod, step: int, group_started: float, training: bool, urgent: bool = False
+    ) -> None:
         with self._lock:
             if pod.uid in self._silenced:
                 return
-        body = beat_body(pod, self.namespace, step, group_started, self.timeout, training)
+            news = self._news.get(pod.uid)
+        body = beat_body(pod, self.namespace, step, group_started, self.timeout, training, news)
         try:
             took = False
             first = pod.uid not in self._leases_written
@@ -202,7 +279,7 @@ class EmulatedLaunchers(PacedRounds):
                 if took:
                     with self._lock:
                         self.hub_beats += 1
-            if not took and not first:
+            if not first and beathub.writes_own_lease(took, True, False, urgent):
                 self._renew_lease(pod, body)
         except Exception:  # an error or a timed-out call: the next round tries again
             with self._lock:

@@ -31,6 +31,8 @@ class PodEvent:
     node: str | None = None
     phase: str | None = None
     deleting: bool = False
+    gated: bool = False
+    """Some scheduling gate holds it (the operator lifts the gang's once the whole gang exists)."""
 
 
 def pod_event(kind: str, raw: dict[str, Any], moment: float) -> PodEvent:
@@ -44,6 +46,7 @@ def pod_event(kind: str, raw: dict[str, Any], moment: float) -> PodEvent:
         node=(raw.get("spec") or {}).get("nodeName"),
         phase=(raw.get("status") or {}).get("phase"),
         deleting=bool(meta.get("deletionTimestamp")),
+        gated=bool((raw.get("spec") or {}).get("schedulingGates")),
     )
 
 
@@ -239,6 +242,10 @@ def first_times(events: Iterable[PodEvent], when: Callable[[PodEvent], bool]) ->
 
 def created(event: PodEvent) -> bool:
     return event.type == "ADDED"
+
+
+def ungated(event: PodEvent) -> bool:
+    return event.type != "DELETED" and not event.gated
 
 
 def bound(event: PodEvent) -> bool:

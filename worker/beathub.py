@@ -28,9 +28,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx import beatsummary, contract
+
+if TYPE_CHECKING:
+    from phalanx.worker import heartbeat
 
 logger = logging.getLogger("phalanx.beathub")
 
@@ -58,6 +61,23 @@ def member_names(raw: bytes, prefix: str) -> list[str]:
         if name.startswith(prefix) and index.isdigit() and int(index) <= beatsummary.MAX_INDEX:
             seen[name] = None
     return list(seen)
+
+
+def news_for_the_operator(before: heartbeat.PodStatus | None, now: heartbeat.PodStatus) -> bool:
+    """Whether the pod's news calls for the operator now: a new verdict on a training process (`fault`), or the
+    group restarted by this launcher (a training process died)."""
+    if before is None:
+        return False
+    verdict = now.fault is not None and (now.fault, now.fault_rank) != (before.fault, before.fault_rank)
+    return verdict or (now.group_restarts or 0) > (before.group_restarts or 0)
+
+
+def writes_own_lease(hub_took_it: bool, written_before: bool, force: bool, urgent: bool) -> bool:
+    """Whether a beat also renews the pod's own Lease: always without the hub; with it, the first time (the pod's
+    heartbeat exists before the hub hears of it), at the last word (the pod ends: no wait for the next summary),
+    for news the operator acts on (one write, not a wait of up to an interval for the hub's next summary), and
+    whenever the hub does not answer."""
+    return not hub_took_it or not written_before or force or urgent
 
 
 class BeatSender:

@@ -767,7 +767,7 @@ class PodReporter:
             now=datetime.now(UTC),
             lease_duration_seconds=math.ceil(self.settings.heartbeat_timeout),
         )
-        urgent = news_for_the_operator(self._last_sent, status)
+        urgent = beathub.news_for_the_operator(self._last_sent, status)
         self._last_sent = status
         first = self._lease is not None and not self._lease_written
         if first:
@@ -775,25 +775,12 @@ class PodReporter:
             self._lease.renew(body)
             self._lease_written = True
         hub_took_it = self.hub is not None and self.hub.send(beatsummary.lease_summary(body))
-        if self._lease is not None and not first and writes_own_lease(hub_took_it, True, force, urgent):
+        if (
+            self._lease is not None
+            and not first
+            and beathub.writes_own_lease(hub_took_it, True, force, urgent)
+        ):
             self._lease.renew(body)
-
-
-def news_for_the_operator(before: heartbeat.PodStatus | None, now: heartbeat.PodStatus) -> bool:
-    """Whether the pod's news calls for the operator now: a new verdict on a training process (`fault`), or the
-    group restarted by this launcher (a training process died)."""
-    if before is None:
-        return False
-    verdict = now.fault is not None and (now.fault, now.fault_rank) != (before.fault, before.fault_rank)
-    return verdict or (now.group_restarts or 0) > (before.group_restarts or 0)
-
-
-def writes_own_lease(hub_took_it: bool, written_before: bool, force: bool, urgent: bool) -> bool:
-    """Whether a beat also renews the pod's own Lease: always without the hub; with it, the first time (the pod's
-    heartbeat exists before the hub hears of it), at the last word (the pod ends: no wait for the next summary),
-    for news the operator acts on (one write, not a wait of up to an interval for the hub's next summary), and
-    whenever the hub does not answer."""
-    return not hub_took_it or not written_before or force or urgent
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 nodes, its launchers emulated with the launcher's heartbeat code, the operator installed from the chart.
 
 A smoke, not a measurement (speed is the report's business): the run must finish, the job's heartbeats must cost
-what its pods' Leases cost and no more, and the operator must find the worker whose launcher fell silent.
+what its pods' Leases cost and no more, the gang's pods must each be created and released once, the operator
+must find the worker whose launcher fell silent and act on the launchers' verdicts, and a group restart must
+reach the job's Leases.
 """
 
 from __future__ import annotations
@@ -43,5 +45,14 @@ def test_a_64_pod_job_on_simulated_gpu_nodes_beats_and_a_silent_worker_is_found(
     assert metrics["operator RSS, N=64"][0] > 0 and metrics["operator watch events/s, N=64"][0] > 0
     (found,) = metrics["silent worker found past the timeout, N=64"]
     assert -scale.INTERVAL < found < scale.TIMEOUT, found
+    # One creation and one gate lift a pod, none sent again while the operator's pod index catches up.
+    (pod_writes,) = metrics["operator's pod writes per gang pod, N=64"]
+    assert pod_writes == 2.0, pod_writes
+    for kind in scale.VERDICT_REASONS:
+        (acted,) = metrics[f"launcher's verdict '{kind}' acted on, N=64"]
+        assert 0 < acted < scale.DETECTION_WAIT, (kind, acted)
+    (reported,) = metrics["group restart reported, N=64"]
+    assert 0 <= reported < scale.DETECTION_WAIT, reported
     details = result["details"]["64"]
     assert details["hub"] is False and details["misses"] == [] and details["partial"] is False
+    assert details["false_alarms"] == [], details["false_alarms"]

@@ -62,7 +62,8 @@ def _figures(workers: int, hub: bool, leases: float, detection: list[float]) -> 
         workers=workers,
         spares=scale.spares_for(workers),
         hub=hub,
-        gang={"created": 1.0, "bound": 2.0 + workers / 100, "running": 3.0 + workers / 100},
+        gang={"created": 1.0, "ungated": 1.5, "bound": 2.0 + workers / 100, "running": 3.0 + workers / 100},
+        gang_requests={"POST pods": 1.0, "PATCH pods": 1.0, "POST pods/binding": 1.0},
         window=30.0,
         writes_total=100.0 + leases,
         writes_by_resource={"PATCH leases": leases},
@@ -72,6 +73,8 @@ def _figures(workers: int, hub: bool, leases: float, detection: list[float]) -> 
         operator_cpu=0.05 + workers / 10_000,
         operator_rss_mb=90.0 + workers / 10,
         detection=detection,
+        verdicts={"stopped": [0.2, 0.3], "hung": [2.4, 3.5]},
+        restart_reports=[0.05],
     )
 
 
@@ -95,6 +98,60 @@ def test_the_report_judges_the_big_sizes_and_projects_the_seed_scale() -> None:
     assert any("12,500 was not" in note for note in scale.notes_of(measured, {12_500: "not run: why"}))
     assert any("do not grow with N" in note for note in notes)
     assert {series.chart for series in scale.series_of(measured)} == {"writes", "operator", "detection"}
+    # The launchers' news: a stop acted on within 1 s at the big sizes, a hang within an interval more (here
+    # one at 3.5 s is not).
+    assert metrics["launcher's verdict 'stopped' acted on, N=512"].verdict().met
+    assert metrics["launcher's verdict 'hung' acted on, N=512"].verdict().met is False
+    assert metrics["launcher's verdict 'hung' acted on, N=64"].target is None
+    assert metrics["group restart reported, N=512"].verdict().met
+    pod_writes = metrics["operator's pod writes per gang pod, N=8"]
+    assert pod_writes.samples == [2.0] and pod_writes.verdict().met
+
+
+def test_the_gang_s_writes_are_counted_per_pod_from_the_api_server_s_request_counters() -> None:
+    from phalanx.bench import prom
+
+    def scrape(creations: int, patches: int) -> dict[Any, float]:
+        text = "\n".join(
+            [
+                f'apiserver_request_total{{code="201",resource="pods",verb="POST"}} {creations}',
+                f'apiserver_request_total{{code="200",resource="pods",verb="PATCH"}} {patches}',
+                f'apiserver_request_total{{code="200",resource="pods",subresource="status",verb="PATCH"}} {patches}',
+                'apiserver_request_total{code="200",resource="pods",verb="LIST"} 7',
+            ]
+        )
+        return prom.parse(text, prom.REQUESTS)
+
+    per_pod = scale.gang_requests(scrape(10, 4), scrape(76, 70), pods=66)
+    assert (
+        per_pod["POST pods"] == 1.0 and per_pod["PATCH pods"] == 1.0 and per_pod["PATCH pods/status"] == 1.0
+    )
+    assert per_pod["POST pods/binding"] == 0.0
+
+
+def test_a_launcher_s_news_rides_its_beats_and_a_stopped_step_stays() -> None:
+    (pod,) = scale_launchers.pods_of({"items": [_pod("big-worker-3", "worker", 3)]})
+    news = scale_launchers.News(fault="hung", group_restarts=1, frozen_step=30, frozen_since=1_000.0)
+    said = beatsummary.lease_summary(scale_launchers.beat_body(pod, "ml", 90, 900.0, 10, True, news))
+    assert said["fault"] == "hung" and said["fault-rank"] == "3" and said["step"] == "30"
+    assert said["group-restarts"] == "1" and "big-worker-3" in said["fault-message"]
+    assert (
+        said["fault-since"] == said["step-at"]
+    )  # the wait for the next step began when this one was reached
+    plain = beatsummary.lease_summary(scale_launchers.beat_body(pod, "ml", 90, 900.0, 10, True))
+    assert not plain.get("fault") and plain["step"] == "90"
+
+
+def test_node_heartbeats_stay_bounded_and_the_gang_bound_is_raised_as_a_platform_would() -> None:
+    import yaml
+
+    from phalanx import assets
+
+    assert scale.node_heartbeat_seconds(520) == scale.NODE_HEARTBEAT
+    assert scale.node_heartbeat_seconds(2_080) == 40
+    assert 12_700 / scale.node_heartbeat_seconds(12_700) <= scale.NODE_LEASES_PER_SECOND + 1
+    values = yaml.safe_load((assets.chart_dir() / "values.yaml").read_text())
+    assert values["maxGangPods"] == scale.DEFAULT_MAX_GANG_PODS
 
 
 def test_writes_are_counted_from_watch_events_inside_the_window_only() -> None:

@@ -176,21 +176,20 @@ def test_a_beat_long_past_every_timeout_is_left_out_of_the_summary(server: dist.
 
 
 def test_news_the_operator_acts_on_goes_to_the_pod_s_own_lease_at_once_beside_the_hub() -> None:
-    from phalanx.worker import launch
     from phalanx.worker.heartbeat import PodStatus
 
     training = PodStatus(phase="training", step=5, group_restarts=0)
     hung = PodStatus(phase="training", step=5, group_restarts=0, fault="hung", fault_rank=3)
     restarted = PodStatus(phase="rendezvous", group_restarts=1)
-    assert launch.news_for_the_operator(training, hung)
-    assert not launch.news_for_the_operator(hung, hung)  # said once
-    assert launch.news_for_the_operator(hung, PodStatus(phase="training", fault="hung", fault_rank=4))
-    assert launch.news_for_the_operator(training, restarted)
-    assert not launch.news_for_the_operator(training, PodStatus(phase="training", step=6, group_restarts=0))
-    assert not launch.news_for_the_operator(None, hung)  # the first beat is written anyway
+    assert beathub.news_for_the_operator(training, hung)
+    assert not beathub.news_for_the_operator(hung, hung)  # said once
+    assert beathub.news_for_the_operator(hung, PodStatus(phase="training", fault="hung", fault_rank=4))
+    assert beathub.news_for_the_operator(training, restarted)
+    assert not beathub.news_for_the_operator(training, PodStatus(phase="training", step=6, group_restarts=0))
+    assert not beathub.news_for_the_operator(None, hung)  # the first beat is written anyway
     # With the hub taking beats, the own Lease waits, but for the first beat, the last word and news.
-    assert not launch.writes_own_lease(hub_took_it=True, written_before=True, force=False, urgent=False)
-    assert launch.writes_own_lease(hub_took_it=True, written_before=True, force=False, urgent=True)
-    assert launch.writes_own_lease(hub_took_it=True, written_before=False, force=False, urgent=False)
-    assert launch.writes_own_lease(hub_took_it=True, written_before=True, force=True, urgent=False)
-    assert launch.writes_own_lease(hub_took_it=False, written_before=True, force=False, urgent=False)
+    assert not beathub.writes_own_lease(hub_took_it=True, written_before=True, force=False, urgent=False)
+    assert beathub.writes_own_lease(hub_took_it=True, written_before=True, force=False, urgent=True)
+    assert beathub.writes_own_lease(hub_took_it=True, written_before=False, force=False, urgent=False)
+    assert beathub.writes_own_lease(hub_took_it=True, written_before=True, force=True, urgent=False)
+    assert beathub.writes_own_lease(hub_took_it=False, written_before=True, force=False, urgent=False)
