@@ -46,13 +46,16 @@ def wait_paused(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
         "wait", "--for=condition=Suspended", f"trainingjob/{name}", "-n", namespace, "--timeout=300s",
         timeout=310,
     )  # fmt: skip
-    # Gone, terminating ones too: a worker's save on SIGTERM ends before its pod object is deleted.
+    # Suspended means no worker runs, terminating ones included: each one's save on SIGTERM is done, and the
+    # caller reads the checkpoint next, as a user who waited for the condition would.
     selector = f"phalanx.dev/job-name={name},{TRAINER_LABELS}"
-    wait_for(
-        lambda: not cluster.core.list_namespaced_pod(namespace, label_selector=selector).items,
-        90,
-        message="workers gone, terminating ones too",
-    )
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+    running = [
+        (pod.metadata.name, pod.status.phase)
+        for pod in pods
+        if pod.status.phase not in ("Succeeded", "Failed")
+    ]
+    assert not running, f"Suspended while workers still run: {running}"
     return get_job(cluster, namespace, name)
 
 

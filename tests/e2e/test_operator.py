@@ -500,10 +500,12 @@ def test_suspend_resume_and_delete(cluster: Cluster, operator: Operator, namespa
     cluster.kubectl(
         "patch", "trainingjob", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
     )
+    # True once the pods are gone (each worker saved on SIGTERM first), not when their deletion was asked.
     cluster.kubectl(
-        "wait", "--for=condition=Suspended", "trainingjob/pausable", "-n", namespace, "--timeout=60s"
-    )
-    wait_for(lambda: not job_pods(cluster, namespace, "pausable", TRAINER_LABELS), 60, message="pods removed")
+        "wait", "--for=condition=Suspended", "trainingjob/pausable", "-n", namespace, "--timeout=120s",
+        timeout=130,
+    )  # fmt: skip
+    assert not job_pods(cluster, namespace, "pausable", TRAINER_LABELS)
     suspended = get_job(cluster, namespace, "pausable")
     assert suspended["status"]["state"] == "Suspended" and suspended["status"].get("startTime")
     cluster.kubectl(
