@@ -358,13 +358,14 @@ def measure_size(
         time.sleep(3 * INTERVAL)  # every launcher's first beat and Lease are behind
         steady_window(cluster, figures, watches, plan.window)
         log(f"N={workers}: steady window done ({figures.writes_total:.1f} writes/s in all)")
+        trials = Trials(cluster, figures, watches, launchers, namespace, log)
         for trial in range(plan.trials):
-            detect_silence(cluster, figures, watches, launchers, namespace, trial, log)
+            trials.silence(trial)
         for trial in range(plan.trials):
-            report_restart(cluster, figures, watches, launchers, namespace, trial)
+            trials.restart(trial)
         for kind in VERDICT_REASONS:
             for trial in range(plan.verdict_trials):
-                act_on_verdict(cluster, figures, watches, launchers, namespace, kind, trial, log)
+                trials.verdict(kind, trial)
         figures.launcher_failures, figures.late_rounds = launchers.failures, launchers.late_rounds
         figures.false_alarms = false_alarms(watches["events"].events(), launchers)
     finally:
@@ -374,7 +375,8 @@ def measure_size(
             hub_side.close()
         for watch in watches.values():
             watch.stop()
-        cluster.delete_namespace(namespace, wait=False)
+        # Gone before the next size starts: its pods' deletion is no write of the next gang's, nor its load.
+        cluster.delete_namespace(namespace, wait=True)
     return figures
 
 
@@ -430,149 +432,132 @@ def false_alarms(events: list[Seen], launchers: EmulatedLaunchers) -> list[str]:
     return found
 
 
-def pick_worker(cluster: BenchCluster, namespace: str, trial: int) -> tuple[str, str] | None:
-    """A Running worker of the job (name, uid), a different one per trial."""
-    selector = f"{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
-    live = sorted(
-        (name_of(pod), uid_of(pod))
-        for pod in cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
-        if phase_of(pod) == "Running" and not is_terminating(pod)
-    )
-    return live[(trial * 7 + 1) % len(live)] if live else None
+@dataclass
+class Trials:
+    """The faults tried on one size's running job, one after another, each timed to what the operator did."""
 
+    cluster: BenchCluster
+    figures: SizeFigures
+    watches: dict[str, Watch[Any]]
+    launchers: EmulatedLaunchers
+    namespace: str
+    log: Callable[[str], None]
 
-def event_naming(
-    watch: Watch[Seen], reasons: tuple[str, ...], pod: str, since: float
-) -> Callable[[], Seen | None]:
-    """A probe for the first Event after `since` of one of `reasons` that names `pod`."""
-
-    def found() -> Seen | None:
-        return next(
-            (
-                event
-                for event in watch.events()
-                if event.t >= since and event.reason in reasons and pod in event.message
-            ),
-            None,
+    def silence(self, trial: int) -> None:
+        """One worker's launcher falls silent; the time from its last beat to the operator's Event naming it,
+        past the timeout. Then wait until the gang is whole again."""
+        what = f"trial {trial}"
+        picked = self._worker(trial, what)
+        if picked is None:
+            return
+        victim, uid = picked
+        since = time.monotonic()
+        last = self.launchers.silence(victim, uid)
+        event = self._event((HEARTBEAT_TIMEOUT,), victim, since, what)
+        if event is None:
+            return
+        self.figures.detection.append(event.t - (last + TIMEOUT))
+        self.log(
+            f"N={self.figures.workers}: {victim} silent, found {self.figures.detection[-1]:+.2f} s past the timeout"
         )
+        self._wait_whole(what)
 
-    return found
-
-
-def wait_whole(cluster: BenchCluster, figures: SizeFigures, namespace: str, what: str) -> None:
-    """Wait until every trainer pod of the gang is Running again (a miss is noted, not raised)."""
-    whole = figures.workers + figures.spares
-
-    def recovered() -> bool:
-        pods = cluster.core.list_namespaced_pod(
-            namespace, label_selector=f"{contract.LABEL_JOB_NAME}={JOB}"
-        ).items
-        trainers = [
-            pod
-            for pod in pods
-            if name_of(pod) != names.rendezvous_name(JOB)
-            and not is_terminating(pod)
-            and phase_of(pod) == "Running"
-        ]
-        return len(trainers) >= whole
-
-    try:
-        wait_for(recovered, RECOVERY_WAIT, interval=1.0, message="the gang whole again")
-    except BenchError as error:
-        figures.misses.append(f"{what}: {error}")
-
-
-def detect_silence(
-    cluster: BenchCluster,
-    figures: SizeFigures,
-    watches: dict[str, Watch[Any]],
-    launchers: EmulatedLaunchers,
-    namespace: str,
-    trial: int,
-    log: Callable[[str], None],
-) -> None:
-    """One worker's launcher falls silent; the time from its last beat to the operator's Event naming it, past
-    the timeout. Then wait until the gang is whole again."""
-    picked = pick_worker(cluster, namespace, trial)
-    if picked is None:
-        figures.misses.append(f"trial {trial}: no Running worker to silence")
-        return
-    victim, uid = picked
-    since = time.monotonic()
-    last = launchers.silence(victim, uid)
-    named = event_naming(watches["events"], (HEARTBEAT_TIMEOUT,), victim, since)
-    try:
-        event = wait_for(named, DETECTION_WAIT, interval=0.1, message=f"the operator to find {victim} silent")
-    except BenchError as error:
-        figures.misses.append(f"trial {trial}: {error}")
-        return
-    figures.detection.append(event.t - (last + TIMEOUT))
-    log(f"N={figures.workers}: {victim} silent, found {figures.detection[-1]:+.2f} s past the timeout")
-    wait_whole(cluster, figures, namespace, f"trial {trial}")
-
-
-def act_on_verdict(
-    cluster: BenchCluster,
-    figures: SizeFigures,
-    watches: dict[str, Watch[Any]],
-    launchers: EmulatedLaunchers,
-    namespace: str,
-    kind: str,
-    trial: int,
-    log: Callable[[str], None],
-) -> None:
-    """One worker's launcher judges a training process `stopped` or `hung` (its step stays); the time from its
-    report to the operator's Event naming the pod. Then wait until the gang is whole again."""
-    picked = pick_worker(cluster, namespace, 100 + trial)
-    if picked is None:
-        figures.misses.append(f"{kind} {trial}: no Running worker")
-        return
-    victim, uid = picked
-    launchers.freeze(victim, uid)
-    if kind == "hung":
-        # A launcher calls a rank hung once it waited its hang threshold for the next step.
-        time.sleep(HANG_THRESHOLD)
-    sent = launchers.report(victim, uid, fault=kind)
-    named = event_naming(watches["events"], (VERDICT_REASONS[kind],), victim, sent)
-    try:
-        event = wait_for(
-            named, DETECTION_WAIT, interval=0.1, message=f"the operator to act on {victim} {kind}"
+    def verdict(self, kind: str, trial: int) -> None:
+        """One worker's launcher judges a training process `stopped` or `hung` (its step stays); the time from its
+        report to the operator's Event naming the pod. Then wait until the gang is whole again."""
+        what = f"{kind} {trial}"
+        picked = self._worker(100 + trial, what)
+        if picked is None:
+            return
+        victim, uid = picked
+        self.launchers.freeze(victim, uid)
+        if kind == "hung":
+            # A launcher calls a rank hung once it waited its hang threshold for the next step.
+            time.sleep(HANG_THRESHOLD)
+        sent = self.launchers.report(victim, uid, fault=kind)
+        event = self._event((VERDICT_REASONS[kind],), victim, sent, what)
+        if event is None:
+            return
+        self.figures.verdicts.setdefault(kind, []).append(event.t - sent)
+        self.log(
+            f"N={self.figures.workers}: {victim} {kind}, acted on {event.t - sent:.2f} s after its report"
         )
-    except BenchError as error:
-        figures.misses.append(f"{kind} {trial}: {error}")
-        return
-    figures.verdicts.setdefault(kind, []).append(event.t - sent)
-    log(f"N={figures.workers}: {victim} {kind}, acted on {figures.verdicts[kind][-1]:.2f} s after its report")
-    wait_whole(cluster, figures, namespace, f"{kind} {trial}")
+        self._wait_whole(what)
 
+    def restart(self, trial: int) -> None:
+        """One worker's training process dies and its launcher restarts its group: the time from the report to
+        the pod's own Lease carrying it reaching a watch of the job's Leases (as the operator's does), with the
+        hub too: no wait for the hub's next summary."""
+        what = f"restart {trial}"
+        picked = self._worker(200 + trial, what)
+        if picked is None:
+            return
+        victim, uid = picked
+        sent = self.launchers.report(victim, uid, restarted=True)
+        leases = self.watches["leases"]
 
-def report_restart(
-    cluster: BenchCluster,
-    figures: SizeFigures,
-    watches: dict[str, Watch[Any]],
-    launchers: EmulatedLaunchers,
-    namespace: str,
-    trial: int,
-) -> None:
-    """One worker's training process dies and its launcher restarts its group: the time from the report to the
-    pod's own Lease carrying it reaching a watch of the job's Leases (as the operator's does), with the hub
-    too: no wait for the hub's next summary."""
-    picked = pick_worker(cluster, namespace, 200 + trial)
-    if picked is None:
-        figures.misses.append(f"restart {trial}: no Running worker")
-        return
-    victim, uid = picked
-    sent = launchers.report(victim, uid, restarted=True)
+        def arrived() -> Seen | None:
+            return next((e for e in leases.events() if e.t >= sent and e.name == victim), None)
 
-    def arrived() -> Seen | None:
-        return next((e for e in watches["leases"].events() if e.t >= sent and e.name == victim), None)
+        try:
+            event = wait_for(arrived, DETECTION_WAIT, interval=0.05, message=f"{victim}'s restart reported")
+        except BenchError as error:
+            self.figures.misses.append(f"{what}: {error}")
+            return
+        self.figures.restart_reports.append(event.t - sent)
 
-    try:
-        event = wait_for(arrived, DETECTION_WAIT, interval=0.05, message=f"{victim}'s restart reported")
-    except BenchError as error:
-        figures.misses.append(f"restart {trial}: {error}")
-        return
-    figures.restart_reports.append(event.t - sent)
+    def _worker(self, slot: int, what: str) -> tuple[str, str] | None:
+        """A Running worker of the job (name, uid), a different one per `slot`; None (a miss noted) when none
+        runs."""
+        selector = f"{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+        live = sorted(
+            (name_of(pod), uid_of(pod))
+            for pod in self.cluster.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+            if phase_of(pod) == "Running" and not is_terminating(pod)
+        )
+        if not live:
+            self.figures.misses.append(f"{what}: no Running worker")
+            return None
+        return live[(slot * 7 + 1) % len(live)]
+
+    def _event(self, reasons: tuple[str, ...], pod: str, since: float, what: str) -> Seen | None:
+        """The first Event after `since` of one of `reasons` that names `pod`; None (a miss noted) when none
+        comes within `DETECTION_WAIT`."""
+        events = self.watches["events"]
+
+        def found() -> Seen | None:
+            return next(
+                (e for e in events.events() if e.t >= since and e.reason in reasons and pod in e.message),
+                None,
+            )
+
+        try:
+            return wait_for(found, DETECTION_WAIT, interval=0.1, message=f"{'/'.join(reasons)} of {pod}")
+        except BenchError as error:
+            self.figures.misses.append(f"{what}: {error}")
+            return None
+
+    def _wait_whole(self, what: str) -> None:
+        """Wait until every trainer pod of the gang is Running again (a miss is noted, not raised)."""
+        whole = self.figures.workers + self.figures.spares
+
+        def recovered() -> bool:
+            pods = self.cluster.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{contract.LABEL_JOB_NAME}={JOB}"
+            ).items
+            trainers = [
+                pod
+                for pod in pods
+                if name_of(pod) != names.rendezvous_name(JOB)
+                and not is_terminating(pod)
+                and phase_of(pod) == "Running"
+            ]
+            return len(trainers) >= whole
+
+        try:
+            wait_for(recovered, RECOVERY_WAIT, interval=1.0, message="the gang whole again")
+        except BenchError as error:
+            self.figures.misses.append(f"{what}: {error}")
 
 
 # ------------------------------------------------------------------------------ the report

@@ -409,10 +409,13 @@ class JobReconciler:
         # After this reconcile's creations: the gates open once the whole gang exists.
         uids = {observe.pod_name(pod): pod["metadata"].get("uid") for pod in observed_pods}
         job_name = job["metadata"]["name"]
-        for operation, changes in (
-            ("ungate", [(pod, ownwrites.GateLifted()) for pod in plan.ungate_pods]),
-            ("label", [(pod, ownwrites.RoleLabel(role)) for pod, role in plan.relabel_pods.items()]),
-        ):
+        lifts: list[tuple[str, ownwrites.PodChange]] = [
+            (pod, ownwrites.GateLifted()) for pod in plan.ungate_pods
+        ]
+        labels: list[tuple[str, ownwrites.PodChange]] = [
+            (pod, ownwrites.RoleLabel(role)) for pod, role in plan.relabel_pods.items()
+        ]
+        for operation, changes in (("ungate", lifts), ("label", labels)):
             done = self._each(
                 operation, self._change_pod, [(namespace, pod, change) for pod, change in changes]
             )

@@ -108,7 +108,7 @@ class OwnWrites:
                     else:
                         result.append(change.laid_over({}))
                     continue
-                if pod is None or pod["metadata"].get("uid") != uid or change.shown(pod):
+                if position is None or pod is None or pod["metadata"].get("uid") != uid or change.shown(pod):
                     del written[key]
                     continue
                 result[position] = change.laid_over(pod)
