@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field
 
-from phalanx.bench import peers
+from phalanx.bench import peers, seedscale
 from phalanx.bench.core import BenchResult, Metric, Model, fmt
 from phalanx.bench.machine import Machine
 
@@ -274,6 +274,7 @@ def render_markdown(run: Run) -> str:
         lines.append("")
     lines += ["## Summary", "", *summary_lines(run.results), ""]
     lines += peer_lines(run.results, run.started_at)
+    lines += seedscale.section_lines(run.results)
     lines += ["## Targets missed", ""]
     lines += missed_lines(run.results)
     lines.append("")

@@ -75,6 +75,11 @@ SEED_SCALE = 12_500
 WRITES_BOUND = 20.0
 DETECTION_BOUND = 3.0
 VERDICT_BOUND = 1.0
+HUB_HANG_WAIT = (
+    "a hang verdict waits until every peer renewed its heartbeat after it (a peer that did not may be the frozen "
+    "culprit); through the heartbeat hub a peer's renewal reaches the operator in the hub's next summary, up to "
+    "one interval after the beat, so the wait can be two intervals where each pod's own Lease takes one"
+)
 """The operator acts on a launcher's news within the API's own p99 bound."""
 GANG_BOUND_SECONDS = 180.0
 HUB_SUMMARY_WAIT = 60.0
@@ -703,6 +708,7 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                     f"{VERDICT_REASONS[kind]} Event naming the pod"
                     + (" (the report goes to the pod's own Lease beside the hub)" if figures.hub else ""),
                     target=verdict_target(kind) if workers >= 512 else None,
+                    why_missed=HUB_HANG_WAIT if kind == "hung" and figures.hub else "",
                 )
                 for kind, samples in figures.verdicts.items()
             ],

@@ -417,12 +417,13 @@ def next_heartbeat_deadline(
         verdict = _verdict_time(lease)
         if verdict is not None and pod.lease_phase == TRAINING_PHASE:
             # A hang verdict waits until every peer renewed after it (`_a_peer_fell_silent`), which their
-            # renewals do not announce: look again once each healthy peer's next renewal is due, and each
-            # interval after that while the verdict stands.
+            # renewals do not announce: look again once each healthy peer's next renewal is due, and each half
+            # interval after that while the verdict stands (through the heartbeat hub a renewal shows in its
+            # next summary, up to an interval later).
             due = (
                 (verdict - now).total_seconds() + heartbeat.interval_seconds + VERDICT_RENEWAL_MARGIN_SECONDS
             )
-            deadlines.append(due if due > 0 else heartbeat.interval_seconds)
+            deadlines.append(due if due > 0 else heartbeat.interval_seconds / 2)
     # A deadline already past was judged by this reconcile: only the ones ahead call for a wake-up.
     ahead = [seconds for seconds in deadlines if seconds > 0]
     return min(ahead) if ahead else None

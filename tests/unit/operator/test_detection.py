@@ -603,13 +603,13 @@ def test_a_hang_verdict_waiting_on_its_peers_renewals_is_looked_at_again_when_th
     due = HEARTBEAT.interval_seconds + detection.VERDICT_RENEWAL_MARGIN_SECONDS
     deadline = detection.next_heartbeat_deadline(pods, held, tracks, HEARTBEAT, judged)
     assert deadline == pytest.approx(due)
-    # By then the peer renewed: the verdict is acted on. Were it still held, it is looked at each interval.
+    # By then the peer renewed: the verdict is acted on. Were it still held, it is looked at each half interval.
     then = judged + timedelta(seconds=due)
     renewed = {**held, "demo-worker-0": lease(then, step=7, age=0.1, **{"step-at": reached})}
     assert [f.cause for f in run(pods, renewed, then, tracks)[0]] == ["NoProgress"]
     still = judged + timedelta(seconds=due + 0.5)
     assert detection.next_heartbeat_deadline(pods, held, tracks, HEARTBEAT, still) == pytest.approx(
-        HEARTBEAT.interval_seconds
+        HEARTBEAT.interval_seconds / 2
     )
 
 
