@@ -176,6 +176,42 @@ def test_a_gang_s_gates_are_lifted_once_while_the_index_still_shows_them(
     assert [call[1] for call in kube.calls if call[0] == "ungate"][len(opened) :] == ["demo-worker-2"]
 
 
+def test_pods_counted_as_created_before_the_index_shows_them_are_never_taken_for_deleted_ones(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """Between its creations and their watch events the operator counts the pods as existing (without a uid); the
+    pods the index then shows are the same ones, not replacements of pods someone deleted."""
+
+    class StoringKube(FakeKube):
+        def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
+            super().replace_status(job, status)
+            self.job = {**self.job, "status": status}
+
+    kube = StoringKube(make_job())
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    for _ in range(2):
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): []}, {}, {}, logger)
+    created = sorted(name for kind, name in kube.calls if kind == "create")
+    assert len(created) == 4
+    just_now = format_time(datetime.now(UTC))
+    roles = {"demo-rdzv": "rendezvous"}
+    shown = [
+        summarize_pod(
+            gang.gated(
+                make_pod(name, role=roles.get(name, "worker"), node=None, phase="Pending", created=just_now)
+            )
+        )
+        for name in created
+    ]
+    kube.calls.clear()
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): shown}, {}, {}, logger)
+    reconciler.reconcile("ml", "demo", {("ml", "demo"): shown}, {}, {}, logger)
+    assert not [call for call in kube.calls if call[0].startswith(("delete", "create"))], kube.calls
+    assert "PodDeleted" not in str(kube.job["status"]), kube.job["status"].get("incidents")
+    assert ("event", "PodDeleted") not in kube.calls
+
+
 def test_a_job_another_controller_manages_is_left_alone(
     make_job: Callable[..., Any], make_pod: Callable[..., Any]
 ) -> None:
