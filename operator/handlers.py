@@ -409,8 +409,11 @@ class JobReconciler:
         # After this reconcile's creations: the gates open once the whole gang exists.
         uids = {observe.pod_name(pod): pod["metadata"].get("uid") for pod in observed_pods}
         job_name = job["metadata"]["name"]
+        # Only the pods the index shows (a uid): a gate lifted from a pod created a moment ago could not be
+        # remembered against its watch events, which come with the gate still on and would have it lifted again;
+        # those events wake the job, whose next reconcile lifts it.
         lifts: list[tuple[str, ownwrites.PodChange]] = [
-            (pod, ownwrites.GateLifted()) for pod in plan.ungate_pods
+            (pod, ownwrites.GateLifted()) for pod in plan.ungate_pods if uids.get(pod)
         ]
         labels: list[tuple[str, ownwrites.PodChange]] = [
             (pod, ownwrites.RoleLabel(role)) for pod, role in plan.relabel_pods.items()

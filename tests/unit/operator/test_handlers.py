@@ -212,6 +212,37 @@ def test_pods_counted_as_created_before_the_index_shows_them_are_never_taken_for
     assert ("event", "PodDeleted") not in kube.calls
 
 
+def test_a_gang_made_whole_by_a_pod_the_index_does_not_show_yet_lifts_each_gate_once(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """The last pod's creation makes the gang whole before its watch event comes; that event comes with the gate
+    still on. Its gate is lifted once the index shows it, and no gate twice."""
+    just_now = format_time(datetime.now(UTC))
+
+    def waiting(name: str, role: str = "worker") -> dict[str, Any]:
+        return summarize_pod(
+            gang.gated(make_pod(name, role=role, node=None, phase="Pending", created=just_now))
+        )
+
+    indexed = [waiting("demo-worker-0"), waiting("demo-worker-1"), waiting("demo-rdzv", "rendezvous")]
+    kube = FakeKube(make_job())
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def reconcile(pods: list[dict[str, Any]]) -> None:
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): copy.deepcopy(pods)}, {}, {}, logger)
+
+    reconcile(indexed)
+    assert [name for kind, name in kube.calls if kind == "create"] == ["demo-worker-2"]
+    reconcile(indexed)  # whole, counting the pod just created: the indexed pods' gates are lifted
+    reconcile(
+        [*indexed, waiting("demo-worker-2")]
+    )  # its ADDED event, gate on; the others' lifts not shown yet
+    reconcile([*indexed, waiting("demo-worker-2")])
+    opened = sorted(name for kind, name in kube.calls if kind == "ungate")
+    assert opened == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"], opened
+
+
 def test_a_job_another_controller_manages_is_left_alone(
     make_job: Callable[..., Any], make_pod: Callable[..., Any]
 ) -> None:
