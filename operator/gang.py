@@ -44,9 +44,12 @@ SCHEDULING_GATE = "phalanx.dev/gang"
 
 def gated(pod: dict[str, Any]) -> dict[str, Any]:
     """`pod` (a manifest about to be created) behind the gang's scheduling gate."""
-    spec = pod["spec"]
-    gates = [gate for gate in spec.get("schedulingGates") or [] if gate.get("name") != SCHEDULING_GATE]
-    return {**pod, "spec": {**spec, "schedulingGates": [*gates, {"name": SCHEDULING_GATE}]}}
+    free = ungated(pod)
+    spec = free["spec"]
+    return {
+        **free,
+        "spec": {**spec, "schedulingGates": [*spec["schedulingGates"], {"name": SCHEDULING_GATE}]},
+    }
 
 
 def ungated(pod: dict[str, Any]) -> dict[str, Any]:

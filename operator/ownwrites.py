@@ -68,9 +68,8 @@ class Created:
     adds = True
 
     def shown(self, pod: dict[str, Any]) -> bool:
-        return (
-            True  # the index shows a pod of that name (this one, or a later one: it knows better either way)
-        )
+        # The index shows a pod of that name (this one, or a later one: it knows better either way).
+        return True
 
     def laid_over(self, pod: dict[str, Any]) -> dict[str, Any]:
         return self.summary

@@ -1714,7 +1714,7 @@ def _stop_gang(
     for track in b.status.tracking:
         track.done = True
     b.status.rendezvous = None
-    stopping = sum(1 for pod in b.observed.pods if observe.phase(pod) not in observe.FINISHED_PHASES)
+    stopping = _unfinished_pods(b)
     if stopping:
         # Not suspended while a pod still runs: a worker stopping saves its checkpoint on SIGTERM, and who
         # waits for `Suspended` reads that checkpoint next. Their going wakes the job.
@@ -1752,9 +1752,14 @@ def _follow_ownership(b: _Builder) -> None:
         )
 
 
+def _unfinished_pods(b: _Builder) -> int:
+    """The job's pods that have not finished (still running, or stopping)."""
+    return sum(1 for pod in b.observed.pods if observe.phase(pod) not in observe.FINISHED_PHASES)
+
+
 def _pods_left(b: _Builder) -> bool:
     """Whether a pod of the job may still hold what Kueue admitted (one that has not finished)."""
-    return any(observe.phase(pod) not in observe.FINISHED_PHASES for pod in b.observed.pods)
+    return _unfinished_pods(b) > 0
 
 
 def _follow_queue(b: _Builder, spec: api.TrainingJobSpec) -> queueing.Decision | None:
