@@ -15,11 +15,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from phalanx import contract
+from phalanx import beatsummary, contract
 from phalanx.operator import api, trainerfacts
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import format_micro_time, format_time, parse_time, parse_time_end
@@ -42,8 +42,8 @@ exit shows in the pod's status once the node reports it, normally within seconds
 NO_PROGRESS = "NoProgress"
 TRAINER_STOPPED = "TrainerStopped"
 # The launcher's verdicts on its training processes (the Lease's `fault`, worker/trainerwatch.py).
-FAULT_STOPPED = "stopped"
-FAULT_HUNG = "hung"
+FAULT_STOPPED = contract.FAULT_STOPPED
+FAULT_HUNG = contract.FAULT_HUNG
 STRAGGLER = "Straggler"
 RENDEZVOUS_LOST = "RendezvousLost"
 
@@ -680,11 +680,7 @@ def detect(
 
 def _verdict_time(lease: dict[str, Any] | None) -> datetime | None:
     """When a launcher judged its rank hung: the wait's start plus the threshold it was judged by."""
-    if (lease or {}).get("fault") != FAULT_HUNG:
-        return None
-    since = parse_time((lease or {}).get("fault-since"))
-    threshold = lease_number(lease, "hang-threshold") or 0.0
-    return None if since is None else since + timedelta(seconds=threshold)
+    return beatsummary.verdict_time(lease)
 
 
 def _a_peer_fell_silent(stalled: list[Failure], trainers: Sequence[Trainer]) -> bool:

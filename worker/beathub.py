@@ -12,6 +12,13 @@ depend on it. Each summary it makes is also stamped into the store (`ALIVE_KEY`)
 stamp older than the heartbeat timeout, or cannot reach the store, renews its own Lease again until the hub is
 back. The operator, for its part, judges no worker silent while the hub is (operator/hubview.py).
 
+A hang verdict is the one piece of news the operator holds until the others' next beats: it acts on it only
+once every peer renewed after it (a peer that did not is the likelier culprit). Through the hub those renewals
+would reach it in the next summary, up to an interval after they were made, so while a verdict waits the hub
+reads the beats again a moment after each peer's next beat is due and publishes as soon as all have come: one
+summary more per verdict, and the verdict acted on about an interval after it was made, as with each pod's
+own Lease.
+
 Nothing read from the store is trusted beyond a JSON object of strings (`beatsummary.decode_beat`): any member of
 the job can write any key of its store.
 """
@@ -51,6 +58,13 @@ RETRY_SECONDS = 5.0
 """After a failed connection, a launcher tries the store again no sooner than this."""
 FORGET_AFTER_TIMEOUTS = 10
 """The hub leaves out a beat older than this many heartbeat timeouts (its pod was replaced long ago)."""
+LOOK_MARGIN_SECONDS = 0.1
+"""How long after each peer's next beat is due (a verdict plus an interval) the hub first looks for it."""
+LOOK_FRACTION = 0.125
+"""Then it looks again every this fraction of an interval (a read of the store, no write)..."""
+LOOK_INTERVALS = 2.0
+"""...until the verdict is this many intervals old: a peer that has not renewed by then is silent, and the
+operator waits for its timeout, not for the hub."""
 
 
 def member_names(raw: bytes, prefix: str) -> list[str]:
@@ -241,18 +255,49 @@ class Hub:
         summary = beatsummary.summarise(self.prefix, beats, now, FRESH_INTERVALS * self.interval_seconds)
         self.publish(beatsummary.encode(summary), now)
         self.store.set(ALIVE_KEY, f"{time.time():.3f}")
+        self._await(beatsummary.awaited_verdict(beats.values()), now)
         return summary
 
+    def _await(self, verdict: datetime | None, now: datetime) -> None:
+        """Plan the looks for a hang verdict that the operator holds until every peer renewed after it: the first
+        once each peer had an interval to renew, then every `LOOK_FRACTION` of one, for `LOOK_INTERVALS`."""
+        self.awaited = verdict
+        if verdict is None or (now - verdict).total_seconds() > LOOK_INTERVALS * self.interval_seconds:
+            self.look_at = math.inf
+            return
+        first = (verdict - now).total_seconds() + self.interval_seconds + LOOK_MARGIN_SECONDS
+        self.look_at = time.monotonic() + max(first, LOOK_FRACTION * self.interval_seconds)
+
+    def verdict_settled(self) -> bool:
+        """Whether the hang verdict awaited is now one the operator can act on (every peer renewed after it):
+        then the next summary is due at once. Reads the beats only when a look is due."""
+        if self.awaited is None or time.monotonic() < self.look_at:
+            return False
+        now = self.clock()
+        try:
+            still = beatsummary.awaited_verdict(self.read_beats(now).values())
+        except Exception:  # the regular summary meets the failure and reconnects
+            self.look_at = math.inf
+            return False
+        if still is not None and still == self.awaited:
+            self._await(still, now)
+            return False
+        return True
+
     def run(self, stop: threading.Event) -> None:
+        due = time.monotonic()
         while not stop.is_set():
-            started = time.monotonic()
-            try:
-                summary = self.once()
-                logger.debug("summary of %d beats in %d classes", summary["members"], len(summary["classes"]))
-            except Exception as error:  # the next interval tries again; the launchers fall back meanwhile
-                logger.warning("heartbeat summary failed: %s", error)
-                self.store = None
-            stop.wait(max(0.0, self.interval_seconds - (time.monotonic() - started)))
+            if time.monotonic() >= due or self.verdict_settled():
+                due = time.monotonic() + self.interval_seconds
+                try:
+                    summary = self.once()
+                    logger.debug(
+                        "summary of %d beats in %d classes", summary["members"], len(summary["classes"])
+                    )
+                except Exception as error:  # the next interval tries again; the launchers fall back meanwhile
+                    logger.warning("heartbeat summary failed: %s", error)
+                    self.store, self.awaited, self.look_at = None, None, math.inf
+            stop.wait(max(0.0, min(due, self.look_at) - time.monotonic()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

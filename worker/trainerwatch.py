@@ -24,10 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx import contract
 from phalanx.worker.heartbeat import StatusRecord
 
-STOPPED = "stopped"
-HUNG = "hung"
+STOPPED = contract.FAULT_STOPPED
+HUNG = contract.FAULT_HUNG
 STOP_CONFIRM_SECONDS = 0.3
 """How long a training process must stay stopped before the launcher reports it."""
 STOPPED_STATES = frozenset({"T", "t"})

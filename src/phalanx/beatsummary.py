@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phalanx import contract
@@ -136,6 +136,45 @@ def decode_beat(raw: bytes) -> dict[str, str] | None:
     ):
         return None
     return value
+
+
+# --------------------------------------------------------------------------------------- verdicts
+
+
+def verdict_time(beat: Mapping[str, Any] | None) -> datetime | None:
+    """When a launcher judged its rank hung: the wait's start plus the threshold it was judged by (None: its beat
+    or Lease carries no hang verdict)."""
+    if not beat or beat.get("fault") != contract.FAULT_HUNG:
+        return None
+    since = parse_time(beat.get("fault-since"))
+    try:
+        threshold = float(beat.get("hang-threshold") or 0.0)
+    except (TypeError, ValueError):
+        threshold = 0.0
+    if since is None or not math.isfinite(threshold):
+        return None
+    return since + timedelta(seconds=threshold)
+
+
+def awaited_verdict(beats: Iterable[Mapping[str, Any]]) -> datetime | None:
+    """The earliest hang verdict among `beats` while a peer in the group (not itself judged hung) last renewed
+    before it; None when there is none or every peer renewed since.
+
+    The operator acts on a hang verdict only once every peer renewed after it: a healthy peer renews every
+    interval while the others wait, so one that did not is the likelier culprit (operator/detection.py). The
+    hub publishes as soon as the wait is over rather than at its next interval."""
+    beats = list(beats)
+    verdicts = [moment for beat in beats if (moment := verdict_time(beat)) is not None]
+    if not verdicts:
+        return None
+    judged = min(verdicts)
+    for beat in beats:
+        if verdict_time(beat) is not None or beat.get("phase") not in contract.IN_GROUP_PHASES:
+            continue
+        renewed = parse_time(beat.get("renewTime"))
+        if renewed is not None and renewed < judged:
+            return judged
+    return None
 
 
 # ------------------------------------------------------------------------------------------ ranges

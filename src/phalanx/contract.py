@@ -79,3 +79,8 @@ PHASES: tuple[Phase, ...] = (
 )
 IN_GROUP_PHASES: tuple[Phase, ...] = (PHASE_TRAINING, PHASE_SAVING, PHASE_RESTORING)
 """Phases of a pod inside a running worker group: they alternate with every step."""
+FAULT_STOPPED = "stopped"
+"""A launcher's verdict (the Lease's `fault`): one of its training processes is stopped (SIGSTOP, a debugger)."""
+FAULT_HUNG = "hung"
+"""A launcher's verdict (the Lease's `fault`): one of its ranks waited past its hang threshold for the next step
+(`fault-since` is when the wait began, `hang-threshold` the seconds it was judged by)."""

@@ -193,3 +193,101 @@ def test_news_the_operator_acts_on_goes_to_the_pod_s_own_lease_at_once_beside_th
     assert beathub.writes_own_lease(hub_took_it=True, written_before=False, force=False, urgent=False)
     assert beathub.writes_own_lease(hub_took_it=True, written_before=True, force=True, urgent=False)
     assert beathub.writes_own_lease(hub_took_it=False, written_before=True, force=False, urgent=False)
+
+
+def put_beat(writer: dist.TCPStore, index: int, renewed: datetime, **fields: str) -> None:
+    beat = {"phase": "training", "step": "9", "renewTime": beatsummary.micro_time(renewed), **fields}
+    writer.set(beathub.BEAT_PREFIX + f"{PREFIX}{index}", beatsummary.encode_beat(beat))
+    writer.append(beathub.MEMBERS_KEY, f"{PREFIX}{index},")
+
+
+def run_hub_until(hub: Hub, published: Published, summaries: int, seconds: float) -> float:
+    """Run the hub until it published `summaries` summaries or `seconds` passed; returns the seconds it took."""
+    stop = threading.Event()
+    runner = threading.Thread(target=hub.run, args=(stop,))
+    started = datetime.now(UTC)
+    runner.start()
+    try:
+        while (
+            len(published.summaries) < summaries and (datetime.now(UTC) - started).total_seconds() < seconds
+        ):
+            stop.wait(0.02)
+    finally:
+        stop.set()
+        runner.join(10)
+    return (datetime.now(UTC) - started).total_seconds()
+
+
+def test_a_hang_verdict_is_published_once_every_peer_renewed_after_it_not_at_the_next_interval(
+    server: dist.TCPStore,
+) -> None:
+    # Regular summaries every 30 s; a verdict 29 s old whose peers last beat before it. The operator holds the
+    # verdict until every peer renewed after it: once they have, the hub publishes without waiting 30 s.
+    now = datetime.now(UTC)
+    writer = client(server.port)
+    verdict_at = now - timedelta(seconds=29)
+    since = beatsummary.micro_time(verdict_at - timedelta(seconds=3))
+    put_beat(writer, 0, now, fault="hung", **{"fault-since": since, "hang-threshold": "3"})
+    for index in (1, 2):
+        put_beat(writer, index, verdict_at - timedelta(seconds=1))
+    put_beat(
+        writer, 3, verdict_at - timedelta(seconds=20), phase="standby"
+    )  # a spare is no peer in the group
+    published = Published()
+    hub = Hub(lambda: client(server.port), PREFIX, 30.0, published)
+    hub.store = hub.connect()
+    assert beatsummary.awaited_verdict(hub.read_beats().values()) == verdict_at
+
+    def renew_peers() -> None:
+        threading.Event().wait(1.0)
+        put_beat(writer, 1, datetime.now(UTC))
+        put_beat(writer, 2, datetime.now(UTC))
+
+    threading.Thread(target=renew_peers).start()
+    took = run_hub_until(hub, published, 2, 20.0)
+    assert len(published.summaries) == 2, "the settled verdict waited for the next interval"
+    assert took < 10.0
+    expanded = beatsummary.expand(published.summaries[-1])
+    assert all(beatsummary.parse_time(expanded[f"{PREFIX}{i}"]["renewTime"]) > verdict_at for i in (1, 2))  # type: ignore[operator]
+    assert hub.awaited is None
+
+
+def test_no_summary_more_while_a_peer_stays_silent_after_a_verdict(server: dist.TCPStore) -> None:
+    # A peer that never renews after the verdict is the likelier culprit: the operator waits for its timeout, and
+    # the hub's looks (reads of the store) publish nothing more than its regular summaries.
+    now = datetime.now(UTC)
+    writer = client(server.port)
+    since = beatsummary.micro_time(now - timedelta(seconds=23))
+    put_beat(writer, 0, now, fault="hung", **{"fault-since": since, "hang-threshold": "3"})
+    put_beat(writer, 1, now - timedelta(seconds=21))
+    published = Published()
+    hub = Hub(lambda: client(server.port), PREFIX, 30.0, published)
+    run_hub_until(hub, published, 2, 4.0)
+    assert len(published.summaries) == 1
+    assert hub.awaited is not None
+
+
+def test_the_verdict_the_hub_waits_on_is_the_operator_s() -> None:
+    now = datetime.now(UTC)
+    since = now - timedelta(seconds=5)
+    hung = {
+        "fault": "hung",
+        "fault-since": beatsummary.micro_time(since),
+        "hang-threshold": "2.5",
+        "phase": "training",
+    }
+    judged = since + timedelta(seconds=2.5)
+
+    def peer(age: float, phase: str = "training") -> dict[str, str]:
+        return {"phase": phase, "renewTime": beatsummary.micro_time(judged - timedelta(seconds=age))}
+
+    assert beatsummary.verdict_time(hung) == judged
+    assert beatsummary.verdict_time({**hung, "fault": "stopped"}) is None
+    assert beatsummary.verdict_time({**hung, "fault-since": "soon"}) is None
+    assert beatsummary.awaited_verdict([hung, peer(0.5)]) == judged
+    assert beatsummary.awaited_verdict([hung, peer(-0.5)]) is None
+    assert beatsummary.awaited_verdict([hung, peer(0.5, phase="standby")]) is None
+    assert beatsummary.awaited_verdict([peer(0.5)]) is None
+    # Two ranks judged hung: the earlier verdict counts, and neither is the other's peer.
+    later = {**hung, "hang-threshold": "4"}
+    assert beatsummary.awaited_verdict([hung, later, peer(-0.1)]) is None
