@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
@@ -908,6 +908,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         )
 
     hub_signals = HeartbeatSignals()
+    # The settled hang verdict of each hub's last summary (touched on the event loop only).
+    hub_verdicts: dict[tuple[str, str], datetime | None] = {}
 
     @kopf.on.event(
         "coordination.k8s.io",
@@ -925,11 +927,19 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         namespace = namespaced(namespace)
         hub = hubview.read(dict(body))
         job_name = _first(kwargs["phalanx_pod_jobs"].get((namespace, name)))
+        if type == "DELETED":
+            hub_verdicts.pop((namespace, name), None)
         if type == "DELETED" or hub is None or job_name is None:
             return
         changed = False
         for pod, said in hubview.signals_of(hub).items():
             changed = hub_signals.changed((namespace, pod), said) or changed
+        # A hang verdict waits until every peer renewed after it, which no signal change says: the summary that
+        # shows it (the hub publishes one at once) wakes the job, once per verdict.
+        settled = beatsummary.settled_verdict(hub.summary)
+        if settled is not None and hub_verdicts.get((namespace, name)) != settled:
+            changed = True
+        hub_verdicts[(namespace, name)] = settled
         for pod, said in beatsummary.real_beats(hub.summary).items():
             changed = reconciler.health.observe((namespace, job_name), pod, said) or changed
         if changed and type is not None:

@@ -177,6 +177,22 @@ def awaited_verdict(beats: Iterable[Mapping[str, Any]]) -> datetime | None:
     return None
 
 
+def settled_verdict(summary: Mapping[str, Any]) -> datetime | None:
+    """The earliest hang verdict a summary (`decode` accepted) lists once every peer in the group renewed after
+    it, so that the operator can act on it now; None while there is none or some peer has not renewed since.
+    Read from the classes and the listed beats, without expanding them pod by pod."""
+    beats: list[Mapping[str, Any]] = []
+    for entry in summary["classes"]:
+        fields = _strings(entry.get("fields")) if isinstance(entry, dict) else None
+        if fields is not None:
+            beats.append({**fields, "renewTime": entry.get("renewTime")})
+    beats += [fields for beat in summary["listed"].values() if (fields := _strings(beat)) is not None]
+    verdicts = [moment for beat in beats if (moment := verdict_time(beat)) is not None]
+    if not verdicts or awaited_verdict(beats) is not None:
+        return None
+    return min(verdicts)
+
+
 # ------------------------------------------------------------------------------------------ ranges
 
 

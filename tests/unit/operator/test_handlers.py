@@ -540,6 +540,45 @@ def test_a_hub_summary_wakes_its_job_only_when_some_worker_s_signal_changed(
     assert summary_event("MODIFIED", 6, promoted) == 0
 
 
+def test_the_hub_summary_in_which_every_peer_renewed_after_a_hang_verdict_wakes_its_job_once(
+    make_job: Callable[..., Any],
+) -> None:
+    # The operator holds a hang verdict until every peer renewed after it; no signal changes when they do, so
+    # the summary that first shows it is what wakes the job (the hub publishes it at once: worker/beathub.py).
+    event = lease_events(make_job, "hub_changed", "demo-rdzv")
+    training = {"phase": "training", "group-started": "2026-01-01T11:00:00Z", "step": "10"}
+    hung = {
+        **training,
+        "rank": "0",
+        "fault": "hung",
+        "fault-since": "2026-01-01T12:00:00Z",
+        "hang-threshold": "2.5",
+    }
+
+    def summary_event(second: int) -> int:
+        at = datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)
+        stamp = beatsummary.micro_time(at)
+        beats = {
+            0: {**hung, "renewTime": stamp},
+            **{i: {**training, "rank": str(i), "renewTime": stamp} for i in (1, 2)},
+        }
+        summary = beatsummary.summarise("demo-worker-", beats, at, 1.5)
+        body = {
+            "metadata": {
+                "name": "demo-rdzv",
+                "ownerReferences": [{"kind": "Pod", "name": "demo-rdzv", "uid": "uid-rdzv"}],
+                "annotations": {beatsummary.SUMMARY_ANNOTATION: beatsummary.encode(summary)},
+            },
+            "spec": {"renewTime": stamp},
+        }
+        return event("MODIFIED", body)
+
+    assert summary_event(1) == 1  # the verdict itself is news (its peers renewed before it: it waits)
+    assert summary_event(2) == 0  # the peers' renewals still precede the verdict (12:00:02.5)
+    assert summary_event(3) == 1  # every peer renewed after it: act now
+    assert summary_event(4) == 0  # once per verdict
+
+
 def test_heartbeat_signal_ignores_renewals_steps_and_timings() -> None:
     from phalanx.operator.status import heartbeat_signal
 
