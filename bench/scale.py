@@ -27,6 +27,7 @@ Measured at each size:
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -82,6 +83,8 @@ HUB_HANG_WAIT = (
 )
 """The operator acts on a launcher's news within the API's own p99 bound."""
 GANG_BOUND_SECONDS = 180.0
+STATUS_BOUND_KIB = 64
+"""A TrainingJob's status at most, whatever its gang's size."""
 HUB_SUMMARY_WAIT = 60.0
 RECOVERY_WAIT = 120.0
 DETECTION_WAIT = TIMEOUT + 60.0
@@ -221,6 +224,8 @@ class SizeFigures:
     """Per launcher verdict (`stopped`, `hung`): seconds from the launcher's report to the operator's Event."""
     restart_reports: list[float] = field(default_factory=list)
     """Seconds from a launcher's group restart to its pod's own Lease reaching a watch."""
+    status_bytes: list[int] = field(default_factory=list)
+    """The TrainingJob's status as JSON, in bytes: at the end of the steady window and after the trials."""
 
 
 class HubSide:
@@ -302,6 +307,14 @@ def gang_requests(before: dict[Any, float], after: dict[Any, float], pods: int) 
     return {key: counts.get(key, 0.0) / pods for key in GANG_WRITES}
 
 
+def status_bytes(cluster: BenchCluster, namespace: str) -> int:
+    """The size of the job's status as the API server serves it (JSON)."""
+    job: dict[str, Any] = cluster.custom.get_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, JOB
+    )  # type: ignore[assignment]
+    return len(json.dumps(job.get("status") or {}, separators=(",", ":")))
+
+
 def operator_figures(cluster: BenchCluster) -> tuple[float, float]:
     rss, cpu = process_tree_figures(cluster.operator_process())
     return rss, cpu
@@ -362,6 +375,7 @@ def measure_size(
             )
         time.sleep(3 * INTERVAL)  # every launcher's first beat and Lease are behind
         steady_window(cluster, figures, watches, plan.window)
+        figures.status_bytes.append(status_bytes(cluster, namespace))
         log(f"N={workers}: steady window done ({figures.writes_total:.1f} writes/s in all)")
         trials = Trials(cluster, figures, watches, launchers, namespace, log)
         for trial in range(plan.trials):
@@ -371,6 +385,7 @@ def measure_size(
         for kind in VERDICT_REASONS:
             for trial in range(plan.verdict_trials):
                 trials.verdict(kind, trial)
+        figures.status_bytes.append(status_bytes(cluster, namespace))
         figures.launcher_failures, figures.late_rounds = launchers.failures, launchers.late_rounds
         figures.false_alarms = false_alarms(watches["events"].events(), launchers)
     finally:
@@ -699,6 +714,16 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                 description="the operator's resident memory at the end of the steady window",
                 target=Target(op="<=", value=1024, stat="max", text="<= 1 GiB") if workers >= 512 else None,
             ),
+            Metric(
+                name=f"TrainingJob status size, N={workers}",
+                unit="KiB",
+                samples=[size / 1024 for size in figures.status_bytes],
+                description="the job's status as JSON, at the end of the steady window and after the trials "
+                "(incidents and Events included): per-worker detail lives in the hub's summary, not here",
+                target=Target(op="<=", value=STATUS_BOUND_KIB, stat="max", text=f"<= {STATUS_BOUND_KIB} KiB")
+                if workers >= 512
+                else None,
+            ),
             *[
                 Metric(
                     name=f"launcher's verdict '{kind}' acted on, N={workers}",
@@ -771,6 +796,7 @@ def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[
         ("operator CPU", "%", lambda f: 100 * f.operator_cpu),
         ("operator RSS", "MB", lambda f: f.operator_rss_mb),
         ("gang bound", "s", lambda f: f.gang["bound"]),
+        ("TrainingJob status size", "KiB", lambda f: max(f.status_bytes, default=0) / 1024),
     ):
         line = projection(label, unit, [(float(n), value_of(f)) for n, f in points])
         if line:

@@ -41,6 +41,12 @@ COLUMNS: tuple[tuple[str, str, str, Statistic], ...] = (
     ("stopped trainer acted on", "scale", "launcher's verdict 'stopped' acted on", p50_and_max),
     ("hung trainer acted on", "scale", "launcher's verdict 'hung' acted on", p50_and_max),
     ("gang bound", "scale", "gang bound", p50),
+    (
+        "TrainingJob status, max",
+        "scale",
+        "TrainingJob status size",
+        lambda metric: fmt(metric.summary().max, metric.unit),
+    ),
     ("re-form, store rounds", "rendezvous-scale", "store rounds: re-form", p50),
     (
         "re-form, store rounds without the gate",

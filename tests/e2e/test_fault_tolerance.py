@@ -208,10 +208,13 @@ def test_stopped_trainer_is_reported_by_its_launcher_and_replaced(
     assert seconds_after(incident, stopped_at) < PATIENT_HEARTBEAT["timeoutSeconds"], incident
 
 
+@pytest.mark.parametrize("reporting", ["leases", "hub"])
 def test_hung_trainer_is_judged_against_the_jobs_own_step_times(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, reporting: str
 ) -> None:
-    cluster.apply(fault_job("hung", heartbeat=PATIENT_HEARTBEAT), namespace)
+    # Through the heartbeat hub too: the verdict goes to the pod's own Lease, the peers' renewals that it waits
+    # for come in the hub's summary (published as soon as they came: worker/beathub.py).
+    cluster.apply(fault_job("hung", heartbeat={**PATIENT_HEARTBEAT, "reporting": reporting}), namespace)
     victim = training_worker(cluster, namespace, "hung", min_step=25)
     # tinygpt hangs in its step on SIGUSR1: alive, not stopped, never reaching the next step.
     hung_at = time.time()

@@ -51,6 +51,8 @@ def test_a_64_pod_job_on_simulated_gpu_nodes_beats_and_a_silent_worker_is_found(
     for kind in scale.VERDICT_REASONS:
         (acted,) = metrics[f"launcher's verdict '{kind}' acted on, N=64"]
         assert 0 < acted < scale.DETECTION_WAIT, (kind, acted)
+    # Per-worker detail is the heartbeats', never the status's.
+    assert 0 < max(metrics["TrainingJob status size, N=64"]) <= scale.STATUS_BOUND_KIB
     (reported,) = metrics["group restart reported, N=64"]
     assert 0 <= reported < scale.DETECTION_WAIT, reported
     details = result["details"]["64"]
