@@ -33,14 +33,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
 from phalanx import contract
-from phalanx.bench import prom
+from phalanx.bench import operator_scale, prom
 from phalanx.bench.cluster import (
     SIMULATED_LABEL,
     SIMULATED_TOLERATION,
@@ -51,6 +51,7 @@ from phalanx.bench.cluster import (
 )
 from phalanx.bench.core import Baseline, BenchResult, Metric, Series, Target, Timeout
 from phalanx.bench.kubeobjects import is_terminating, name_of, phase_of, uid_of
+from phalanx.bench.scale_beside import BesideFigures, SmallJobs
 from phalanx.bench.scale_launchers import HANG_THRESHOLD, EmulatedLaunchers
 from phalanx.bench.watch import Watch, bound, created, first_times, pod_watch, running, ungated
 from phalanx.operator import api, names
@@ -103,10 +104,14 @@ class Plan:
     """Silent workers, and group restarts, per size."""
     verdict_trials: int = 2
     """Stopped and hung training processes (each) per size."""
+    beside: int = 0
+    """Small jobs run beside the largest size's gang (bench/scale_beside.py)."""
+    beside_trials: int = 0
+    """Their worker pods deleted one at a time, and the gang's stopped trainers, meanwhile."""
 
 
-FULL = Plan(sizes=(8, 64, 512), window=30.0, trials=3)
-QUICK = Plan(sizes=(64,), window=10.0, trials=1, verdict_trials=1)
+FULL = Plan(sizes=(8, 64, 512), window=30.0, trials=3, beside=100, beside_trials=20)
+QUICK = Plan(sizes=(64,), window=10.0, trials=1, verdict_trials=1, beside=3, beside_trials=2)
 
 
 def node_heartbeat_seconds(nodes: int) -> float:
@@ -224,6 +229,8 @@ class SizeFigures:
     """Per launcher verdict (`stopped`, `hung`): seconds from the launcher's report to the operator's Event."""
     restart_reports: list[float] = field(default_factory=list)
     """Seconds from a launcher's group restart to its pod's own Lease reaching a watch."""
+    beside: BesideFigures | None = None
+    """The small jobs run beside this size's gang, if any (bench/scale_beside.py)."""
     status_bytes: list[int] = field(default_factory=list)
     """The TrainingJob's status as JSON, in bytes: at the end of the steady window and after the trials."""
 
@@ -386,6 +393,8 @@ def measure_size(
             for trial in range(plan.verdict_trials):
                 trials.verdict(kind, trial)
         figures.status_bytes.append(status_bytes(cluster, namespace))
+        if plan.beside and workers == max(plan.sizes):
+            figures.beside = beside_the_gang(cluster, trials, plan, log)
         figures.launcher_failures, figures.late_rounds = launchers.failures, launchers.late_rounds
         figures.false_alarms = false_alarms(watches["events"].events(), launchers)
     finally:
@@ -398,6 +407,20 @@ def measure_size(
         # Gone before the next size starts: its pods' deletion is no write of the next gang's, nor its load.
         cluster.delete_namespace(namespace, wait=True)
     return figures
+
+
+def beside_the_gang(
+    cluster: BenchCluster, trials: Trials, plan: Plan, log: Callable[[str], None]
+) -> BesideFigures:
+    """Small jobs applied while the gang trains: their workers replaced one at a time, and the gang's launchers'
+    `stopped` verdicts acted on, with both kinds of job in the operator's hands."""
+    with SmallJobs(cluster, plan.beside, log) as small:
+        small.replace_workers(plan.beside_trials)
+        for trial in range(max(1, plan.beside_trials // 4)):
+            trials.verdict("stopped", 50 + trial, into=small.figures.verdicts)
+        small.figures.operator_rss_mb = operator_figures(cluster)[0]
+        small.measure_statuses()
+    return small.figures
 
 
 def watch_last(pods: Watch[Any], name: str) -> Any:
@@ -482,9 +505,10 @@ class Trials:
         )
         self._wait_whole(what)
 
-    def verdict(self, kind: str, trial: int) -> None:
+    def verdict(self, kind: str, trial: int, into: dict[str, list[float]] | None = None) -> None:
         """One worker's launcher judges a training process `stopped` or `hung` (its step stays); the time from its
-        report to the operator's Event naming the pod. Then wait until the gang is whole again."""
+        report to the operator's Event naming the pod, into `into` (else the size's figures). Then wait until the
+        gang is whole again."""
         what = f"{kind} {trial}"
         picked = self._worker(100 + trial, what)
         if picked is None:
@@ -498,7 +522,7 @@ class Trials:
         event = self._event((VERDICT_REASONS[kind],), victim, sent, what)
         if event is None:
             return
-        self.figures.verdicts.setdefault(kind, []).append(event.t - sent)
+        (self.figures.verdicts if into is None else into).setdefault(kind, []).append(event.t - sent)
         self.log(
             f"N={self.figures.workers}: {victim} {kind}, acted on {event.t - sent:.2f} s after its report"
         )
@@ -757,7 +781,60 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                 else None,
             ),
         ]
+        if figures.beside is not None:
+            metrics += beside_metrics(workers, figures.beside)
     return metrics
+
+
+def beside_metrics(workers: int, beside: BesideFigures) -> list[Metric]:
+    """The small jobs run beside the gang of `workers`, and the gang's verdicts acted on meanwhile."""
+    jobs = f"{beside.jobs} small jobs"
+    at_seed_scale = workers >= 512
+    return [
+        Metric(
+            name=f"{jobs} Running beside the gang, N={workers}",
+            unit="s",
+            samples=[beside.to_running],
+            description=f"{jobs} of 2 workers applied while the gang trains -> all their workers Running",
+        ),
+        Metric(
+            name=f"event -> action beside the gang, {jobs}, N={workers}",
+            unit="s",
+            samples=beside.replacements,
+            description="a small job's worker pod deleted -> the operator's replacement pod created (a wait "
+            f"that ran out counts as {operator_scale.REPLACE_WAIT:g} s)",
+            target=Target(op="<=", value=VERDICT_BOUND, stat="p99", text="p99 <= 1 s")
+            if at_seed_scale
+            else None,
+        ),
+        *[
+            Metric(
+                name=f"launcher's verdict '{kind}' acted on beside {jobs}, N={workers}",
+                unit="s",
+                samples=samples,
+                description=f"the gang's launcher reports a training process {kind} -> the operator's "
+                f"{VERDICT_REASONS[kind]} Event naming the pod, while the small jobs run",
+                target=verdict_target(kind) if at_seed_scale else None,
+            )
+            for kind, samples in beside.verdicts.items()
+        ],
+        Metric(
+            name=f"operator RSS beside {jobs}, N={workers}",
+            unit="MB",
+            samples=[beside.operator_rss_mb],
+            description="the operator's resident memory with the gang and the small jobs",
+            target=Target(op="<=", value=1024, stat="max", text="<= 1 GiB") if at_seed_scale else None,
+        ),
+        Metric(
+            name=f"largest small job's status beside the gang, N={workers}",
+            unit="KiB",
+            samples=[beside.largest_status_bytes / 1024],
+            description="the largest TrainingJob status among the small jobs, as JSON",
+            target=Target(op="<=", value=STATUS_BOUND_KIB, stat="max", text=f"<= {STATUS_BOUND_KIB} KiB")
+            if at_seed_scale
+            else None,
+        ),
+    ]
 
 
 def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[str]:
@@ -784,6 +861,16 @@ def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[
             notes.append(f"N = {workers:,}: " + "; ".join(figures.misses))
         if figures.errors:
             notes.append(f"N = {workers:,}: the API server answered {figures.errors} in the window.")
+        if figures.beside is not None:
+            beside = figures.beside
+            notes.append(
+                f"N = {workers:,}: beside the gang, {beside.jobs} small jobs of 2 workers in a namespace of their "
+                f"own (operator-scale's: a `sleep` trainer, a Lease per worker renewed every "
+                f"{operator_scale.HEARTBEAT_INTERVAL} s by this process, its longest gap "
+                f"{beside.heartbeat_gap:.1f} s); {beside.replacements_late} of {len(beside.replacements)} "
+                f"replacements waited out. The issue's 1,000 small jobs beside a 12,500-pod gang are not carried "
+                f"on this machine."
+            )
         if figures.launcher_failures or figures.late_rounds:
             notes.append(
                 f"N = {workers:,}: the emulated launchers had {figures.launcher_failures} failed beats and "
@@ -906,5 +993,5 @@ def run(context: Any, quick: bool) -> BenchResult:
         notes=notes_of(measured, stopped),
         series=series_of(measured) if measured else [],
         error=None if measured else "; ".join(stopped.values()),
-        details={str(n): vars(f) for n, f in measured.items()},
+        details={str(n): asdict(f) for n, f in measured.items()},
     )

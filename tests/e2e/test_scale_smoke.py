@@ -22,7 +22,7 @@ SMOKE_TIMEOUT = 1100
 
 
 def test_a_64_pod_job_on_simulated_gpu_nodes_beats_and_a_silent_worker_is_found(tmp_path: Path) -> None:
-    from phalanx.bench import scale
+    from phalanx.bench import operator_scale, scale
 
     out = tmp_path / "results"
     command = [sys.executable, "-m", "phalanx.cli", "bench", "--quick", "--only", "scale", "--out", str(out)]
@@ -53,6 +53,12 @@ def test_a_64_pod_job_on_simulated_gpu_nodes_beats_and_a_silent_worker_is_found(
         assert 0 < acted < scale.DETECTION_WAIT, (kind, acted)
     # Per-worker detail is the heartbeats', never the status's.
     assert 0 < max(metrics["TrainingJob status size, N=64"]) <= scale.STATUS_BOUND_KIB
+    # Small jobs beside the gang: each replacement made, the gang's verdicts still acted on.
+    replacements = metrics["event -> action beside the gang, 3 small jobs, N=64"]
+    assert replacements and all(0 < latency < operator_scale.REPLACE_WAIT for latency in replacements)
+    (beside_verdict,) = metrics["launcher's verdict 'stopped' acted on beside 3 small jobs, N=64"]
+    assert 0 < beside_verdict < scale.DETECTION_WAIT, beside_verdict
+    assert 0 < max(metrics["largest small job's status beside the gang, N=64"]) <= scale.STATUS_BOUND_KIB
     (reported,) = metrics["group restart reported, N=64"]
     assert 0 <= reported < scale.DETECTION_WAIT, reported
     details = result["details"]["64"]

@@ -179,3 +179,32 @@ def test_the_emulated_rendezvous_keeps_its_members_and_fills_a_place_left_with_a
     # u0's pod is gone: the waiting pod takes its place.
     pods = [pod for pod in pods if pod.uid != "u0"]
     assert scale_launchers.regroup(group, pods, 3, {"u1"}) == ["u2", "u3", "u9"]
+
+
+def test_small_jobs_beside_the_gang_are_judged_at_the_seeds_scale_and_their_statuses_measured() -> None:
+    from phalanx.bench import scale_beside
+
+    big = _figures(512, True, 0.5, [0.6])
+    big.status_bytes = [3_000, 5_000]
+    big.beside = scale_beside.BesideFigures(
+        jobs=100,
+        to_running=40.0,
+        replacements=[0.3, 0.4, 1.6],
+        verdicts={"stopped": [0.4]},
+        operator_rss_mb=300.0,
+        largest_status_bytes=4_096,
+        heartbeat_gap=5.5,
+    )
+    small = _figures(64, False, 32.5, [0.8])
+    small.status_bytes = [2_000]
+    small.beside = scale_beside.BesideFigures(jobs=3, replacements=[0.2], largest_status_bytes=2_048)
+    metrics = {metric.name: metric for metric in scale.metrics_of({64: small, 512: big})}
+    replaced = metrics["event -> action beside the gang, 100 small jobs, N=512"]
+    assert replaced.verdict().met is False  # one replacement of three took 1.6 s
+    assert metrics["launcher's verdict 'stopped' acted on beside 100 small jobs, N=512"].verdict().met
+    assert metrics["operator RSS beside 100 small jobs, N=512"].verdict().met
+    assert metrics["largest small job's status beside the gang, N=512"].samples == [4.0]
+    assert metrics["TrainingJob status size, N=512"].verdict().met
+    assert metrics["event -> action beside the gang, 3 small jobs, N=64"].target is None
+    assert any("100 small jobs of 2 workers" in note for note in scale.notes_of({512: big}, {}))
+    assert scale_beside.status_bytes({"status": {"state": "Running"}}) == len('{"state":"Running"}')

@@ -1,0 +1,130 @@
+"""Small jobs beside a big one: the operator's event -> action, memory and status sizes while it runs the scale
+benchmark's gang and many small jobs at once.
+
+A platform that runs a 100,000-GPU job runs other teams' small jobs beside it, and the operator serves them all:
+the big gang's reconciles must not hold up a small job's replacement, nor the small jobs the big one's. Here the
+small jobs are operator-scale's (2 workers each, a `sleep` trainer on the simulated nodes, a Lease per worker
+renewed by `HeartbeatSimulator` as launchers would), in a namespace of their own, applied while the gang trains.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from phalanx.bench import operator_scale
+from phalanx.bench.cluster import BenchCluster
+from phalanx.bench.heartbeats import HeartbeatSimulator
+from phalanx.bench.kubeobjects import custom_object
+from phalanx.bench.watch import PodEvent, Watch, pod_watch
+
+WORKERS = 2
+"""Workers of each small job."""
+RUNNING_WAIT = 600.0
+"""Seconds the small jobs have to be Running beside the gang."""
+
+
+@dataclass
+class BesideFigures:
+    jobs: int
+    to_running: float = 0.0
+    """Seconds from the first small job applied to every small job's workers Running."""
+    replacements: list[float] = field(default_factory=list)
+    """A small job's worker pod deleted -> the operator's replacement pod (seconds; a wait that ran out counts
+    as `operator_scale.REPLACE_WAIT`)."""
+    replacements_late: int = 0
+    verdicts: dict[str, list[float]] = field(default_factory=dict)
+    """The gang's launcher verdicts acted on meanwhile (seconds from the report to the operator's Event)."""
+    operator_rss_mb: float = 0.0
+    largest_status_bytes: int = 0
+    """The largest status among the small jobs, as JSON."""
+    heartbeat_gap: float = 0.0
+    """The longest gap between two renewals of one small job's Lease (this process falling behind, if large)."""
+
+
+def status_bytes(job: dict[str, Any]) -> int:
+    """A TrainingJob's status as JSON, in bytes."""
+    return len(json.dumps(job.get("status") or {}, separators=(",", ":")))
+
+
+class SmallJobs:
+    """`count` small jobs in a namespace of their own, Running with heartbeats for as long as the block lasts."""
+
+    def __init__(self, cluster: BenchCluster, count: int, log: Any) -> None:
+        self.cluster = cluster
+        self.count = count
+        self.log = log
+        self.names = [f"small-{index:04d}" for index in range(count)]
+        self.namespace = ""
+        self.figures = BesideFigures(jobs=count)
+        self._pods: Watch[PodEvent] | None = None
+        self._heartbeats: HeartbeatSimulator | None = None
+
+    def __enter__(self) -> SmallJobs:
+        cluster = self.cluster
+        self.namespace = cluster.create_namespace("scale-beside")
+        self._pods = pod_watch(cluster.new_api_client, self.namespace, operator_scale.TRAINER_SELECTOR)
+        self._pods.start()
+        started = time.monotonic()
+        for name in self.names:
+            cluster.custom.create_namespaced_custom_object(
+                operator_scale.GROUP,
+                operator_scale.VERSION,
+                self.namespace,
+                operator_scale.PLURAL,
+                operator_scale.job_manifest(name, WORKERS),
+            )
+        plan = operator_scale.Scale(jobs=self.count, workers=WORKERS, trials=0, window=0, scrape_every=1)
+        operator_scale.wait_all_running(self._pods, plan, RUNNING_WAIT)
+        self.figures.to_running = time.monotonic() - started
+        self.log(f"{self.count} small jobs Running beside the gang in {self.figures.to_running:.1f} s")
+        self._heartbeats = HeartbeatSimulator(
+            cluster.new_api_client,
+            self.namespace,
+            operator_scale.HEARTBEAT_INTERVAL,
+            operator_scale.HEARTBEAT_TIMEOUT,
+            WORKERS,
+        ).start()
+        return self
+
+    def replace_workers(self, trials: int) -> None:
+        """Delete a small job's worker pod per trial; the time until the operator's replacement appears."""
+        assert self._pods is not None
+        plan = operator_scale.Scale(jobs=self.count, workers=WORKERS, trials=trials, window=0, scrape_every=1)
+        latencies, late, _ = operator_scale.event_to_action(
+            self.cluster, self._pods, self.names, plan, self.namespace
+        )
+        self.figures.replacements += latencies
+        self.figures.replacements_late += late
+
+    def measure_statuses(self) -> None:
+        listed = custom_object(
+            self.cluster.custom.list_namespaced_custom_object(
+                operator_scale.GROUP, operator_scale.VERSION, self.namespace, operator_scale.PLURAL
+            )
+        )["items"]
+        self.figures.largest_status_bytes = max((status_bytes(job) for job in listed), default=0)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if not self.namespace:
+            return
+        try:
+            # Jobs go first: heartbeats that stop while their jobs live would be judged as failures.
+            self.cluster.custom.delete_collection_namespaced_custom_object(
+                operator_scale.GROUP, operator_scale.VERSION, self.namespace, operator_scale.PLURAL
+            )
+        finally:
+            if self._heartbeats is not None:
+                self._heartbeats.stop()
+                self.figures.heartbeat_gap = self._heartbeats.max_gap
+            if self._pods is not None:
+                self._pods.stop()
+            self.cluster.delete_namespace(self.namespace, wait=True)
