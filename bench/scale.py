@@ -54,7 +54,7 @@ from phalanx.bench.kubeobjects import is_terminating, name_of, phase_of, uid_of
 from phalanx.bench.scale_beside import BesideFigures, SmallJobs
 from phalanx.bench.scale_launchers import HANG_THRESHOLD, EmulatedLaunchers
 from phalanx.bench.watch import Watch, bound, created, first_times, pod_watch, running, ungated
-from phalanx.operator import api, names
+from phalanx.operator import api, hubview, names
 
 NAME = "scale"
 TITLE = "One job at the seeds' scale: N pods of 8 GPUs on simulated nodes, emulated launchers"
@@ -84,6 +84,11 @@ HUB_HANG_WAIT = (
 )
 """The operator acts on a launcher's news within the API's own p99 bound."""
 GANG_BOUND_SECONDS = 180.0
+HUB_DOWN = 10.0
+"""Seconds the killed hub stays down: a container's first restart back-off."""
+HUB_LOST_BOUND = hubview.outage_grace_seconds(INTERVAL, TIMEOUT)
+"""A worker silenced when the hub is lost is found by then: the gap the operator leaves in its view for a silent
+hub closes, and the launchers' own Leases have carried the others since the hub's silence passed their timeout."""
 STATUS_BOUND_KIB = 64
 """A TrainingJob's status at most, whatever its gang's size."""
 HUB_SUMMARY_WAIT = 60.0
@@ -229,6 +234,9 @@ class SizeFigures:
     """Per launcher verdict (`stopped`, `hung`): seconds from the launcher's report to the operator's Event."""
     restart_reports: list[float] = field(default_factory=list)
     """Seconds from a launcher's group restart to its pod's own Lease reaching a watch."""
+    hub_lost: list[float] = field(default_factory=list)
+    """Seconds from the hub's kill (a worker silenced at once, the hub back `HUB_DOWN` later) to the operator's
+    HeartbeatTimeout naming that worker."""
     beside: BesideFigures | None = None
     """The small jobs run beside this size's gang, if any (bench/scale_beside.py)."""
     status_bytes: list[int] = field(default_factory=list)
@@ -257,15 +265,25 @@ class HubSide:
             "POD_UID": uid_of(pod),
             rendezvous.SECRET_FILE_ENV: str(secret_file),
         }
+        self._hub_command = [
+            sys.executable, "-m", "phalanx.worker.beathub", "--store", f"127.0.0.1:{self.port}",
+            "--job", JOB, "--interval", f"{INTERVAL:g}", "--timeout", f"{TIMEOUT:g}",
+        ]  # fmt: skip
+        self._hub_env = env
+        self._hub_log = (scratch / f"{namespace}-hub.log").open("a")
+        self.hub = self.start_hub()
+
+    def start_hub(self) -> subprocess.Popen[bytes]:
+        """The hub's container (re)started."""
         self.hub = subprocess.Popen(
-            [
-                sys.executable, "-m", "phalanx.worker.beathub", "--store", f"127.0.0.1:{self.port}",
-                "--job", JOB, "--interval", f"{INTERVAL:g}", "--timeout", f"{TIMEOUT:g}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(scratch / f"{namespace}-hub.log").open("w"),
-        )  # fmt: skip
+            self._hub_command, env=self._hub_env, stdout=subprocess.DEVNULL, stderr=self._hub_log
+        )
+        return self.hub
+
+    def kill_hub(self) -> None:
+        """The hub's container killed (an OOM kill, a crash): SIGKILL, no last summary."""
+        self.hub.kill()
+        self.hub.wait(15)
 
     def connect(self) -> Any:
         from phalanx.worker import launch, rendezvous
@@ -280,6 +298,7 @@ class HubSide:
                 process.wait(15)
             except subprocess.TimeoutExpired:
                 process.kill()
+        self._hub_log.close()
 
 
 def wait_gang(pods: Watch[Any], count: int, applied: float) -> tuple[dict[str, float], bool]:
@@ -392,6 +411,8 @@ def measure_size(
         for kind in VERDICT_REASONS:
             for trial in range(plan.verdict_trials):
                 trials.verdict(kind, trial)
+        if hub_side is not None:
+            trials.hub_lost(hub_side)
         figures.status_bytes.append(status_bytes(cluster, namespace))
         if plan.beside and workers == max(plan.sizes):
             figures.beside = beside_the_gang(cluster, trials, plan, log)
@@ -502,6 +523,30 @@ class Trials:
         self.figures.detection.append(event.t - (last + TIMEOUT))
         self.log(
             f"N={self.figures.workers}: {victim} silent, found {self.figures.detection[-1]:+.2f} s past the timeout"
+        )
+        self._wait_whole(what)
+
+    def hub_lost(self, hub: HubSide) -> None:
+        """The heartbeat hub is killed and, at the same moment, one worker's launcher falls silent; the hub's
+        container is back `HUB_DOWN` seconds later. The time from the kill to the operator's Event naming the
+        silent worker: no other worker may be taken for silent meanwhile (`false_alarms`), and the silent one is
+        found once the hub is back, at the latest when the gap the operator leaves for a silent hub closes."""
+        what = "hub lost"
+        picked = self._worker(300, what)
+        if picked is None:
+            return
+        victim, uid = picked
+        killed = time.monotonic()
+        hub.kill_hub()
+        self.launchers.silence(victim, uid)
+        time.sleep(HUB_DOWN)
+        hub.start_hub()
+        event = self._event((HEARTBEAT_TIMEOUT,), victim, killed, what)
+        if event is None:
+            return
+        self.figures.hub_lost.append(event.t - killed)
+        self.log(
+            f"N={self.figures.workers}: hub killed, {victim} silent: found {event.t - killed:.2f} s after the kill"
         )
         self._wait_whole(what)
 
@@ -781,6 +826,24 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                 else None,
             ),
         ]
+        if figures.hub_lost:
+            metrics.append(
+                Metric(
+                    name=f"silent worker found with the hub killed, N={workers}",
+                    unit="s",
+                    samples=figures.hub_lost,
+                    description=f"the heartbeat hub SIGKILLed and a worker silenced at once, the hub back "
+                    f"{HUB_DOWN:g} s later -> the operator's HeartbeatTimeout naming that worker (no other is "
+                    "judged silent: see 'workers judged silent that were not')",
+                    target=Target(
+                        op="<=",
+                        value=HUB_LOST_BOUND,
+                        stat="max",
+                        text=f"<= {HUB_LOST_BOUND:g} s: 2 x (timeout + interval), when the operator's gap for a "
+                        "silent hub closes",
+                    ),
+                )
+            )
         if figures.beside is not None:
             metrics += beside_metrics(workers, figures.beside)
     return metrics

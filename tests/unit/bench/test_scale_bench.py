@@ -208,3 +208,20 @@ def test_small_jobs_beside_the_gang_are_judged_at_the_seeds_scale_and_their_stat
     assert metrics["event -> action beside the gang, 3 small jobs, N=64"].target is None
     assert any("100 small jobs of 2 workers" in note for note in scale.notes_of({512: big}, {}))
     assert scale_beside.status_bytes({"status": {"state": "Running"}}) == len('{"state":"Running"}')
+
+
+def test_a_worker_silenced_as_the_hub_dies_is_found_before_the_operator_s_gap_for_the_hub_closes() -> None:
+    big = _figures(512, True, 0.5, [0.6])
+    big.hub_lost = [11.5]
+    late = _figures(512, True, 0.5, [0.6])
+    late.hub_lost = [scale.HUB_LOST_BOUND + 1]
+    assert scale.HUB_LOST_BOUND == 2 * (scale.TIMEOUT + scale.INTERVAL)
+    (found,) = [
+        m for m in scale.metrics_of({512: big}) if m.name.startswith("silent worker found with the hub")
+    ]
+    assert found.verdict().met
+    (missed,) = [
+        m for m in scale.metrics_of({512: late}) if m.name.startswith("silent worker found with the hub")
+    ]
+    assert missed.verdict().met is False
+    assert not [m for m in scale.metrics_of({64: _figures(64, False, 32.5, [0.8])}) if "hub killed" in m.name]
