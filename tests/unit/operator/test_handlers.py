@@ -503,6 +503,20 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
     assert event("ADDED", _lease_body("demo-worker-0", "2026-01-01T12:00:08.1Z", **resumed)) == 1
 
 
+def hub_lease(beats: dict[int, dict[str, str]], at: datetime) -> dict[str, Any]:
+    """The job `demo`'s hub summary Lease of `beats`, each renewed at `at`, made at `at`."""
+    stamped = {index: {**beat, "renewTime": beatsummary.micro_time(at)} for index, beat in beats.items()}
+    summary = beatsummary.summarise("demo-worker-", stamped, at, 1.5)
+    return {
+        "metadata": {
+            "name": "demo-rdzv",
+            "ownerReferences": [{"kind": "Pod", "name": "demo-rdzv", "uid": "uid-rdzv"}],
+            "annotations": {beatsummary.SUMMARY_ANNOTATION: beatsummary.encode(summary)},
+        },
+        "spec": {"renewTime": beatsummary.micro_time(at)},
+    }
+
+
 def test_a_hub_summary_wakes_its_job_only_when_some_worker_s_signal_changed(
     make_job: Callable[..., Any],
 ) -> None:
@@ -510,18 +524,7 @@ def test_a_hub_summary_wakes_its_job_only_when_some_worker_s_signal_changed(
 
     def summary_event(kind: str | None, second: int, beats: dict[int, dict[str, str]]) -> int:
         """Reconciles of the job caused by the hub's summary of `beats` made at 12:00:`second`."""
-        at = datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)
-        stamped = {index: {**beat, "renewTime": beatsummary.micro_time(at)} for index, beat in beats.items()}
-        summary = beatsummary.summarise("demo-worker-", stamped, at, 1.5)
-        body = {
-            "metadata": {
-                "name": "demo-rdzv",
-                "ownerReferences": [{"kind": "Pod", "name": "demo-rdzv", "uid": "uid-rdzv"}],
-                "annotations": {beatsummary.SUMMARY_ANNOTATION: beatsummary.encode(summary)},
-            },
-            "spec": {"renewTime": beatsummary.micro_time(at)},
-        }
-        return event(kind, body)
+        return event(kind, hub_lease(beats, datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)))
 
     training = {"phase": "training", "group-started": "2026-01-01T11:00:00Z"}
     gang = {index: {**training, "step": "10", "rank": str(index)} for index in range(3)}
@@ -556,22 +559,8 @@ def test_the_hub_summary_in_which_every_peer_renewed_after_a_hang_verdict_wakes_
     }
 
     def summary_event(second: int) -> int:
-        at = datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)
-        stamp = beatsummary.micro_time(at)
-        beats = {
-            0: {**hung, "renewTime": stamp},
-            **{i: {**training, "rank": str(i), "renewTime": stamp} for i in (1, 2)},
-        }
-        summary = beatsummary.summarise("demo-worker-", beats, at, 1.5)
-        body = {
-            "metadata": {
-                "name": "demo-rdzv",
-                "ownerReferences": [{"kind": "Pod", "name": "demo-rdzv", "uid": "uid-rdzv"}],
-                "annotations": {beatsummary.SUMMARY_ANNOTATION: beatsummary.encode(summary)},
-            },
-            "spec": {"renewTime": stamp},
-        }
-        return event("MODIFIED", body)
+        beats = {0: hung, **{i: {**training, "rank": str(i)} for i in (1, 2)}}
+        return event("MODIFIED", hub_lease(beats, datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)))
 
     assert summary_event(1) == 1  # the verdict itself is news (its peers renewed before it: it waits)
     assert summary_event(2) == 0  # the peers' renewals still precede the verdict (12:00:02.5)
