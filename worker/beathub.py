@@ -252,11 +252,20 @@ class Hub:
             self.store = self.connect()
         now = self.clock()
         beats = self.read_beats(now)
-        summary = beatsummary.summarise(self.prefix, beats, now, FRESH_INTERVALS * self.interval_seconds)
+        verdict = beatsummary.earliest_verdict(beats.values())
+        awaited = self._awaited(beats)
+        fresh = FRESH_INTERVALS * self.interval_seconds
+        settled = verdict if awaited is None else None
+        summary = beatsummary.summarise(self.prefix, beats, now, fresh, settled=settled)
         self.publish(beatsummary.encode(summary), now)
         self.store.set(ALIVE_KEY, f"{time.time():.3f}")
-        self._await(beatsummary.awaited_verdict(beats.values()), now)
+        self._await(awaited, now)
         return summary
+
+    def _awaited(self, beats: Mapping[int, Mapping[str, str]]) -> datetime | None:
+        """The hang verdict still waiting on a live peer's renewal (a peer silent for longer than a fresh beat's
+        age is not waited for)."""
+        return beatsummary.awaited_verdict(beats.values(), FRESH_INTERVALS * self.interval_seconds)
 
     def _await(self, verdict: datetime | None, now: datetime) -> None:
         """Plan the looks for a hang verdict that the operator holds until every peer renewed after it: the first
@@ -275,7 +284,7 @@ class Hub:
             return False
         now = self.clock()
         try:
-            still = beatsummary.awaited_verdict(self.read_beats(now).values())
+            still = self._awaited(self.read_beats(now))
         except Exception:  # the regular summary meets the failure and reconnects
             self.look_at = math.inf
             return False

@@ -156,41 +156,38 @@ def verdict_time(beat: Mapping[str, Any] | None) -> datetime | None:
     return since + timedelta(seconds=threshold)
 
 
-def awaited_verdict(beats: Iterable[Mapping[str, Any]]) -> datetime | None:
-    """The earliest hang verdict among `beats` while a peer in the group (not itself judged hung) last renewed
-    before it; None when there is none or every peer renewed since.
+def earliest_verdict(beats: Iterable[Mapping[str, Any]]) -> datetime | None:
+    """The earliest hang verdict among `beats` (None: none carries one)."""
+    return min((moment for beat in beats if (moment := verdict_time(beat)) is not None), default=None)
+
+
+def awaited_verdict(beats: Iterable[Mapping[str, Any]], live_seconds: float = math.inf) -> datetime | None:
+    """The earliest hang verdict among `beats` while a live peer in the group (not itself judged hung) last
+    renewed before it; None when there is none or every live peer renewed since. A peer whose last renewal came
+    more than `live_seconds` before the verdict is not waited for: it fell silent (or its pod is gone and its
+    beat lingers), and no renewal of it will come.
 
     The operator acts on a hang verdict only once every peer renewed after it: a healthy peer renews every
     interval while the others wait, so one that did not is the likelier culprit (operator/detection.py). The
-    hub publishes as soon as the wait is over rather than at its next interval."""
+    hub publishes as soon as the wait is over rather than at its next interval, and says so in the summary
+    (`settled`); the operator still decides from its own view of the job's pods."""
     beats = list(beats)
-    verdicts = [moment for beat in beats if (moment := verdict_time(beat)) is not None]
-    if not verdicts:
+    judged = earliest_verdict(beats)
+    if judged is None:
         return None
-    judged = min(verdicts)
     for beat in beats:
         if verdict_time(beat) is not None or beat.get("phase") not in contract.IN_GROUP_PHASES:
             continue
         renewed = parse_time(beat.get("renewTime"))
-        if renewed is not None and renewed < judged:
+        if renewed is not None and renewed < judged and (judged - renewed).total_seconds() <= live_seconds:
             return judged
     return None
 
 
 def settled_verdict(summary: Mapping[str, Any]) -> datetime | None:
-    """The earliest hang verdict a summary (`decode` accepted) lists once every peer in the group renewed after
-    it, so that the operator can act on it now; None while there is none or some peer has not renewed since.
-    Read from the classes and the listed beats, without expanding them pod by pod."""
-    beats: list[Mapping[str, Any]] = []
-    for entry in summary["classes"]:
-        fields = _strings(entry.get("fields")) if isinstance(entry, dict) else None
-        if fields is not None:
-            beats.append({**fields, "renewTime": entry.get("renewTime")})
-    beats += [fields for beat in summary["listed"].values() if (fields := _strings(beat)) is not None]
-    verdicts = [moment for beat in beats if (moment := verdict_time(beat)) is not None]
-    if not verdicts or awaited_verdict(beats) is not None:
-        return None
-    return min(verdicts)
+    """The hang verdict a summary (`decode` accepted) says every live peer renewed after (`settled`): the
+    operator can act on it now. None when the summary says none (or comes from a hub that does not say)."""
+    return parse_time(summary.get("settled"))
 
 
 # ------------------------------------------------------------------------------------------ ranges
@@ -239,7 +236,11 @@ def _renew_second(beat: Mapping[str, str]) -> int | None:
 
 
 def summarise(
-    prefix: str, beats: Mapping[int, Mapping[str, str]], now: datetime, fresh_seconds: float
+    prefix: str,
+    beats: Mapping[int, Mapping[str, str]],
+    now: datetime,
+    fresh_seconds: float,
+    settled: datetime | None = None,
 ) -> dict[str, Any]:
     """One summary of `beats` (pod index -> beat) for pods named `prefix` + index.
 
@@ -247,7 +248,8 @@ def summarise(
     as well, so that a class's oldest renewal is within a second of each member's: a silent pod is never hidden
     in a fresh class, nor does it make fresh pods look silent. When the classes are too many or too big (a mass
     re-form, a partition), the listed pods join them first, then classes merge by phase and by ever coarser
-    renew seconds, fresh beats never with stale ones."""
+    renew seconds, fresh beats never with stale ones. `settled`: a hang verdict every live peer renewed after
+    (`awaited_verdict`), said as `settled` for the operator to act on at once."""
     listed: dict[str, dict[str, str]] = {}
     keyed: dict[tuple[Any, ...], list[int]] = {}
     for index in sorted(beats):
@@ -267,6 +269,8 @@ def summarise(
             "classes": [_class(beats, members) for members in classes.values()],
             "listed": listed,
         }
+        if settled is not None:
+            summary["settled"] = micro_time(settled)
         if (
             len(classes) <= MAX_CLASSES and len(encode(summary)) <= MAX_SUMMARY_BYTES
         ) or width > MAX_MERGE_WIDTH:

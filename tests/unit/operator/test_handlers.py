@@ -503,10 +503,13 @@ def test_a_heartbeat_wakes_its_job_only_when_what_matters_changed(make_job: Call
     assert event("ADDED", _lease_body("demo-worker-0", "2026-01-01T12:00:08.1Z", **resumed)) == 1
 
 
-def hub_lease(beats: dict[int, dict[str, str]], at: datetime) -> dict[str, Any]:
-    """The job `demo`'s hub summary Lease of `beats`, each renewed at `at`, made at `at`."""
+def hub_lease(
+    beats: dict[int, dict[str, str]], at: datetime, settled: datetime | None = None
+) -> dict[str, Any]:
+    """The job `demo`'s hub summary Lease of `beats`, each renewed at `at`, made at `at` (saying the hang verdict
+    `settled`, as the hub does once every live peer renewed after it)."""
     stamped = {index: {**beat, "renewTime": beatsummary.micro_time(at)} for index, beat in beats.items()}
-    summary = beatsummary.summarise("demo-worker-", stamped, at, 1.5)
+    summary = beatsummary.summarise("demo-worker-", stamped, at, 1.5, settled=settled)
     return {
         "metadata": {
             "name": "demo-rdzv",
@@ -560,7 +563,11 @@ def test_the_hub_summary_in_which_every_peer_renewed_after_a_hang_verdict_wakes_
 
     def summary_event(second: int) -> int:
         beats = {0: hung, **{i: {**training, "rank": str(i)} for i in (1, 2)}}
-        return event("MODIFIED", hub_lease(beats, datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)))
+        at = datetime(2026, 1, 1, 12, 0, second, tzinfo=UTC)
+        stamped = [{**beat, "renewTime": beatsummary.micro_time(at)} for beat in beats.values()]
+        verdict = beatsummary.earliest_verdict(stamped)
+        settled = verdict if beatsummary.awaited_verdict(stamped) is None else None
+        return event("MODIFIED", hub_lease(beats, at, settled))
 
     assert summary_event(1) == 1  # the verdict itself is news (its peers renewed before it: it waits)
     assert summary_event(2) == 0  # the peers' renewals still precede the verdict (12:00:02.5)

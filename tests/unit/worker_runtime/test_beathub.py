@@ -249,6 +249,9 @@ def test_a_hang_verdict_is_published_once_every_peer_renewed_after_it_not_at_the
     assert took < 10.0
     expanded = beatsummary.expand(published.summaries[-1])
     assert all(beatsummary.parse_time(expanded[f"{PREFIX}{i}"]["renewTime"]) > verdict_at for i in (1, 2))  # type: ignore[operator]
+    # The summary says so: the operator acts on it without working it out pod by pod.
+    assert beatsummary.settled_verdict(published.summaries[-1]) == verdict_at
+    assert beatsummary.settled_verdict(published.summaries[0]) is None
     assert hub.awaited is None
 
 
@@ -288,6 +291,10 @@ def test_the_verdict_the_hub_waits_on_is_the_operator_s() -> None:
     assert beatsummary.awaited_verdict([hung, peer(-0.5)]) is None
     assert beatsummary.awaited_verdict([hung, peer(0.5, phase="standby")]) is None
     assert beatsummary.awaited_verdict([peer(0.5)]) is None
+    # A peer silent since long before the verdict is not waited for (its pod is gone, or it is the culprit).
+    assert beatsummary.awaited_verdict([hung, peer(4.0)], live_seconds=3.0) is None
+    assert beatsummary.awaited_verdict([hung, peer(2.0)], live_seconds=3.0) == judged
+    assert beatsummary.earliest_verdict([peer(1.0), hung]) == judged
     # Two ranks judged hung: the earlier verdict counts, and neither is the other's peer.
     later = {**hung, "hang-threshold": "4"}
     assert beatsummary.awaited_verdict([hung, later, peer(-0.1)]) is None
