@@ -18,6 +18,8 @@ toward a streak's start (a streak needs `stragglerSteps` in a row, and the secon
 from __future__ import annotations
 
 import bisect
+import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
@@ -34,6 +36,8 @@ clock restarts at the heartbeat's step."""
 Heartbeat = Callable[[dict[str, Any]], dict[str, Any] | None]
 """A pod's own heartbeat Lease summary, or None (`detection.heartbeat_of`, judged once per pod by the reconcile)."""
 
+FIELD_NAMES_BYTES = 32
+"""What `"tracking":[],"tracked":` add to a status besides their contents."""
 MAX_TRACKED_INDEX = 1_000_000
 """Pod indices beyond this are never read from `status.tracked` (a gang is bounded far below it, and a status
 edited by hand must not make the operator walk billions of indices)."""
@@ -144,9 +148,11 @@ def compact(
     job_name: str,
     clocks_since: str | None,
     now: datetime,
+    budget_bytes: int = sys.maxsize,
 ) -> tuple[list[api.WorkerTrack], api.TrackedPods | None]:
     """What to write: the tracks `expand` could not rebuild as they are (at most `MAX_STORED_TRACKS`, the most
-    needed first), and the index ranges of all the others."""
+    needed first, and no more than fit in `budget_bytes` as JSON beside the ranges), and the index ranges of all
+    the others."""
     if not tracks:
         return [], None
     observed = {
@@ -170,12 +176,13 @@ def compact(
         if track.kept:
             kept.append(index)
     stored.sort(key=lambda entry: entry[0])
+    fitting = _fitting(stored, known, done, kept, clocks_since, budget_bytes)
     # No room for the rest: rebuilt from their pods like the others (a streak or a restart count starts over).
-    known.extend(index for _, index, _ in stored[MAX_STORED_TRACKS:] if index is not None)
+    known.extend(index for _, index, _ in stored[fitting:] if index is not None)
     written = [
         track
         for _, index, track in sorted(
-            stored[:MAX_STORED_TRACKS], key=lambda entry: (-1 if entry[1] is None else entry[1], entry[2].pod)
+            stored[:fitting], key=lambda entry: (-1 if entry[1] is None else entry[1], entry[2].pod)
         )
     ]
     summary = api.TrackedPods(
@@ -185,6 +192,43 @@ def compact(
         clocks_since=clocks_since,
     )
     return written, summary
+
+
+def _fitting(
+    stored: list[tuple[int, int | None, api.WorkerTrack]],
+    known: list[int],
+    done: list[int],
+    kept: list[int],
+    clocks_since: str | None,
+    budget_bytes: int,
+) -> int:
+    """How many of the `stored` tracks (most needed first) are written out: at most `MAX_STORED_TRACKS`, and as
+    many as fit in `budget_bytes` beside the ranges of the others."""
+    count = min(len(stored), MAX_STORED_TRACKS)
+    if budget_bytes == sys.maxsize:
+        return count
+    sizes = [len(json.dumps(track.to_wire(), separators=(",", ":"))) + 1 for _, _, track in stored[:count]]
+
+    def ranges_bytes(written: int) -> int:
+        others = [*known, *(index for _, index, _ in stored[written:] if index is not None)]
+        ranges = api.TrackedPods(
+            known=format_ranges(others),
+            done=format_ranges(done),
+            kept=format_ranges(kept),
+            clocks_since=clocks_since,
+        )
+        return len(json.dumps(ranges.to_wire(), separators=(",", ":")))
+
+    # First as if the ranges stayed as they are with every stored track left out; then exactly (a track written
+    # out can split a range, so the ranges may grow a little as tracks are written).
+    room = budget_bytes - FIELD_NAMES_BYTES - ranges_bytes(0)
+    fits = 0
+    while fits < count and room - sizes[fits] >= 0:
+        room -= sizes[fits]
+        fits += 1
+    while fits > 0 and sum(sizes[:fits]) + ranges_bytes(fits) + FIELD_NAMES_BYTES > budget_bytes:
+        fits -= 1
+    return fits
 
 
 def _rebuilds(

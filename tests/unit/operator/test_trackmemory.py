@@ -188,3 +188,29 @@ def test_what_a_pod_cannot_tell_is_written_out_the_most_needed_first_and_at_most
         api.TrainingJobStatus(tracking=stored, tracked=summary), pods, _no_heartbeat, "demo", now
     )
     assert sorted(track.pod for track in rebuilt) == sorted(f"demo-worker-{i}" for i in [*range(400), 500])
+
+
+def test_the_stored_tracks_give_way_when_the_status_would_outgrow_its_budget(
+    make_pod: MakePod, now: datetime
+) -> None:
+    pods = [make_pod(f"demo-worker-{i}", node=f"node-{i}") for i in range(400)]
+    tracks = [
+        api.WorkerTrack(pod=f"demo-worker-{i}", uid=f"uid-demo-worker-{i}", node=f"node-{i}", slow=1)
+        for i in range(400)
+    ]
+    for track in tracks[200:210]:
+        track.restarts = 1
+    budget = 8 * 1024
+    stored, summary = trackmemory.compact(tracks, pods, _no_heartbeat, "demo", None, now, budget_bytes=budget)
+    assert 10 < len(stored) < trackmemory.MAX_STORED_TRACKS
+    assert all(track in stored for track in tracks[200:210])  # the most needed are kept
+    assert summary is not None
+    written = {"tracking": [track.to_wire() for track in stored], "tracked": summary.to_wire()}
+    assert len(json.dumps(written, separators=(",", ":"))) <= budget
+    # The others are rebuilt from their pods, as those beyond the count are.
+    rebuilt = trackmemory.expand(
+        api.TrainingJobStatus(tracking=stored, tracked=summary), pods, _no_heartbeat, "demo", now
+    )
+    assert sorted(track.pod for track in rebuilt) == sorted(f"demo-worker-{i}" for i in range(400))
+    everything, _ = trackmemory.compact(tracks, pods, _no_heartbeat, "demo", None, now)
+    assert len(everything) == trackmemory.MAX_STORED_TRACKS
