@@ -54,7 +54,7 @@ from phalanx.bench.kubeobjects import is_terminating, name_of, phase_of, uid_of
 from phalanx.bench.scale_beside import BesideFigures, SmallJobs
 from phalanx.bench.scale_launchers import HANG_THRESHOLD, EmulatedLaunchers
 from phalanx.bench.watch import Watch, bound, created, first_times, pod_watch, running, ungated
-from phalanx.operator import api, hubview, names
+from phalanx.operator import api, hubview, names, statusbudget
 
 NAME = "scale"
 TITLE = "One job at the seeds' scale: N pods of 8 GPUs on simulated nodes, emulated launchers"
@@ -946,7 +946,12 @@ def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[
         ("operator CPU", "%", lambda f: 100 * f.operator_cpu),
         ("operator RSS", "MB", lambda f: f.operator_rss_mb),
         ("gang bound", "s", lambda f: f.gang["bound"]),
-        ("TrainingJob status size", "KiB", lambda f: max(f.status_bytes, default=0) / 1024),
+        (
+            f"TrainingJob status size (the operator holds it under {statusbudget.STATUS_BUDGET_BYTES // 1024} KiB "
+            "whatever N: operator/statusbudget.py)",
+            "KiB",
+            lambda f: max(f.status_bytes, default=0) / 1024,
+        ),
     ):
         line = projection(label, unit, [(float(n), value_of(f)) for n, f in points])
         if line:
