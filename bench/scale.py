@@ -84,6 +84,12 @@ HUB_HANG_WAIT = (
 )
 """The operator acts on a launcher's news within the API's own p99 bound."""
 GANG_BOUND_SECONDS = 180.0
+EMULATED_STORE_TIMEOUT = 30.0
+"""Seconds an emulated launcher's store connection may take (a real one's: `launch.HUB_STORE_TIMEOUT`, 2 s). Every
+emulated launcher reaches the gate through this one process's forwarder, which checks each connection's owner
+among the thousands of sockets this process holds: when 520 connect at once, the checks queue for longer than
+2 s, and the launchers that gave up would fall back to their own Leases. A real launcher's forwarder serves only
+its own few connections."""
 HUB_DOWN = 10.0
 """Seconds the killed hub stays down: a container's first restart back-off."""
 HUB_LOST_BOUND = hubview.outage_grace_seconds(INTERVAL, TIMEOUT)
@@ -286,9 +292,9 @@ class HubSide:
         self.hub.wait(15)
 
     def connect(self) -> Any:
-        from phalanx.worker import launch, rendezvous
+        from phalanx.worker import rendezvous
 
-        return rendezvous.connect("127.0.0.1", self.port, launch.HUB_STORE_TIMEOUT, self.secret)
+        return rendezvous.connect("127.0.0.1", self.port, EMULATED_STORE_TIMEOUT, self.secret)
 
     def close(self) -> None:
         for process in (self.hub, self.store):
