@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from phalanx import contract
+from phalanx import beatsummary, contract
 from phalanx.bench import faults
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import parse_time
@@ -54,6 +54,17 @@ def step_of(cluster: Cluster, namespace: str, name: str) -> int:
     return get_job(cluster, namespace, name).get("status", {}).get("step") or 0
 
 
+def hub_phases(cluster: Cluster, namespace: str, name: str) -> dict[str, str | None]:
+    """Each worker's phase by the job's heartbeat hub summary (empty without a hub): with the hub a pod's own
+    Lease goes quiet after its first beat."""
+    found = cluster.kubectl("get", "lease", f"{name}-rdzv", "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return {}
+    annotations = json.loads(found.stdout)["metadata"].get("annotations") or {}
+    summary = beatsummary.decode(annotations.get(beatsummary.SUMMARY_ANNOTATION))
+    return {pod: beat.get("phase") for pod, beat in beatsummary.expand(summary).items()} if summary else {}
+
+
 def training_worker(
     cluster: Cluster, namespace: str, name: str, min_step: int = 15, avoid_nodes: frozenset[str] = frozenset()
 ) -> Any:
@@ -61,11 +72,13 @@ def training_worker(
     wait_for(lambda: step_of(cluster, namespace, name) >= min_step, 240, message=f"step {min_step}")
 
     def pick() -> Any:
+        by_hub = hub_phases(cluster, namespace, name)
         for pod in job_pods(cluster, namespace, name, "phalanx.dev/role=worker"):
             if pod.spec.node_name in avoid_nodes:
                 continue
             lease = cluster.get_json("lease", pod.metadata.name, "-n", namespace)
-            if lease["metadata"].get("annotations", {}).get("phalanx.dev/phase") == "training":
+            own = lease["metadata"].get("annotations", {}).get("phalanx.dev/phase")
+            if "training" in (own, by_hub.get(pod.metadata.name)):
                 return pod
         return None
 
