@@ -937,9 +937,14 @@ def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[
                 f"own (operator-scale's: a `sleep` trainer, a Lease per worker renewed every "
                 f"{operator_scale.HEARTBEAT_INTERVAL} s by this process, its longest gap "
                 f"{beside.heartbeat_gap:.1f} s); {beside.replacements_late} of {len(beside.replacements)} "
-                f"replacements waited out. The issue's 1,000 small jobs beside a 12,500-pod gang are not carried "
-                f"on this machine."
+                f"replacements waited out; the operator that acted: {' then '.join(beside.leaders) or 'unknown'}. "
+                f"The issue's 1,000 small jobs beside a 12,500-pod gang are not carried on this machine."
             )
+            if beside.operator_warnings:
+                notes.append(
+                    f"N = {workers:,}: the operator's warnings while the small jobs ran: "
+                    + "; ".join(beside.operator_warnings)
+                )
         if figures.launcher_failures or figures.late_rounds:
             notes.append(
                 f"N = {workers:,}: the emulated launchers had {figures.launcher_failures} failed beats and "

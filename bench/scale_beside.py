@@ -9,6 +9,7 @@ renewed by `HeartbeatSimulator` as launchers would), in a namespace of their own
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -16,9 +17,9 @@ from types import TracebackType
 from typing import Any
 
 from phalanx.bench import operator_scale
-from phalanx.bench.cluster import BenchCluster
+from phalanx.bench.cluster import BenchCluster, warning_summary
 from phalanx.bench.heartbeats import HeartbeatSimulator
-from phalanx.bench.kubeobjects import custom_object
+from phalanx.bench.kubeobjects import custom_object, name_of
 from phalanx.bench.watch import PodEvent, Watch, pod_watch
 
 WORKERS = 2
@@ -43,6 +44,10 @@ class BesideFigures:
     """The largest status among the small jobs, as JSON."""
     heartbeat_gap: float = 0.0
     """The longest gap between two renewals of one small job's Lease (this process falling behind, if large)."""
+    leaders: list[str] = field(default_factory=list)
+    """The operator pod that acted, at the start and at the end (two names: the leadership moved)."""
+    operator_warnings: list[str] = field(default_factory=list)
+    """The operator's most frequent warnings meanwhile (for a slow replacement's cause)."""
 
 
 def status_bytes(job: dict[str, Any]) -> int:
@@ -61,10 +66,13 @@ class SmallJobs:
         self.namespace = ""
         self.figures = BesideFigures(jobs=count)
         self._pods: Watch[PodEvent] | None = None
+        self._since = time.time()
         self._heartbeats: HeartbeatSimulator | None = None
 
     def __enter__(self) -> SmallJobs:
         cluster = self.cluster
+        self._since = time.time()
+        self._note_leader()
         self.namespace = cluster.create_namespace("scale-beside")
         self._pods = pod_watch(cluster.new_api_client, self.namespace, operator_scale.TRAINER_SELECTOR)
         self._pods.start()
@@ -89,6 +97,12 @@ class SmallJobs:
             WORKERS,
         ).start()
         return self
+
+    def _note_leader(self) -> None:
+        with contextlib.suppress(Exception):  # diagnostics only
+            leader = self.cluster.leader_pod()
+            if leader is not None and name_of(leader) not in self.figures.leaders:
+                self.figures.leaders.append(name_of(leader))
 
     def replace_workers(self, trials: int) -> None:
         """Delete a small job's worker pod per trial; the time until the operator's replacement appears."""
@@ -116,6 +130,9 @@ class SmallJobs:
     ) -> None:
         if not self.namespace:
             return
+        self._note_leader()
+        with contextlib.suppress(Exception):  # diagnostics only
+            self.figures.operator_warnings = warning_summary(self.cluster.operator_log_lines(self._since))
         try:
             # Jobs go first: heartbeats that stop while their jobs live would be judged as failures.
             self.cluster.custom.delete_collection_namespaced_custom_object(
