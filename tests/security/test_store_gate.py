@@ -259,6 +259,9 @@ def test_launchers_train_through_the_gate_and_a_stranger_cannot_restart_them(
         assert job.last_step() == 20
 
 
+GATED_STEPS = 300
+
+
 def test_the_training_processes_store_admits_only_the_job_s_launchers(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -266,8 +269,9 @@ def test_the_training_processes_store_admits_only_the_job_s_launchers(
     too: neither torch's own client at the pod's address nor another process at a launcher's forwarder gets
     in, and the training runs on."""
     with running_job(tmp_path, request.node.name, secret=SECRET) as job:
-        job.start_node("a", ["--steps", "100", "--step-delay", "0.1"])
-        job.start_node("b", ["--steps", "100", "--step-delay", "0.1"])
+        # Long enough that the strangers' attempts (3 s each) end while it trains, on a loaded machine too.
+        job.start_node("a", ["--steps", str(GATED_STEPS), "--step-delay", "0.1"])
+        job.start_node("b", ["--steps", str(GATED_STEPS), "--step-delay", "0.1"])
         wait_for(lambda: job.steps(), 120, "a first step")
         outputs = job.node_output("a") + job.node_output("b")
         hosted = re.search(r"store: behind the gate at ([\d.]+):(\d+) \(hosted here\)", outputs)
@@ -291,10 +295,10 @@ def test_the_training_processes_store_admits_only_the_job_s_launchers(
                 )
                 stranger.set("phalanx-stranger", b"1")
         # Refused by live gates and forwarders, not by a job that had ended.
-        assert job.last_step() < 100 and all(node.poll() is None for node in job.nodes.values())
-        assert job.wait_node("a", 180) == 0, job.node_output("a")
-        assert job.wait_node("b", 180) == 0, job.node_output("b")
-        assert job.last_step() == 100
+        assert job.last_step() < GATED_STEPS and all(node.poll() is None for node in job.nodes.values())
+        assert job.wait_node("a", 240) == 0, job.node_output("a")
+        assert job.wait_node("b", 240) == 0, job.node_output("b")
+        assert job.last_step() == GATED_STEPS
 
 
 TREE = """
