@@ -79,8 +79,9 @@ DETECTION_BOUND = 3.0
 VERDICT_BOUND = 1.0
 HUB_HANG_WAIT = (
     "a hang verdict waits until every peer renewed its heartbeat after it (a peer that did not may be the frozen "
-    "culprit); through the heartbeat hub a peer's renewal reaches the operator in the hub's next summary, up to "
-    "one interval after the beat, so the wait can be two intervals where each pod's own Lease takes one"
+    "culprit); the heartbeat hub publishes as soon as they have, so the wait is an interval plus the time the "
+    "emulated launchers take to send a round of every pod's beat (this one process sends all 520; see its rounds "
+    "longer than the interval) and the summary's trip to the operator"
 )
 """The operator acts on a launcher's news within the API's own p99 bound."""
 GANG_BOUND_SECONDS = 180.0
