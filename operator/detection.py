@@ -414,7 +414,7 @@ def next_heartbeat_deadline(
         stalled = _seconds_since(track.since, now, gaps)
         if pod.lease_phase == TRAINING_PHASE and stalled is not None:
             deadlines.append(heartbeat.progress_timeout_seconds - stalled)
-        verdict = _verdict_time(lease)
+        verdict = beatsummary.verdict_time(lease)
         if verdict is not None and pod.lease_phase == TRAINING_PHASE:
             # A hang verdict waits until every peer renewed after it (`_a_peer_fell_silent`), which their
             # renewals do not announce: look again once each healthy peer's next renewal is due, and each half
@@ -678,18 +678,15 @@ def detect(
     return failures
 
 
-def _verdict_time(lease: dict[str, Any] | None) -> datetime | None:
-    """When a launcher judged its rank hung: the wait's start plus the threshold it was judged by."""
-    return beatsummary.verdict_time(lease)
-
-
 def _a_peer_fell_silent(stalled: list[Failure], trainers: Sequence[Trainer]) -> bool:
     """Whether a worker of the group, not itself judged stalled, last renewed its heartbeat before the
     earliest launcher's hang verdict among `stalled`: a healthy peer renews every interval while the others
     wait, so one that did not is frozen or gone."""
     names = {failure.pod for failure in stalled}
     verdicts = [
-        moment for pod in trainers if pod.name in names and (moment := _verdict_time(pod.lease)) is not None
+        moment
+        for pod in trainers
+        if pod.name in names and (moment := beatsummary.verdict_time(pod.lease)) is not None
     ]
     if not verdicts:
         return False

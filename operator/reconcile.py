@@ -343,7 +343,7 @@ class _Builder:
     def finish(self) -> Plan:
         self._write_regroup()
         # The whole status stays under its budget, whatever the gang's size (operator/statusbudget.py).
-        self.status.incidents = statusbudget.fit_incidents(self.status)
+        self.status.incidents, room_for_tracks = statusbudget.fit(self.status)
         self.status.tracking, self.status.tracked = trackmemory.compact(
             self.status.tracking,
             self.trainers,
@@ -351,7 +351,7 @@ class _Builder:
             self.job["metadata"]["name"],
             self.clocks_since,
             self.now,
-            budget_bytes=statusbudget.room_for_tracks(self.status),
+            budget_bytes=room_for_tracks,
         )
         if queueing.queue_name(self.job) is not None and _terminal(self):
             # Kueue frees the quota of a finished Workload; the finalizer goes with the last running pod.

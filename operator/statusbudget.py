@@ -34,12 +34,13 @@ def without_tracks(status: api.TrainingJobStatus) -> api.TrainingJobStatus:
     return status.model_copy(update={"tracking": [], "tracked": None})
 
 
-def fit_incidents(status: api.TrainingJobStatus) -> list[api.Incident]:
-    """The incidents to keep so that the status without its tracks leaves `TRACKS_RESERVE_BYTES` of the
-    budget: the closed ones dropped oldest first, the open ones always kept."""
+def fit(status: api.TrainingJobStatus) -> tuple[list[api.Incident], int]:
+    """The incidents to keep so that the status without its tracks leaves `TRACKS_RESERVE_BYTES` of the budget
+    (the closed ones dropped oldest first, the open ones always kept), and the bytes the stored tracks and the
+    tracked ranges may then take."""
+    bare = size(without_tracks(status).to_wire())
     kept = list(status.incidents)
-    limit = STATUS_BUDGET_BYTES - TRACKS_RESERVE_BYTES
-    excess = size(without_tracks(status).to_wire()) - limit
+    excess = bare - (STATUS_BUDGET_BYTES - TRACKS_RESERVE_BYTES)
     at = 0
     while excess > 0 and at < len(kept):
         if incidents.is_open(kept[at]):
@@ -47,9 +48,6 @@ def fit_incidents(status: api.TrainingJobStatus) -> list[api.Incident]:
             continue
         excess -= size(kept[at].to_wire()) + 1  # and its comma
         del kept[at]
-    return kept
-
-
-def room_for_tracks(status: api.TrainingJobStatus) -> int:
-    """Bytes the stored tracks and the tracked ranges may take in `status` (its incidents already fitted)."""
-    return max(0, STATUS_BUDGET_BYTES - size(without_tracks(status).to_wire()))
+    if len(kept) < len(status.incidents):  # rare: measured again rather than trust the arithmetic
+        bare = size(without_tracks(status.model_copy(update={"incidents": kept})).to_wire())
+    return kept, max(0, STATUS_BUDGET_BYTES - bare)

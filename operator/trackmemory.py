@@ -18,13 +18,12 @@ toward a streak's start (a streak needs `stragglerSteps` in a row, and the secon
 from __future__ import annotations
 
 import bisect
-import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from phalanx.operator import api, detection, names
+from phalanx.operator import api, detection, names, statusbudget
 from phalanx.operator import status as observe
 from phalanx.operator.timeutil import parse_time
 
@@ -205,9 +204,9 @@ def _fitting(
     """How many of the `stored` tracks (most needed first) are written out: at most `MAX_STORED_TRACKS`, and as
     many as fit in `budget_bytes` beside the ranges of the others."""
     count = min(len(stored), MAX_STORED_TRACKS)
-    if budget_bytes == sys.maxsize:
+    if budget_bytes == sys.maxsize or count == 0:
         return count
-    sizes = [len(json.dumps(track.to_wire(), separators=(",", ":"))) + 1 for _, _, track in stored[:count]]
+    sizes = [statusbudget.size(track.to_wire()) + 1 for _, _, track in stored[:count]]
 
     def ranges_bytes(written: int) -> int:
         others = [*known, *(index for _, index, _ in stored[written:] if index is not None)]
@@ -217,7 +216,7 @@ def _fitting(
             kept=format_ranges(kept),
             clocks_since=clocks_since,
         )
-        return len(json.dumps(ranges.to_wire(), separators=(",", ":")))
+        return statusbudget.size(ranges.to_wire())
 
     # First as if the ranges stayed as they are with every stored track left out; then exactly (a track written
     # out can split a range, so the ranges may grow a little as tracks are written).

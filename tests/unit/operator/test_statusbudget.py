@@ -63,13 +63,15 @@ def test_closed_incidents_go_first_oldest_first_then_the_least_needed_tracks(
     now: datetime, make_pod: Callable[..., dict[str, Any]]
 ) -> None:
     status = crowded_status(now)
-    kept = statusbudget.fit_incidents(status)
+    kept, room = statusbudget.fit(status)
     # Only closed incidents went, the oldest ones, and the open ones stayed.
     assert len(kept) < reconcile.MAX_INCIDENTS
     assert kept == status.incidents[len(status.incidents) - len(kept) :]
     assert [i.worker for i in kept if i.resumed_at is None] == [f"{JOB}-worker-12018", f"{JOB}-worker-12019"]
     status.incidents = kept
-    assert statusbudget.room_for_tracks(status) >= statusbudget.TRACKS_RESERVE_BYTES
+    assert room >= statusbudget.TRACKS_RESERVE_BYTES
+    bare = status.model_copy(update={"tracking": [], "tracked": None})
+    assert room == statusbudget.STATUS_BUDGET_BYTES - statusbudget.size(bare.to_wire())
     pods = [make_pod(track.pod, node=track.node) for track in status.tracking]
     restarted = {track.pod for track in status.tracking if track.restarts}
     status.tracking, status.tracked = trackmemory.compact(
@@ -79,7 +81,7 @@ def test_closed_incidents_go_first_oldest_first_then_the_least_needed_tracks(
         JOB,
         None,
         now,
-        budget_bytes=statusbudget.room_for_tracks(status),
+        budget_bytes=room,
     )
     assert 0 < len(status.tracking) < 256
     assert restarted <= {track.pod for track in status.tracking}  # the most needed stay
@@ -88,4 +90,4 @@ def test_closed_incidents_go_first_oldest_first_then_the_least_needed_tracks(
 
 def test_open_incidents_are_never_dropped_even_over_the_budget(now: datetime) -> None:
     status = api.TrainingJobStatus(incidents=[incident(i, open_=True) for i in range(60)])
-    assert statusbudget.fit_incidents(status) == status.incidents
+    assert statusbudget.fit(status)[0] == status.incidents
