@@ -27,7 +27,6 @@ Measured at each size:
 from __future__ import annotations
 
 import base64
-import json
 import os
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from typing import Any
 from kubernetes import client
 
 from phalanx import contract
-from phalanx.bench import operator_scale, prom
+from phalanx.bench import operator_scale, prom, scale_beside
 from phalanx.bench.cluster import (
     SIMULATED_LABEL,
     SIMULATED_TOLERATION,
@@ -98,6 +97,9 @@ HUB_LOST_BOUND = hubview.outage_grace_seconds(INTERVAL, TIMEOUT)
 hub closes, and the launchers' own Leases have carried the others since the hub's silence passed their timeout."""
 STATUS_BOUND_KIB = 64
 """A TrainingJob's status at most, whatever its gang's size."""
+RSS_TARGET = Target(op="<=", value=1024, stat="max", text="<= 1 GiB")
+"""The operator's resident memory at the seeds' scale."""
+STATUS_TARGET = Target(op="<=", value=STATUS_BOUND_KIB, stat="max", text=f"<= {STATUS_BOUND_KIB} KiB")
 HUB_SUMMARY_WAIT = 60.0
 RECOVERY_WAIT = 120.0
 DETECTION_WAIT = TIMEOUT + 60.0
@@ -345,7 +347,7 @@ def status_bytes(cluster: BenchCluster, namespace: str) -> int:
     job: dict[str, Any] = cluster.custom.get_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, JOB
     )  # type: ignore[assignment]
-    return len(json.dumps(job.get("status") or {}, separators=(",", ":")))
+    return scale_beside.status_bytes(job)
 
 
 def operator_figures(cluster: BenchCluster) -> tuple[float, float]:
@@ -788,7 +790,7 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                 unit="MB",
                 samples=[figures.operator_rss_mb],
                 description="the operator's resident memory at the end of the steady window",
-                target=Target(op="<=", value=1024, stat="max", text="<= 1 GiB") if workers >= 512 else None,
+                target=RSS_TARGET if workers >= 512 else None,
             ),
             Metric(
                 name=f"TrainingJob status size, N={workers}",
@@ -796,9 +798,7 @@ def metrics_of(measured: dict[int, SizeFigures]) -> list[Metric]:
                 samples=[size / 1024 for size in figures.status_bytes],
                 description="the job's status as JSON, at the end of the steady window and after the trials "
                 "(incidents and Events included): per-worker detail lives in the hub's summary, not here",
-                target=Target(op="<=", value=STATUS_BOUND_KIB, stat="max", text=f"<= {STATUS_BOUND_KIB} KiB")
-                if workers >= 512
-                else None,
+                target=STATUS_TARGET if workers >= 512 else None,
             ),
             *[
                 Metric(
@@ -893,16 +893,14 @@ def beside_metrics(workers: int, beside: BesideFigures) -> list[Metric]:
             unit="MB",
             samples=[beside.operator_rss_mb],
             description="the operator's resident memory with the gang and the small jobs",
-            target=Target(op="<=", value=1024, stat="max", text="<= 1 GiB") if at_seed_scale else None,
+            target=RSS_TARGET if at_seed_scale else None,
         ),
         Metric(
             name=f"largest small job's status beside the gang, N={workers}",
             unit="KiB",
             samples=[beside.largest_status_bytes / 1024],
             description="the largest TrainingJob status among the small jobs, as JSON",
-            target=Target(op="<=", value=STATUS_BOUND_KIB, stat="max", text=f"<= {STATUS_BOUND_KIB} KiB")
-            if at_seed_scale
-            else None,
+            target=STATUS_TARGET if at_seed_scale else None,
         ),
     ]
 

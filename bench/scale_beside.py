@@ -10,7 +10,6 @@ renewed by `HeartbeatSimulator` as launchers would), in a namespace of their own
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -21,6 +20,7 @@ from phalanx.bench.cluster import BenchCluster, warning_summary
 from phalanx.bench.heartbeats import HeartbeatSimulator
 from phalanx.bench.kubeobjects import custom_object, name_of
 from phalanx.bench.watch import PodEvent, Watch, pod_watch
+from phalanx.operator import statusbudget
 
 WORKERS = 2
 """Workers of each small job."""
@@ -52,7 +52,7 @@ class BesideFigures:
 
 def status_bytes(job: dict[str, Any]) -> int:
     """A TrainingJob's status as JSON, in bytes."""
-    return len(json.dumps(job.get("status") or {}, separators=(",", ":")))
+    return statusbudget.size(job.get("status") or {})
 
 
 class SmallJobs:
