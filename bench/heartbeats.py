@@ -30,6 +30,9 @@ def lease_body(
     """The Lease a training launcher would write for `pod` at `step` (pure)."""
     annotations = {
         "step": str(step),
+        # When the step was reached, as a real launcher says it: without it the operator keeps each worker's
+        # last step change itself, in the job's status (`status.tracking`), rewritten at every reconcile.
+        "step-at": micro_time(now),
         "loss": "2.5",
         "step-seconds": "0.5",
         "samples-per-second": "64",

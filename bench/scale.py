@@ -935,7 +935,8 @@ def notes_of(measured: dict[int, SizeFigures], stopped: dict[int, str]) -> list[
                 f"N = {workers:,}: beside the gang, {beside.jobs} small jobs of 2 workers in a namespace of their "
                 f"own (operator-scale's: a `sleep` trainer, a Lease per worker renewed every "
                 f"{operator_scale.HEARTBEAT_INTERVAL} s by this process, its longest gap "
-                f"{beside.heartbeat_gap:.1f} s); {beside.replacements_late} of {len(beside.replacements)} "
+                f"{beside.heartbeat_gap:.1f} s), the trials {scale_beside.SETTLE_INTERVALS} intervals after their "
+                f"first heartbeats; {beside.replacements_late} of {len(beside.replacements)} "
                 f"replacements waited out; the operator that acted: {' then '.join(beside.leaders) or 'unknown'}. "
                 f"The issue's 1,000 small jobs beside a 12,500-pod gang are not carried on this machine."
             )

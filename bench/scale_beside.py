@@ -26,6 +26,8 @@ WORKERS = 2
 """Workers of each small job."""
 RUNNING_WAIT = 600.0
 """Seconds the small jobs have to be Running beside the gang."""
+SETTLE_INTERVALS = 2
+"""Heartbeat intervals from the small jobs' first heartbeats to the first trial."""
 
 
 @dataclass
@@ -96,6 +98,9 @@ class SmallJobs:
             operator_scale.HEARTBEAT_TIMEOUT,
             WORKERS,
         ).start()
+        # Steady state, as for the gang: every small job's first Lease created and seen before the trials (the
+        # start of 100 jobs at once is `to_running`'s figure).
+        time.sleep(SETTLE_INTERVALS * operator_scale.HEARTBEAT_INTERVAL)
         return self
 
     def _note_leader(self) -> None:

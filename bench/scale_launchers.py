@@ -20,13 +20,15 @@ process died); with the hub, such news also goes to the pod's own Lease (`worker
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from phalanx import beatsummary, contract
 from phalanx.bench.heartbeats import PacedRounds, raw_call, write_lease
@@ -179,10 +181,31 @@ class EmulatedLaunchers(PacedRounds):
         """Writes of the pods' own Leases (with the hub: the first, and those while the hub was out)."""
         self.hub_beats = 0
         """Beats the hub took."""
+        self._listed: list[EmulatedPod] | None = None
+        """The job's pods as last listed (`_list_pods`): what the launchers know of the group they are in."""
+        self._lister = threading.Thread(target=self._list_pods, name="launcher-pods", daemon=True)
+
+    def start(self) -> Self:
+        # The first listing before the first round: every pod Running now beats at once.
+        with contextlib.suppress(Exception):
+            self._listed = self._pods()
+        self._lister.start()
+        return super().start()
 
     def stop(self) -> None:
         super().stop()
+        self._lister.join(timeout=30)
         self._connections.shutdown(wait=True, cancel_futures=True)
+
+    def _list_pods(self) -> None:
+        """The job's pods, listed every interval on a thread of its own. A round beats from the latest listing:
+        real launchers list no pods, and a listing of 520 pods that the API server is slow to answer (while a
+        hundred other jobs start) must not hold every launcher's beat back past the heartbeat timeout."""
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(Exception):  # an error or a timed-out call: the next listing tries again
+                listed = self._pods()
+                with self._lock:
+                    self._listed = listed
 
     def was_silenced(self, pod: str) -> bool:
         with self._lock:
@@ -313,7 +336,10 @@ class EmulatedLaunchers(PacedRounds):
         self._connections.submit(connect)
 
     def _round(self) -> None:
-        pods = self._pods()
+        with self._lock:
+            pods = self._listed
+        if pods is None:
+            return  # not listed yet
         with self._lock:
             silent = set(self._silenced)
         group = regroup(self._group, pods, self.replicas, silent)

@@ -19,10 +19,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -42,6 +42,7 @@ from phalanx.operator import (
     policy,
     queueing,
     reconcile,
+    stepreport,
     throttle,
     validation,
     viewclock,
@@ -55,6 +56,7 @@ from phalanx.operator.settings import FINALIZER, STORAGE_PREFIX, OperatorSetting
 from phalanx.operator.timeutil import format_time, now, parse_time
 from phalanx.operator.wakeups import Wakeups
 
+_Read = TypeVar("_Read")
 HEARTBEAT_PHASE_ANNOTATION = "phalanx.dev/phase"
 CLUSTER_KEY = "cluster"
 """The one key of the job-history and waiting-gang indexes: every TrainingJob under it."""
@@ -66,8 +68,25 @@ FAILED_CREATE = "FailedCreate"
 """Warning Event reason: the API server refused a pod of the job (`throttle.rejection_message`)."""
 
 
+LIVE_READ_ATTEMPTS = 50
+"""Reads of a live kopf index a reconcile thread makes before the change that keeps coming through is let raise."""
+
+
+def live_read(read: Callable[[], _Read]) -> _Read:
+    """`read()` of kopf's live indexes, from a reconcile thread: kopf changes them on its event loop meanwhile,
+    and a loop over one (even the single step from a dict's iterator to its first item) raises once an object
+    comes or goes under it (`dictionary changed size during iteration`: the reconcile would fail, and kopf
+    retry the handler only a minute later). So a read that ran into a change is simply made again."""
+    for _ in range(LIVE_READ_ATTEMPTS - 1):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return read()
+
+
 def _first(store: Iterable[Any] | None) -> Any:
-    return next(iter(store or ()), None)
+    return live_read(lambda: next(iter(store or ()), None))
 
 
 def namespaced(namespace: str | None) -> str:
@@ -99,9 +118,15 @@ class HeartbeatSignals:
 
 class HandlerThreads:
     """The threads kopf runs sync handlers on, once the operator has started: an async handler hands its
-    blocking work (a reconcile) to them, so the bound on the operator's threads holds (None: the loop's own)."""
+    blocking work (a reconcile) to them, so the bound on the operator's threads holds (None: the loop's own).
+    The periodic reconciles have threads of their own (`periodic`): a hundred jobs' ticks come due every few
+    seconds, and on kopf's threads they would queue ahead of the reconciles that events call for."""
 
-    executor: Executor | None = None
+    def __init__(self, max_workers: int) -> None:
+        self.executor: Executor | None = None
+        self.periodic = ThreadPoolExecutor(
+            max_workers=max(1, max_workers // 4), thread_name_prefix="phalanx-periodic"
+        )
 
 
 class JobReconciler:
@@ -121,6 +146,7 @@ class JobReconciler:
         view: viewclock.OperatorView | None = None,
         pacing: policy.ReplacementPacing | None = None,
         worker_lease_role: str | None = None,
+        step_report_seconds: float = 0.0,
     ) -> None:
         self.kube = kube
         # The gaps in the operator's own view (paused, restarted, a stalled watch): no heartbeat is late for them.
@@ -148,6 +174,7 @@ class JobReconciler:
         """Jobs with a reconcile waiting for their lock."""
         self._locks_guard = threading.Lock()
         self.own_writes = ownwrites.OwnWrites()
+        self.step_reports = stepreport.StepReports(step_report_seconds)
         self._kueue_missing: set[tuple[str, str]] = set()
         """Queued jobs told that this cluster serves no Kueue Workload API."""
         self._foreign: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -167,6 +194,7 @@ class JobReconciler:
         self.health.forget((namespace, name))
         self.unseen_pods.forget((namespace, name))
         self.own_writes.forget(namespace, name)
+        self.step_reports.forget((namespace, name))
         self.metrics.forget_job_health(namespace, name)
         self.metrics.job_checkpoint_interval(namespace, name, None)
         self.metrics.job_state(uid, None)
@@ -213,9 +241,8 @@ class JobReconciler:
                 # Gone, going, or another controller's (`spec.managedBy`): nothing of it is ours to touch.
                 return None
             uid = job["metadata"].get("uid")
-            indexed = [
-                dict(pod) for pod in list(pods.get((namespace, name), ())) if observe.owned_by(pod, uid)
-            ]
+            listed = live_read(lambda: list(pods.get((namespace, name), ())))
+            indexed = [dict(pod) for pod in listed if observe.owned_by(pod, uid)]
             self._check_pod_watch(job, [observe.pod_name(pod) for pod in indexed], logger)
             job_pods = self.own_writes.laid_over(namespace, name, indexed)
             pod_names = [observe.pod_name(pod) for pod in job_pods]
@@ -240,16 +267,12 @@ class JobReconciler:
                 node_labels={node: summary["labels"] for node, summary in node_health.items()},
                 nodes=node_health,
                 health=self.health.snapshot(key),
-                cluster=checkpointing.cluster_history(list(histories), job["metadata"].get("uid"), moment),
+                cluster=checkpointing.cluster_history(
+                    live_read(lambda: list(histories)), job["metadata"].get("uid"), moment
+                ),
                 clock_margin=self.clock_margin,
                 capacity=(
-                    cluster_view(
-                        key,
-                        pods,
-                        nodes,
-                        earlier_gangs(job, waiting, pods, priorities or {}, self.max_gang_pods),
-                        unseen_gang_pods(job, waiting, pods, self.max_gang_pods),
-                    )
+                    self._capacity_view(key, job, pods, nodes, waiting, priorities or {})
                     if _gang_unplaced(job, job_pods)
                     else None
                 ),
@@ -272,6 +295,25 @@ class JobReconciler:
             self._apply(job, plan, logger, job_pods)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         return plan
+
+    def _capacity_view(
+        self,
+        key: tuple[str, str],
+        job: dict[str, Any],
+        pods: Mapping[Any, Iterable[dict[str, Any]]],
+        nodes: Mapping[Any, Iterable[dict[str, Any]]],
+        waiting: Iterable[dict[str, Any]],
+        priorities: Mapping[Any, Iterable[int]],
+    ) -> capacity.ClusterView:
+        """The cluster as the job's unplaced gang is judged against, from copies of the live indexes."""
+        every_pod, every_node, gangs = index_copy(pods), index_copy(nodes), live_read(lambda: list(waiting))
+        return cluster_view(
+            key,
+            every_pod,
+            every_node,
+            earlier_gangs(job, gangs, every_pod, priorities, self.max_gang_pods),
+            unseen_gang_pods(job, gangs, every_pod, self.max_gang_pods),
+        )
 
     def _queue_view(
         self, job: dict[str, Any], priorities: Mapping[Any, Iterable[int]]
@@ -426,7 +468,9 @@ class JobReconciler:
                 if written:
                     self.own_writes.wrote(namespace, job_name, pod_name, uids.get(pod_name), change)
         self.metrics.job_state(job["metadata"]["uid"], plan.status.get("state"))
-        if self._write_status(job, plan.status, logger):
+        # A status that moved only its step waits (stepreport.py); the metrics below carry the live step.
+        deferred = not plan.events and self.step_reports.defer(key, job.get("status") or {}, plan.status)
+        if deferred or self._write_status(job, plan.status, logger):
             self.metrics.record_recovery(plan.detected, plan.recovered, plan.spare_swaps, plan.spares_lost)
             self.metrics.record_job(namespace, job["metadata"]["name"], plan.status)
             self.metrics.record_health(
@@ -524,6 +568,7 @@ class JobReconciler:
         for _ in range(STATUS_WRITE_ATTEMPTS):
             try:
                 self.kube.replace_status(target, status)
+                self.step_reports.wrote((job["metadata"]["namespace"], job["metadata"]["name"]))
                 return True
             except ApiException as error:
                 failure = error
@@ -565,6 +610,15 @@ def _gang_unplaced(job: dict[str, Any], job_pods: list[dict[str, Any]]) -> bool:
     ):
         return False
     return not any(observe.is_trainer(pod) and not observe.is_terminating(pod) for pod in job_pods)
+
+
+def index_copy(index: Mapping[Any, Iterable[Any]]) -> dict[Any, list[Any]]:
+    """A copy of a whole kopf index, for a reconcile thread to loop over (`live_read`)."""
+
+    def copy() -> dict[Any, list[Any]]:
+        return {key: list(store) for key in list(index) if (store := index.get(key)) is not None}
+
+    return live_read(copy)
 
 
 def cluster_view(
@@ -734,14 +788,17 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> No
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconciler: JobReconciler) -> None:
     """Register every handler of the operator on `registry`."""
 
-    handler_threads = HandlerThreads()
+    max_workers = settings.max_workers
+    handler_threads = HandlerThreads(max_workers)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, max_workers)
         handler_threads.executor = settings.execution.executor
 
-    max_workers = settings.max_workers
+    @kopf.on.cleanup(registry=registry)
+    def stop_periodic(**_: Any) -> None:
+        handler_threads.periodic.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -751,8 +808,13 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_via_client(**kwargs)
 
+    # Every index is async: each is a small summary of one object, computed on kopf's event loop. A sync one
+    # costs each event a hop to a handler thread and back, queued behind whatever reconciles hold those threads,
+    # so that a deleted pod would reach its job's index only after them.
     @kopf.index("pods", id="phalanx_pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
-    def phalanx_pods(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    async def phalanx_pods(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[Any, Any]:
         return {(namespace, labels[names.LABEL_JOB_NAME]): observe.summarize_pod(dict(body))}
 
     @kopf.index(
@@ -781,27 +843,29 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         return {(namespace, name): hub} if hub is not None else {}
 
     @kopf.index("pods", id="phalanx_pod_jobs", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
-    def phalanx_pod_jobs(namespace: str | None, name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    async def phalanx_pod_jobs(
+        namespace: str | None, name: str, labels: kopf.Labels, **_: Any
+    ) -> dict[Any, Any]:
         # A heartbeat Lease is named after its pod: this finds the job a Lease event belongs to.
         return {(namespace, name): labels[names.LABEL_JOB_NAME]}
 
     @kopf.index("nodes", id="phalanx_nodes", registry=registry)
-    def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+    async def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
         return {name: observe.summarize_node(dict(body))}
 
     @kopf.index(api.GROUP, api.VERSION, api.PLURAL, id="phalanx_job_histories", registry=registry)
-    def phalanx_job_histories(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    async def phalanx_job_histories(body: kopf.Body, **_: Any) -> dict[Any, Any]:
         # Every job under one key: the automatic checkpoint interval weighs the cluster's failure history.
         return {CLUSTER_KEY: checkpointing.job_history(dict(body))}
 
     @kopf.index(api.GROUP, api.VERSION, api.PLURAL, id="phalanx_waiting_gangs", registry=registry)
-    def phalanx_waiting_gangs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    async def phalanx_waiting_gangs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
         # The jobs whose gangs wait to be placed: each capacity check keeps room for those ranked before it.
         waiting = waiting_gang(dict(body))
         return {CLUSTER_KEY: waiting} if waiting is not None else {}
 
     @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", id="phalanx_priorities", registry=registry)
-    def phalanx_priorities(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+    async def phalanx_priorities(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
         value = int(body.get("value") or 0)
         entries = {name: value}
         if body.get("globalDefault"):
@@ -854,17 +918,19 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         when=ours,
         registry=registry,
     )
-    def trainingjob_tick(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
-        run(name, namespaced(namespace), logger, **kwargs)
+    async def trainingjob_tick(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            handler_threads.periodic, functools.partial(run, name, namespaced(namespace), logger, **kwargs)
+        )
 
     @kopf.on.event("pods", id="pod_changed", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
-    def pod_changed(
+    async def pod_changed(
         namespace: str | None, labels: kopf.Labels, type: str | None, logger: Any, **kwargs: Any
     ) -> None:
         # A child changed (scheduled, running, finished): reconcile its job now rather than at the next tick.
         if type in ("MODIFIED", "DELETED"):
             kwargs.pop("name", None)  # the pod's name; the job's is its label
-            run(labels[names.LABEL_JOB_NAME], namespaced(namespace), logger, **kwargs)
+            await reconcile_off_loop(labels[names.LABEL_JOB_NAME], namespaced(namespace), logger, kwargs)
 
     signals = HeartbeatSignals()
 
@@ -953,7 +1019,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         labels={viewclock.CANARY_LABEL: kopf.PRESENT},
         registry=registry,
     )
-    def view_canary(namespace: str | None, body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def view_canary(namespace: str | None, body: kopf.Body, type: str | None, **_: Any) -> None:
         # The operator's own canary came through the Lease watch: its view is current up to that renewal.
         renewed = parse_time((body.get("spec") or {}).get("renewTime"))
         if reconciler.view is not None and renewed is not None and type != "DELETED":

@@ -59,6 +59,7 @@ def run(settings: OperatorSettings) -> int:
         ),
         create_batch=settings.create_batch,
         worker_lease_role=settings.worker_lease_role or None,
+        step_report_seconds=settings.step_report_seconds,
         pacing=policy.ReplacementPacing(
             free_per_hour=settings.free_replacements_per_hour,
             backoff_seconds=settings.replacement_backoff_seconds,

@@ -50,6 +50,11 @@ class OperatorSettings(BaseModel):
     """Seconds between the leader's renewals and between the standbys' reads of the Lease."""
     reconcile_interval_seconds: float = Field(default=5.0, gt=0)
     """Seconds between periodic reconciles of each job (events trigger one at once as well)."""
+    step_report_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """Seconds a job's status waits before it is written for its training step alone (`status.step`, the
+    STEP column): written whenever it moved, it would be written at every periodic reconcile of every training
+    job. Any other change of the status is written at once, with the step. The operator's metrics
+    (`phalanx_job_step`) carry the live step. 0 writes every step seen."""
     recheck_children_seconds: float = Field(default=60.0, gt=0)
     """Seconds after which per-job Services and RBAC objects are checked again (recreated if deleted)."""
     bind_host: str = "0.0.0.0"
@@ -59,7 +64,9 @@ class OperatorSettings(BaseModel):
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     """Port of the Prometheus endpoint `/metrics`; 0 turns it off."""
     max_workers: int = Field(default=8, ge=1)
-    """Threads running reconciles at once (each job is reconciled by one thread at a time)."""
+    """Threads running reconciles at once (each job is reconciled by one thread at a time) for what happened to a
+    job; the periodic reconciles run on a quarter as many threads of their own (at least one), so that however
+    many jobs there are, they never queue ahead of a job that needs acting on."""
     clock_skew_seconds: float = Field(default=0.25, ge=0, le=60)
     """Clock skew tolerated between nodes and the operator: a worker group that started less than this after a
     failure is still re-formed on the operator's word (status.regroup), as it may include the failed worker."""

@@ -24,6 +24,7 @@ from phalanx.helmsdk import Helm
 
 from .e2e.conftest import (
     OPERATOR_NAMESPACE,
+    OPERATOR_VALUES,
     REAL_NODES,
     REPO_ROOT,
     SIMULATED_NODES,
@@ -149,7 +150,7 @@ def operator(cluster: Cluster) -> Iterator[Operator]:
         release,
         # One replica (leader election still on): the chaos tests freeze, kill and restart the operator's one
         # process; tests/e2e/test_operator_ha.py scales it to the chart's two for the takeover tests.
-        values={"reconcileIntervalSeconds": 2, "logLevel": "DEBUG", "replicaCount": 1},
+        values=OPERATOR_VALUES,
         create_namespace=True,
     )
     wait_for(lambda: operator_ready(cluster), 120, message="the operator pod to be Ready")

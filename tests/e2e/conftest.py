@@ -245,6 +245,14 @@ def create_namespace(cluster: Cluster, name: str, level: str = DEFAULT_POD_SECUR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "phalanx-system"
+OPERATOR_VALUES = {
+    "reconcileIntervalSeconds": 2,
+    "stepReportSeconds": 6,
+    "logLevel": "DEBUG",
+    "replicaCount": 1,
+}
+"""The tests' operator: reconciles every 2 s, and a status written for its step alone every 6 s (the chart's 30
+would leave the step that tests wait for half a minute behind the workers)."""
 
 
 @dataclass

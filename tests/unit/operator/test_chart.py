@@ -105,7 +105,7 @@ def test_the_operator_pod_meets_pod_security_restricted(
     assert restricted_violations(_one(loose, "Deployment")["spec"]["template"]) != []
 
 
-def test_the_gang_limits_reach_the_operator_and_their_defaults_agree() -> None:
+def test_the_gang_limits_and_the_step_report_reach_the_operator_and_their_defaults_agree() -> None:
     from phalanx.operator.settings import OperatorSettings, settings_from
 
     def env_of(values: dict[str, Any] | None = None) -> dict[str, str]:
@@ -120,6 +120,10 @@ def test_the_gang_limits_reach_the_operator_and_their_defaults_agree() -> None:
     assert settings.create_backoff_seconds == defaults.create_backoff_seconds
     assert settings.create_max_backoff_seconds == defaults.create_max_backoff_seconds
     assert env_of({"maxGangPods": 64})["PHALANX_OPERATOR_MAX_GANG_PODS"] == "64"
+    step_report = env_of()["PHALANX_OPERATOR_STEP_REPORT_SECONDS"]
+    assert settings_from({"PHALANX_OPERATOR_STEP_REPORT_SECONDS": step_report}).step_report_seconds == 30
+    assert defaults.step_report_seconds == 30
+    assert env_of({"stepReportSeconds": 0})["PHALANX_OPERATOR_STEP_REPORT_SECONDS"] == "0"
 
 
 def test_a_lost_node_holds_the_operator_seconds_not_minutes() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import inspect
 import json
+import sys
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -16,10 +17,10 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from phalanx import beatsummary
-from phalanx.operator import api, builders, gang, handlers, ownwrites
+from phalanx.operator import api, builders, gang, handlers, ownwrites, stepreport
 from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
-from phalanx.operator.reconcile import Event
+from phalanx.operator.reconcile import Event, Plan
 from phalanx.operator.settings import settings_from
 from phalanx.operator.status import summarize_pod
 from phalanx.operator.timeutil import format_time
@@ -400,7 +401,7 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
     kube = FakeKube(make_job())
     handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
     (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "pod_changed"]
-    handler.fn(
+    handled = handler.fn(
         name="demo-worker-0",
         namespace="ml",
         labels={"phalanx.dev/job-name": "demo"},
@@ -414,6 +415,7 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_priorities={},
         phalanx_hubs={},
     )
+    asyncio.run(handled)
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
 
 
@@ -1282,3 +1284,111 @@ def test_every_handler_of_the_workers_renewals_runs_on_the_event_loop() -> None:
     on_heartbeats = [h for h in every if handlers.HEARTBEAT_PHASE_ANNOTATION in (h.annotations or {})]
     assert {h.id for h in on_heartbeats} == {"phalanx_leases", "lease_changed"}
     assert all(inspect.iscoroutinefunction(h.fn) for h in on_heartbeats)
+
+
+def test_a_status_that_moved_only_its_step_waits_for_the_step_report(make_job: Callable[..., Any]) -> None:
+    """Heartbeats move `status.step` between any two reconciles: written whenever it moved, every training job's
+    status would be written at every periodic reconcile. A step alone waits `step_report_seconds` after the
+    last write; anything else (a state, an Event) is written at once, the step with it."""
+    clock = [100.0]
+    kube = FakeKube({**make_job(), "status": {"state": "Running", "step": 10}})
+    metrics = OperatorMetrics()
+    reconciler = handlers.JobReconciler(kube, metrics)  # type: ignore[arg-type]
+    reconciler.step_reports = stepreport.StepReports(30.0, clock=lambda: clock[0])
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def written(status: dict[str, Any], *events: Event) -> bool:
+        kube.calls.clear()
+        reconciler._apply(kube.job, Plan(status=status, events=list(events)), logger)
+        if ("status", status["state"]) in kube.calls:
+            kube.job = {**kube.job, "status": status}
+            return True
+        return False
+
+    def step_metric() -> float | None:
+        return metrics.registry.get_sample_value(
+            "phalanx_job_step", {"namespace": "ml", "trainingjob": "demo"}
+        )
+
+    assert written({"state": "Running", "step": 11})  # this process never wrote it: at once
+    clock[0] += 5
+    assert not written({"state": "Running", "step": 12})
+    assert kube.job["status"]["step"] == 11 and step_metric() == 12
+    assert written({"state": "Degraded", "step": 13})  # another change: at once, with the step
+    clock[0] += 29
+    assert not written({"state": "Degraded", "step": 14})
+    assert written(
+        {"state": "Degraded", "step": 15}, Event("Normal", "Something", "an Event goes with its status")
+    )
+    clock[0] += 30
+    assert written({"state": "Degraded", "step": 16})
+    assert not written({"state": "Degraded", "step": 17})
+    reconciler.forget("ml", "demo", "uid")
+    assert written({"state": "Degraded", "step": 18})  # forgotten: as never written
+
+
+def test_the_periodic_reconcile_runs_on_threads_of_its_own_and_the_indexes_on_the_loop(
+    make_job: Callable[..., Any],
+) -> None:
+    """A hundred jobs' ticks come due every few seconds: on kopf's handler threads they queue ahead of the
+    reconciles events call for, and a sync index would wait behind them for each event of its object."""
+    registry = kopf.OperatorRegistry()
+    threads: list[str] = []
+
+    class ThreadNamingKube(FakeKube):
+        def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+            threads.append(threading.current_thread().name)
+            return super().get_job(namespace, name)
+
+    kube = ThreadNamingKube(make_job())
+    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    indexes = registry._indexing.get_all_handlers()
+    assert indexes and all(inspect.iscoroutinefunction(index.fn) for index in indexes)
+    (tick,) = [h for h in registry._spawning.get_all_handlers() if h.id == "tick"]
+    asyncio.run(
+        tick.fn(
+            name="demo",
+            namespace="ml",
+            logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+            **{index.id: {} for index in indexes},
+        )
+    )
+    assert threads and threads[0].startswith("phalanx-periodic")
+
+
+def test_a_reconcile_thread_reads_the_indexes_while_kopf_changes_them() -> None:
+    """kopf changes its indexes on its event loop while reconciles read them on their threads: a loop over a
+    live index raised `dictionary changed size during iteration` once a pod came or went under it, the
+    reconcile failed, and kopf retried its handler only a minute later (a small job's replacement waited out
+    30 s beside a big gang). Here another thread churns a real kopf index with the interpreter switching
+    threads as often as it can."""
+    from kopf._core.engines.indexing import Index
+
+    index: Index[tuple[str, str], dict[str, Any]] = Index()
+    pod = {"metadata": {}, "spec": {"nodeName": "node-a"}, "status": {"phase": "Running"}}
+    for number in range(200):
+        index._replace(("pod", str(number)), {("ml", f"job-{number}"): pod})
+    stop = threading.Event()
+
+    def churn() -> None:
+        number = 0
+        while not stop.is_set():
+            number = (number + 1) % 200
+            index._discard(("pod", str(number)))
+            index._replace(("pod", str(number)), {("ml", f"job-{number}"): pod})
+
+    churning = threading.Thread(target=churn)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    churning.start()
+    try:
+        for _ in range(300):
+            copied = handlers.index_copy(index)
+            view = handlers.cluster_view(("ml", "mine"), copied, {})
+            # A pod or two away at any moment: missing from the keys taken, or gone by the time its store is read.
+            assert len(copied) >= 190 and sum(len(pods) for pods in view.bound.values()) >= 190
+            assert handlers._first(index.get(("ml", "job-7"))) in (pod, None)
+    finally:
+        sys.setswitchinterval(switch)
+        stop.set()
+        churning.join()
