@@ -337,11 +337,9 @@ class EmulatedLaunchers(PacedRounds):
 
     def _round(self) -> None:
         with self._lock:
-            pods = self._listed
+            pods, silent = self._listed, set(self._silenced)
         if pods is None:
             return  # not listed yet
-        with self._lock:
-            silent = set(self._silenced)
         group = regroup(self._group, pods, self.replicas, silent)
         if set(group) != set(self._group):
             # A new group: the launchers' rendezvous re-formed it with the replacement in.
