@@ -121,6 +121,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             ["logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=phalanx", "--tail=150"]
         )
     if namespace:
+        # The heartbeat Leases carry each worker's phase and step: where a pod stays Running, whether it
+        # trains, saves or waits.
+        commands.append(["get", "leases", "-o", "yaml", *scope])
         # What the pods themselves said is usually the answer; their logs go with their namespace.
         for pod in cluster.core.list_namespaced_pod(namespace).items:
             commands.append(["logs", "-n", namespace, pod.metadata.name, "--tail=60"])

@@ -204,7 +204,9 @@ class Run:
         """The run ended normally: a durable save of the last step, then everything released."""
         if self._closed:
             return
-        if self.global_step > 0 and self.global_step != self.checkpointer.stats["last_durable_step"]:
+        # A collective on every rank, so every rank must take the same decision: by the last durable save
+        # started (every rank's own count), not the last one known written (only the writing rank learns it).
+        if self.global_step > 0 and self.global_step != self.checkpointer.stats["last_durable_save_step"]:
             # Said as a save: it may wait for the save in flight (a copy to object storage, say), and the
             # launcher's hang watch, which counts only time in `training`, would take that for a hung step.
             self.publisher.publish(phase="saving")

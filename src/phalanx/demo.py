@@ -149,9 +149,14 @@ def is_true(job: dict[str, Any], kind: str) -> bool:
     return bool(found and found["status"] == "True")
 
 
-def sample_losses(kube: Kube, samples: dict[int, float]) -> None:
-    """Adds the (step, loss) pairs the workers' heartbeat Leases carry right now."""
+def sample_losses(kube: Kube, samples: dict[int, float]) -> int:
+    """Adds the (step, loss) pairs the workers' heartbeat Leases carry right now; returns the newest step
+    rank 0's Lease carries (0 before its first step).
+
+    The Leases are the live figure: the job's status writes a step that moved alone only every
+    `stepReportSeconds` (30 s by default), longer than the demo's whole run may be."""
     leases = kube.json("leases", "-n", DEMO_NAMESPACE).get("items", [])
+    newest = 0
     for lease in leases:
         annotations = lease["metadata"].get("annotations") or {}
         step, loss = annotations.get("phalanx.dev/step"), annotations.get("phalanx.dev/loss")
@@ -161,6 +166,8 @@ def sample_losses(kube: Kube, samples: dict[int, float]) -> None:
             samples[int(step)] = float(loss)
         except ValueError:
             continue
+        newest = max(newest, int(step))
+    return newest
 
 
 def plot_loss(records: list[dict[str, Any]], kill_step: int | None, path: Path) -> Path | None:
@@ -343,10 +350,13 @@ def run(args: argparse.Namespace) -> int:
     kill_step = max(1, int(total_steps * args.kill_at_fraction))
     losses: dict[int, float] = {}
 
+    live_step = 0
+
     def reached_kill_step() -> bool:
+        nonlocal live_step
         job = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE)
-        sample_losses(kube, losses)
-        return (job.get("status", {}).get("step") or 0) >= kill_step or is_true(job, "Succeeded")
+        live_step = max(sample_losses(kube, losses), job.get("status", {}).get("step") or 0)
+        return live_step >= kill_step or is_true(job, "Succeeded")
 
     wait(f"training to reach step {kill_step}", reached_kill_step, args.timeout, interval=0.5)
     workers = kube.json(
@@ -356,13 +366,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserFacingError(f"no worker pod of {name} to kill: `kubectl get pods -n {DEMO_NAMESPACE}`")
     victim_pod = max(workers["items"], key=lambda pod: str(pod["metadata"]["name"]))
     victim = victim_pod["metadata"]["name"]
-    # The job's status lags its heartbeats: the killed group's own step comes later, with the incident.
-    status_step_at_kill = kube.json("trainingjob", name, "-n", DEMO_NAMESPACE).get("status", {}).get("step")
+    # The Leases lag the training processes by up to a heartbeat: the killed group's own step comes later,
+    # with the incident.
+    step_seen_at_kill = max(live_step, sample_losses(kube, losses))
     trainer = job_manifest["spec"].get("trainerContainer") or names.TRAINER_CONTAINER
     kill = kill_worker(kube, victim_pod, trainer)
     killed_at = time.monotonic()
     say(
-        f"killed worker {victim} ({KILL_DESCRIPTIONS[kill.method]}; the job's status said step {status_step_at_kill})"
+        f"killed worker {victim} ({KILL_DESCRIPTIONS[kill.method]}; its heartbeats said step {step_seen_at_kill})"
     )
 
     resumed_after = None
@@ -382,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(0.5)
     else:
         raise UserFacingError(f"the TrainingJob did not finish within {args.timeout:.0f} s")
-    step_at_kill = killed_step(kill_incident(job, victim), status_step_at_kill)
+    step_at_kill = killed_step(kill_incident(job, victim), step_seen_at_kill)
 
     records = [{"step": step, "loss": loss} for step, loss in sorted(losses.items())]
     report_dir = args.report or layout.root / "demo"
@@ -422,11 +433,11 @@ def kill_incident(job: dict[str, Any], victim: str) -> dict[str, Any] | None:
     return next((incident for incident in incidents if incident.get("worker") == victim), None)
 
 
-def killed_step(incident: dict[str, Any] | None, status_step: int | None) -> int | None:
+def killed_step(incident: dict[str, Any] | None, seen_step: int | None) -> int | None:
     """The step the killed group had reached: the incident's `detectedStep` (the group's own, from its
-    heartbeats), else what the job's status said when the worker was killed."""
+    heartbeats), else the step the demo saw when it killed the worker."""
     detected = (incident or {}).get("detectedStep")
-    return int(detected) if detected is not None else status_step
+    return int(detected) if detected is not None else seen_step
 
 
 def _total_steps(job_manifest: dict[str, Any]) -> int:

@@ -235,3 +235,31 @@ def test_the_kill_step_is_the_killed_groups_own_from_its_incident() -> None:
     assert demo.killed_step(None, 156) == 156
     assert demo.killed_step({"worker": "tinygpt-worker-1"}, 156) == 156
     assert demo.kill_incident({"status": {}}, "tinygpt-worker-1") is None
+
+
+class LeaseListing(demo.Kube):
+    """`kubectl get leases -o json` answered from memory."""
+
+    def __init__(self, leases: list[dict[str, Any]]) -> None:
+        self.leases = leases
+
+    def json(self, *args: str) -> dict[str, Any]:
+        assert args[0] == "leases"
+        return {"items": self.leases}
+
+
+def heartbeat_lease(rank: str, step: str, loss: str = "0.5") -> dict[str, Any]:
+    annotations = {"phalanx.dev/rank": rank, "phalanx.dev/step": step, "phalanx.dev/loss": loss}
+    return {"metadata": {"name": f"lease-{rank}-{step}", "annotations": annotations}}
+
+
+def test_the_kill_waits_on_the_live_step_rank_0s_heartbeat_lease_carries() -> None:
+    """The job's status writes a step that moved alone only every `stepReportSeconds` (30 s by default):
+    the demo reads the step to kill at from rank 0's heartbeat Lease, which moves with every beat."""
+    samples: dict[int, float] = {}
+    kube = LeaseListing(
+        [heartbeat_lease("0", "107", "0.25"), heartbeat_lease("1", "400"), heartbeat_lease("0", "x")]
+    )
+    assert demo.sample_losses(kube, samples) == 107
+    assert samples == {107: 0.25}
+    assert demo.sample_losses(LeaseListing([]), samples) == 0

@@ -89,6 +89,28 @@ def test_the_last_steps_save_is_published_as_a_save(env: Path, monkeypatch: pyte
     assert json.loads((env / "status" / "rank-0.json").read_text())["phase"] == "finished"
 
 
+def test_the_last_steps_save_is_decided_alike_on_every_rank(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final save is a collective: every rank must decide alike whether it is needed. A run that ended on
+    a durable step has started that save on every rank, and none saves again; only the writing rank learns
+    when a save is written, so that cannot be what decides (the other ranks would save alone and wait)."""
+    model, optimizer = fresh()
+    saves: list[int] = []
+    with session(model, optimizer, checkpoint_dir=env / "ckpt") as run:
+        train(8, model, optimizer, run)  # durable saves every 4 steps: step 8's is started, maybe not written
+        run.checkpointer.stats["last_durable_step"] = -1  # what a rank that does not write knows
+        save = run.checkpointer.save
+
+        def counted_save(step: int, **options: object) -> object:
+            saves.append(step)
+            return save(step, **options)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(run.checkpointer, "save", counted_save)
+    assert saves == []
+    assert sorted(path.name for path in (env / "ckpt").glob("step-*")) == ["step-4", "step-8"]
+
+
 def test_a_run_publishes_the_checkpoints_its_restore_passed_over(env: Path) -> None:
     model, optimizer = fresh()
     with session(model, optimizer, checkpoint_dir=env / "ckpt") as run:
