@@ -5,18 +5,23 @@ differs is written at every periodic reconcile of every training job: 20 writes 
 1,000, each one an etcd write and a watch event for every client of TrainingJobs, this operator included, for a
 figure that `kubectl get` shows and nothing acts on (the operator's own metrics carry the live step). So a
 status that differs from the stored one only in its step waits until the job's last status write is
-`interval_seconds` old; any other change is written at once and carries the step with it.
+`interval_seconds` old (up to half as long again, by job: jobs started together would otherwise write their
+steps together, one burst every interval); any other change is written at once and carries the step with it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 PROGRESS_FIELDS = frozenset({"step"})
 """Status fields that move with training alone."""
+
+SPREAD = 0.5
+"""A job's interval is `interval_seconds` times 1 to 1 + SPREAD, fixed by its namespace and name."""
 
 
 def progress_only(stored: dict[str, Any], planned: dict[str, Any]) -> bool:
@@ -40,7 +45,12 @@ class StepReports:
             return False
         with self._guard:
             written = self._written.get(key)
-        return written is not None and self._clock() - written < self.interval_seconds
+        return written is not None and self._clock() - written < self.interval_of(key)
+
+    def interval_of(self, key: tuple[str, str]) -> float:
+        """This job's own interval: the same at every reconcile, different from job to job."""
+        share = zlib.crc32("/".join(key).encode()) / 2**32
+        return self.interval_seconds * (1 + SPREAD * share)
 
     def wrote(self, key: tuple[str, str]) -> None:
         with self._guard:

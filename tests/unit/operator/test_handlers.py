@@ -1315,16 +1315,28 @@ def test_a_status_that_moved_only_its_step_waits_for_the_step_report(make_job: C
     assert not written({"state": "Running", "step": 12})
     assert kube.job["status"]["step"] == 11 and step_metric() == 12
     assert written({"state": "Degraded", "step": 13})  # another change: at once, with the step
-    clock[0] += 29
+    interval = reconciler.step_reports.interval_of(("ml", "demo"))
+    assert 30.0 <= interval <= 45.0
+    clock[0] += interval - 1
     assert not written({"state": "Degraded", "step": 14})
     assert written(
         {"state": "Degraded", "step": 15}, Event("Normal", "Something", "an Event goes with its status")
     )
-    clock[0] += 30
+    clock[0] += interval
     assert written({"state": "Degraded", "step": 16})
     assert not written({"state": "Degraded", "step": 17})
     reconciler.forget("ml", "demo", "uid")
     assert written({"state": "Degraded", "step": 18})  # forgotten: as never written
+
+
+def test_jobs_started_together_write_their_steps_apart() -> None:
+    """A hundred jobs applied together would write their steps in one burst every interval: each job's own
+    interval lies between 1 and 1.5 times the setting, the same at every reconcile."""
+    reports = stepreport.StepReports(30.0)
+    intervals = [reports.interval_of(("ml", f"job-{number}")) for number in range(100)]
+    assert all(30.0 <= interval < 45.0 for interval in intervals)
+    assert max(intervals) - min(intervals) > 10.0
+    assert reports.interval_of(("ml", "job-7")) == intervals[7]
 
 
 def test_the_periodic_reconcile_runs_on_threads_of_its_own_and_the_indexes_on_the_loop(
