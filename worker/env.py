@@ -39,6 +39,7 @@ ENV_FIELDS: dict[str, str] = {
     "PHALANX_WARM_START": "warm_start",
     "PHALANX_LIVE_REGROUP": "live_regroup",
     "PHALANX_LIVE_LEAVE_TIMEOUT": "live_leave_timeout",
+    "PHALANX_FINISHED_GRACE": "finished_grace",
     "PHALANX_STORE_SECRET_FILE": "store_secret_file",
     "POD_NAME": "pod_name",
     "POD_UID": "pod_uid",
@@ -163,6 +164,11 @@ class LaunchSettings(BaseModel):
     live_leave_timeout: float = Field(default=2.0, gt=0)
     """Seconds live training processes get to leave their group at a step boundary when the group must
     re-form (a node joins, the operator's regroup request); past it they are killed and started anew."""
+    finished_grace: float = Field(default=30.0, gt=0)
+    """Seconds training processes that all published `finished` (after their last save) may take to exit; past
+    it the launcher ends them and the group counts as finished: a teardown that hangs (a collective library's,
+    the interpreter's exit) must not keep the pod, and the job, from ending. Keep it below the other nodes'
+    exit barrier (the join timeout, at least 60 s), so that this node still meets them there."""
     command: tuple[str, ...] = Field(min_length=1)
     """The user's training command."""
 

@@ -391,9 +391,39 @@ class PhalanxAgent(LocalElasticAgent):
             if result.state in {WorkerState.UNHEALTHY, WorkerState.FAILED}:
                 self._on_failure(result)
                 continue
+            lingering = self._lingering_after_finish()
+            if lingering is not None:
+                logger.warning("ending the training processes: %s", lingering)
+                self._end_lingering_trainers()
+                self._reporter.group_started = None
+                self._reporter.launcher_phase = "finished"
+                self._exit_barrier()
+                # A value for every worker: torch's agent records each one's end from them.
+                ended = {worker.global_rank: None for worker in self._worker_group.workers}
+                return RunResult(state=WorkerState.SUCCEEDED, return_values=ended)
             cause = self._live_departure() or self._membership_change()
             if cause is not None:
                 self._restart(cause, keep_trainers=True)
+
+    def _lingering_after_finish(self, now: float | None = None) -> str | None:
+        """Why the group is over though its training processes still run (None: it is not): every one of
+        them published `finished` (after its last save) more than `finished_grace` seconds ago."""
+        pids = self.training_pids()
+        records = {record.pid: record for record in heartbeat.read_records(self._reporter.status_dir)}
+        mine = [records.get(pid) for pid in pids]
+        if not pids or any(record is None or record.phase != "finished" for record in mine):
+            return None
+        now = time.time() if now is None else now
+        finished_at = max((record.phase_since or now) for record in mine if record is not None)
+        if now - finished_at <= self._settings.finished_grace:
+            return None
+        where = ", ".join(f"pid {pid} {trainerwatch.where_it_waits(pid)}" for pid in pids)
+        return f"every one published 'finished' {now - finished_at:.0f}s ago and still runs ({where})"
+
+    def _end_lingering_trainers(self) -> None:
+        # SIGTERM first (a run's own handler is gone once it closed), SIGKILL soon after: all is saved.
+        if self._pcontext is not None:
+            self._pcontext.close(signal.SIGTERM, timeout=LINGERING_KILL_SECONDS)
 
     def _on_failure(self, result: RunResult) -> None:
         codes = sorted({failure.exitcode for failure in result.failures.values()})
@@ -493,6 +523,9 @@ launcher itself stood still."""
 STALL_GRACE_SECONDS = 1.0
 """How long after such a stall the launcher holds its verdict on its training processes: its agent looks at
 the group every `monitor_interval` (0.2 s) and restarts it if it re-formed without this node."""
+
+LINGERING_KILL_SECONDS = 5
+"""Seconds between SIGTERM and SIGKILL for training processes that finished and did not exit."""
 
 HUB_STORE_TIMEOUT = 2.0
 """Seconds one beat into the store may take: a slower store is the hub out of reach, and the own Lease renews."""

@@ -71,6 +71,24 @@ def process_state(pid: int, proc: Path = Path("/proc")) -> str | None:
     return rest[0] if rest else None
 
 
+def where_it_waits(pid: int, proc: Path = Path("/proc")) -> str:
+    """A process's state and where in the kernel its threads wait, for a log line: `state S, threads:
+    futex_wait_queue x3, do_poll x1` (`gone` once it has exited)."""
+    state = process_state(pid, proc)
+    if state is None:
+        return "gone"
+    waits: dict[str, int] = {}
+    for thread in sorted((proc / str(pid) / "task").glob("*")):
+        try:
+            wchan = (thread / "wchan").read_text().strip()
+        except OSError:
+            continue
+        where = "running" if wchan in {"", "0"} else wchan
+        waits[where] = waits.get(where, 0) + 1
+    threads = ", ".join(f"{wchan} x{count}" for wchan, count in sorted(waits.items()))
+    return f"state {state}, threads: {threads or 'unknown'}"
+
+
 def percentile(values: Iterable[float], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation between closest ranks; values must not be empty."""
     ordered = sorted(values)

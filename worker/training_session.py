@@ -211,8 +211,10 @@ class Run:
             # launcher's hang watch, which counts only time in `training`, would take that for a hung step.
             self.publisher.publish(phase="saving")
             self.checkpointer.save(self.global_step, force_durable=True)
-        self.publisher.publish(phase="finished", step=self.global_step)
+        # `finished` once the last save is written (close waits for it): the launcher ends a process that
+        # said `finished` and lingers, so nothing may still be saving then.
         self.close()
+        self.publisher.publish(phase="finished", step=self.global_step)
 
     def close(self) -> None:
         if self._closed:

@@ -145,3 +145,29 @@ def test_huggingface_callback_resumes_from_the_spare(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     run_through_a_kill(cluster, namespace, "huggingface", "hf_trainer", steps=150, min_step=20)
+
+
+def test_a_training_process_that_lingers_after_it_finished_is_ended_and_the_job_succeeds(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """A teardown that never ends (a collective library's, an interpreter's exit) after the run said
+    `finished`, which comes after its last save: the launcher ends the process `PHALANX_FINISHED_GRACE`
+    seconds later (3 s here, 30 s by default) and the pod and the job succeed, not wait in Finishing."""
+    job = example_job("linger", "session_loop", steps=30)
+    job["spec"]["spares"] = 0
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    container["args"] += ["--hang-at-exit", "1"]
+    container["env"] = [{"name": "PHALANX_FINISHED_GRACE", "value": "3"}]
+    cluster.apply(job, namespace)
+    # Without the bound the rank-1 pod would run until the test's timeout; the others' exit barrier is 120 s.
+    job = wait_succeeded(cluster, namespace, "linger", timeout=110)
+    assert job["status"]["step"] == 30, job["status"]
+    logs = {
+        pod.metadata.name: cluster.kubectl("logs", "-n", namespace, pod.metadata.name).stdout
+        for pod in job_pods(cluster, namespace, "linger", "phalanx.dev/role=worker")
+    }
+    ended = [pod for pod, log in logs.items() if "ending the training processes: every one published" in log]
+    told = "\n".join(f"--- {pod}\n{log}" for pod, log in logs.items())
+    assert len(ended) == 1, told
+    assert "hanging after the run finished" in logs[ended[0]], told
+    assert not [e for e in events_for(cluster, namespace, "linger") if e["type"] == "Warning"]

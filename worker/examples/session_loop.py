@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -39,6 +41,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (tests)")
     parser.add_argument("--log-file", default="", help="append one JSON line per step (rank 0) and per start")
+    parser.add_argument(
+        "--hang-at-exit",
+        type=int,
+        default=-1,
+        metavar="RANK",
+        help="this rank hangs once its run finished, as a teardown that never ends (tests)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     distributed = "MASTER_ADDR" in os.environ
@@ -65,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _log(args.log_file, {"step": step, "loss": loss.item()})
     if distributed:
         dist.destroy_process_group()
+    if rank == args.hang_at_exit:
+        print(f"rank {rank}: hanging after the run finished (--hang-at-exit)", file=sys.stderr, flush=True)
+        threading.Event().wait()
 
 
 def _log(path: str, record: dict[str, object]) -> None:

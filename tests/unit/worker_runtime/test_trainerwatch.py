@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import pytest
 
 from phalanx.worker import launch, livegroup, trainerwatch
 from phalanx.worker.env import settings_from
-from phalanx.worker.heartbeat import PodStatus, RenewalSchedule, StatusRecord, lease_annotations
+from phalanx.worker.heartbeat import (
+    PodStatus,
+    RenewalSchedule,
+    StatusRecord,
+    lease_annotations,
+    status_file,
+    write_record,
+)
 from phalanx.worker.metrics import PodMetrics
 from phalanx.worker.trainerwatch import (
     HUNG,
@@ -261,3 +269,50 @@ def test_a_process_that_left_its_group_waits_for_the_next_one_and_is_not_judged(
     # A process that left an earlier group says nothing of this one.
     reporter.attempt = 2
     assert not reporter.group_left()
+
+
+def _finished(pid: int, since: float, rank: int = 0) -> StatusRecord:
+    return StatusRecord(
+        phase="finished", phase_since=since, step=30, attempt=1, rank=rank, updated=since, pid=pid
+    )
+
+
+def test_a_group_whose_processes_all_finished_long_ago_but_still_run_is_over(tmp_path: Path) -> None:
+    """`finished` comes after a run's last save: processes still there `finished_grace` seconds later hang in a
+    teardown (a collective library's, the interpreter's exit), and the launcher ends them. One still training,
+    one without a record, or a grace not yet out: the group goes on."""
+    env = {"PHALANX_RDZV_ENDPOINT": "rdzv:29400", "PHALANX_FINISHED_GRACE": "30"}
+    settings = settings_from(env, {"command": ("python", "train.py"), "nproc_per_node": 2})
+    agent = launch.PhalanxAgent.__new__(launch.PhalanxAgent)
+    agent._settings = settings
+    agent._reporter = launch.PodReporter(settings, tmp_path, PodMetrics())
+    pids = [os.getpid(), 1]
+    agent.training_pids = lambda: pids  # type: ignore[method-assign]
+    write_record(status_file(tmp_path, 0), _finished(pids[0], since=1000.0))
+    assert agent._lingering_after_finish(now=1100.0) is None  # rank 1 wrote nothing yet
+    write_record(status_file(tmp_path, 1), training(29, at=1000.0, rank=1))
+    assert agent._lingering_after_finish(now=1100.0) is None
+    write_record(status_file(tmp_path, 1), _finished(pids[1], since=1010.0, rank=1))
+    assert agent._lingering_after_finish(now=1039.0) is None  # the last one finished 29 s ago
+    why = agent._lingering_after_finish(now=1041.0)
+    assert why is not None and why.startswith("every one published 'finished' 31s ago and still runs"), why
+    assert f"pid {os.getpid()} state R, threads: " in why, why
+    pids.clear()
+    assert agent._lingering_after_finish(now=1041.0) is None  # no group runs
+
+
+def test_where_a_process_waits_names_its_state_and_its_threads_wait_points(tmp_path: Path) -> None:
+    task = tmp_path / "41" / "task"
+    for thread, wchan in [
+        ("41", "do_poll"),
+        ("42", "futex_wait_queue"),
+        ("43", "futex_wait_queue"),
+        ("44", "0"),
+    ]:
+        (task / thread).mkdir(parents=True)
+        (task / thread / "wchan").write_text(wchan)
+    (tmp_path / "41" / "stat").write_text("41 (python3 (x)) S 1 2 3")
+    assert trainerwatch.where_it_waits(41, tmp_path) == (
+        "state S, threads: do_poll x1, futex_wait_queue x2, running x1"
+    )
+    assert trainerwatch.where_it_waits(99, tmp_path) == "gone"
