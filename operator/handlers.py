@@ -14,6 +14,7 @@ training-health signal on or off (`health.HealthMonitor`), never a mere renewal.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import os
@@ -41,6 +42,7 @@ from phalanx.operator import (
     ownwrites,
     policy,
     queueing,
+    quiettick,
     reconcile,
     stepreport,
     throttle,
@@ -175,6 +177,7 @@ class JobReconciler:
         self._locks_guard = threading.Lock()
         self.own_writes = ownwrites.OwnWrites()
         self.step_reports = stepreport.StepReports(step_report_seconds)
+        self.fresh_reads = quiettick.FreshReads()
         self._kueue_missing: set[tuple[str, str]] = set()
         """Queued jobs told that this cluster serves no Kueue Workload API."""
         self._foreign: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -195,6 +198,7 @@ class JobReconciler:
         self.unseen_pods.forget((namespace, name))
         self.own_writes.forget(namespace, name)
         self.step_reports.forget((namespace, name))
+        self.fresh_reads.forget((namespace, name))
         self.metrics.forget_job_health(namespace, name)
         self.metrics.job_checkpoint_interval(namespace, name, None)
         self.metrics.job_state(uid, None)
@@ -211,12 +215,14 @@ class JobReconciler:
         waiting: Iterable[dict[str, Any]] = (),
         priorities: Mapping[Any, Iterable[int]] | None = None,
         hubs: Mapping[Any, Iterable[hubview.HubSummary]] | None = None,
+        watched: Mapping[str, Any] | None = None,
     ) -> Plan | None:
         """Reconcile one job; returns its plan (None when another reconcile covers this one, or the job is
         gone). `histories`: every TrainingJob's failure history (the cluster's, for the checkpoint interval);
         `waiting`: the jobs whose gangs wait to be placed (`waiting_gang`), `priorities`: PriorityClass values
         by name, which together say what room the jobs ranked before this one are promised. `hubs`: the
-        heartbeat hubs' summaries by (namespace, rendezvous pod)."""
+        heartbeat hubs' summaries by (namespace, rendezvous pod). `watched`: kopf's copy of the job, which a
+        periodic reconcile may plan from while that plan does nothing (quiettick.py)."""
         key = (namespace, name)
         with self._locks_guard:
             if key in self._queued:
@@ -226,75 +232,114 @@ class JobReconciler:
                 return None
             self._queued.add(key)
         started = time.perf_counter()
+        views = (pods, leases, nodes, histories, waiting, priorities or {}, hubs or {})
         with self._lock(namespace, name):
             with self._locks_guard:
                 self._queued.discard(key)
-            # Always the stored object, read under the lock: a watch event may lag behind our own last status
-            # write, and a job read before a reconcile running now would miss that reconcile's status (its
-            # deletions would then look like someone else's).
-            job = self.kube.get_job(namespace, name)
-            if (
-                job is None
-                or job["metadata"].get("deletionTimestamp")
-                or not api.managed_here(job.get("spec"))
-            ):
-                # Gone, going, or another controller's (`spec.managedBy`): nothing of it is ours to touch.
-                return None
-            uid = job["metadata"].get("uid")
-            listed = live_read(lambda: list(pods.get((namespace, name), ())))
-            indexed = [dict(pod) for pod in listed if observe.owned_by(pod, uid)]
-            self._check_pod_watch(job, [observe.pod_name(pod) for pod in indexed], logger)
-            job_pods = self.own_writes.laid_over(namespace, name, indexed)
-            pod_names = [observe.pod_name(pod) for pod in job_pods]
-            job_leases = {
-                pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
-            }
-            # Every node is indexed: a bound node missing from the index was deleted.
-            bound = ((pod.get("spec") or {}).get("nodeName") for pod in job_pods)
-            bound_nodes: set[str] = {node for node in bound if node}
-            drills_allowed = bool(((job.get("spec") or {}).get("drills") or {}).get("allowed"))
-            node_health = {
-                node: observe.node_for_job(summary, namespace, name, drills_allowed)
-                for node in bound_nodes
-                if (summary := _first(nodes.get(node))) is not None
-            }
-            workload, flavors, priority = self._queue_view(job, priorities or {})
-            moment = now()
-            observed = reconcile.Observed(
-                pods=job_pods,
-                now=moment,
-                leases=job_leases,
-                node_labels={node: summary["labels"] for node, summary in node_health.items()},
-                nodes=node_health,
-                health=self.health.snapshot(key),
-                cluster=checkpointing.cluster_history(
-                    live_read(lambda: list(histories)), job["metadata"].get("uid"), moment
-                ),
-                clock_margin=self.clock_margin,
-                capacity=(
-                    self._capacity_view(key, job, pods, nodes, waiting, priorities or {})
-                    if _gang_unplaced(job, job_pods)
-                    else None
-                ),
-                max_gang_pods=self.max_gang_pods,
-                admission=self.admission,
-                network_policy=self.network_policy,
-                create_batch=self.create_batch,
-                pacing=self.pacing,
-                worker_lease_role=self.worker_lease_role,
-                view_gaps=self.view.gaps(namespace) if self.view is not None else (),
-                foreign=self._foreign.get(key, ()),
-                hub=_first((hubs or {}).get((namespace, names.rendezvous_name(name)))),
-                create_refused=self.creations.rejection(key),
-                workload=workload,
-                flavors=flavors,
-                priority=priority,
-            )
-            plan = reconcile.plan(job, observed)
+            planned = None
+            if watched is not None and not self.fresh_reads.due(key):
+                planned = self._quiet_plan(key, watched, logger, views)
+            if planned is None:
+                # The stored object, read under the lock: a watch event may lag behind our own last status
+                # write, and a job read before a reconcile running now would miss that reconcile's status (its
+                # deletions would then look like someone else's).
+                job = self.kube.get_job(namespace, name)
+                self.fresh_reads.read(key)
+                if job is None or not _ours(job):
+                    # Gone, going, or another controller's (`spec.managedBy`): nothing of it is ours to touch.
+                    return None
+                planned = self._plan(job, logger, *views)
+            job, plan, job_pods = planned
             self._settle_health(key, plan)
             self._apply(job, plan, logger, job_pods)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         return plan
+
+    def _quiet_plan(
+        self,
+        key: tuple[str, str],
+        watched: Mapping[str, Any],
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        views: tuple[Any, ...],
+    ) -> tuple[dict[str, Any], Plan, list[dict[str, Any]]] | None:
+        """The plan from kopf's copy of the job when carrying it out changes nothing (None: read the job and plan
+        again; quiettick.py)."""
+        job = copy_of(watched)
+        if not _ours(job):
+            return None
+        planned = self._plan(job, logger, *views)
+        stored, plan = job.get("status") or {}, planned[1]
+        if quiettick.quiet(plan, stored, lambda: self.step_reports.defer(key, stored, plan.status)):
+            self.metrics.quiet_ticks.inc()
+            return planned
+        return None
+
+    def _plan(
+        self,
+        job: dict[str, Any],
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        pods: Mapping[Any, Iterable[dict[str, Any]]],
+        leases: Mapping[Any, Iterable[dict[str, Any]]],
+        nodes: Mapping[Any, Iterable[dict[str, Any]]],
+        histories: Iterable[checkpointing.JobHistory | None],
+        waiting: Iterable[dict[str, Any]],
+        priorities: Mapping[Any, Iterable[int]],
+        hubs: Mapping[Any, Iterable[hubview.HubSummary]],
+    ) -> tuple[dict[str, Any], Plan, list[dict[str, Any]]]:
+        """The job's plan from what is observed now: (the job, its plan, the job's pods it saw)."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        key = (namespace, name)
+        uid = job["metadata"].get("uid")
+        listed = live_read(lambda: list(pods.get((namespace, name), ())))
+        indexed = [dict(pod) for pod in listed if observe.owned_by(pod, uid)]
+        self._check_pod_watch(job, [observe.pod_name(pod) for pod in indexed], logger)
+        job_pods = self.own_writes.laid_over(namespace, name, indexed)
+        pod_names = [observe.pod_name(pod) for pod in job_pods]
+        job_leases = {
+            pod: lease for pod in pod_names if (lease := _first(leases.get((namespace, pod)))) is not None
+        }
+        # Every node is indexed: a bound node missing from the index was deleted.
+        bound = ((pod.get("spec") or {}).get("nodeName") for pod in job_pods)
+        bound_nodes: set[str] = {node for node in bound if node}
+        drills_allowed = bool(((job.get("spec") or {}).get("drills") or {}).get("allowed"))
+        node_health = {
+            node: observe.node_for_job(summary, namespace, name, drills_allowed)
+            for node in bound_nodes
+            if (summary := _first(nodes.get(node))) is not None
+        }
+        workload, flavors, priority = self._queue_view(job, priorities)
+        moment = now()
+        observed = reconcile.Observed(
+            pods=job_pods,
+            now=moment,
+            leases=job_leases,
+            node_labels={node: summary["labels"] for node, summary in node_health.items()},
+            nodes=node_health,
+            health=self.health.snapshot(key),
+            cluster=checkpointing.cluster_history(
+                live_read(lambda: list(histories)), job["metadata"].get("uid"), moment
+            ),
+            clock_margin=self.clock_margin,
+            capacity=(
+                self._capacity_view(key, job, pods, nodes, waiting, priorities)
+                if _gang_unplaced(job, job_pods)
+                else None
+            ),
+            max_gang_pods=self.max_gang_pods,
+            admission=self.admission,
+            network_policy=self.network_policy,
+            create_batch=self.create_batch,
+            pacing=self.pacing,
+            worker_lease_role=self.worker_lease_role,
+            view_gaps=self.view.gaps(namespace) if self.view is not None else (),
+            foreign=self._foreign.get(key, ()),
+            hub=_first(hubs.get((namespace, names.rendezvous_name(name)))),
+            create_refused=self.creations.rejection(key),
+            workload=workload,
+            flavors=flavors,
+            priority=priority,
+        )
+        return job, reconcile.plan(job, observed), job_pods
 
     def _capacity_view(
         self,
@@ -602,6 +647,16 @@ class JobReconciler:
             return None
 
 
+def _ours(job: Mapping[str, Any]) -> bool:
+    """Whether the job is this operator's to act on: not going away, and not another controller's."""
+    return not job["metadata"].get("deletionTimestamp") and api.managed_here(job.get("spec"))
+
+
+def copy_of(watched: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain copy of kopf's live body (kopf changes it in place as watch events arrive)."""
+    return copy.deepcopy(dict(watched))
+
+
 def _gang_unplaced(job: dict[str, Any], job_pods: list[dict[str, Any]]) -> bool:
     """Whether the job's gang was never placed and no attempt at it is under way: only then does the plan
     judge it against the cluster's capacity (observing every node is not free)."""
@@ -874,7 +929,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
 
     wakeups = Wakeups(settings.reconcile_interval_seconds)
 
-    def run(name: str, namespace: str, logger: Any, **kwargs: Any) -> None:
+    def run(
+        name: str, namespace: str, logger: Any, watched: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         plan = reconciler.reconcile(
             namespace,
             name,
@@ -886,6 +943,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             waiting=kwargs["phalanx_waiting_gangs"].get(CLUSTER_KEY, ()),
             priorities=kwargs["phalanx_priorities"],
             hubs=kwargs["phalanx_hubs"],
+            watched=watched,
         )
         if plan is not None:
             # The indexes in kwargs are live: the wake-up reconciles with what is observed then.
@@ -919,9 +977,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         registry=registry,
     )
     async def trainingjob_tick(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
-        await asyncio.get_running_loop().run_in_executor(
-            handler_threads.periodic, functools.partial(run, name, namespaced(namespace), logger, **kwargs)
-        )
+        # Planned from kopf's copy of the job while that plan does nothing (quiettick.py).
+        tick = functools.partial(run, name, namespaced(namespace), logger, watched=kwargs["body"], **kwargs)
+        await asyncio.get_running_loop().run_in_executor(handler_threads.periodic, tick)
 
     @kopf.on.event("pods", id="pod_changed", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
     async def pod_changed(

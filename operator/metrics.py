@@ -50,6 +50,11 @@ class OperatorMetrics:
             "Reconcile triggers dropped because a reconcile of the same job was already waiting to run.",
             registry=self.registry,
         )
+        self.quiet_ticks = Counter(
+            "phalanx_quiet_ticks",
+            "Periodic reconciles planned from the watched copy of their job that found nothing to do (no read).",
+            registry=self.registry,
+        )
         self.pods_deleted = Counter(
             "phalanx_pods_deleted", "Pods deleted by the operator.", registry=self.registry
         )

@@ -17,7 +17,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from phalanx import beatsummary
-from phalanx.operator import api, builders, gang, handlers, ownwrites, stepreport
+from phalanx.operator import api, builders, gang, handlers, ownwrites, quiettick, stepreport
 from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event, Plan
@@ -1362,10 +1362,74 @@ def test_the_periodic_reconcile_runs_on_threads_of_its_own_and_the_indexes_on_th
             name="demo",
             namespace="ml",
             logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+            body=kube.job,
             **{index.id: {} for index in indexes},
         )
     )
     assert threads and threads[0].startswith("phalanx-periodic")
+
+
+def test_a_periodic_reconcile_that_finds_nothing_to_do_reads_nothing(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """Most ticks find nothing to do, and their read of the job is most of what they cost the API server: a
+    tick plans from kopf's copy of the job and reads the job only when that plan would do something (a plan
+    that acts is always made again from the stored job), and at least every `fresh_read_seconds` anyway."""
+    clock = [100.0]
+    pods = [
+        make_pod("demo-worker-0"),
+        make_pod("demo-worker-1"),
+        make_pod("demo-worker-2", role="spare"),
+        make_pod("demo-rdzv", role="rendezvous"),
+    ]
+    nodes = {"node-a": [{"labels": {}, "ready": "True", "noExecute": []}]}
+    kube = FakeKube(make_job())
+    metrics = OperatorMetrics()
+    reconciler = handlers.JobReconciler(kube, metrics)  # type: ignore[arg-type]
+    reconciler.fresh_reads = quiettick.FreshReads(30.0, clock=lambda: clock[0])
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+
+    def tick(watched: dict[str, Any]) -> list[tuple[str, str]]:
+        kube.calls.clear()
+        reconciler.reconcile("ml", "demo", {("ml", "demo"): pods}, {}, nodes, logger, watched=watched)
+        if hasattr(kube, "written_status"):
+            kube.job = {**kube.job, "status": kube.written_status}
+        return [call for call in kube.calls if call[0] != "ensure"]
+
+    first = tick(kube.job)
+    assert first[0] == ("get", "demo") and ("status", "Running") in first, first  # never read: read it
+    # kopf's copy still lacks the status just written: the plan from it acts, so the job is read again.
+    stale = {key: value for key, value in kube.job.items() if key != "status"}
+    clock[0] += 5
+    assert tick(stale)[0] == ("get", "demo")
+    # Nothing changed since (the pods' creations are remembered): nothing read, nothing done.
+    clock[0] += 5
+    assert tick(copy.deepcopy(kube.job)) == []
+    assert metrics.registry.get_sample_value("phalanx_quiet_ticks_total") == 1
+    clock[0] += 30
+    assert tick(copy.deepcopy(kube.job)) == [("get", "demo")]  # read anyway every 30 s
+    # A job being deleted is never planned from a copy.
+    clock[0] += 1
+    going = copy.deepcopy(kube.job)
+    going["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    assert tick(going)[0] == ("get", "demo")
+
+
+def test_a_plan_is_quiet_only_when_carrying_it_out_changes_nothing() -> None:
+    stored = {"state": "Running", "step": 10}
+    assert quiettick.quiet(Plan(status=dict(stored)), stored, lambda: False)
+    assert quiettick.quiet(Plan(status={"state": "Running", "step": 11}), stored, lambda: True)
+    assert not quiettick.quiet(Plan(status={"state": "Running", "step": 11}), stored, lambda: False)
+    assert not quiettick.quiet(Plan(status={"state": "Degraded", "step": 10}), stored, lambda: True)
+    for acting in (
+        Plan(status=dict(stored), delete_pods=["w-0"]),
+        Plan(status=dict(stored), create_pods=[{"metadata": {"name": "w-1"}}]),
+        Plan(status=dict(stored), events=[Event("Normal", "Something", "said")]),
+        Plan(status=dict(stored), relabel_pods={"w-2": "worker"}),
+        Plan(status=dict(stored), delete_job=True),
+        Plan(status=dict(stored), suspend=True),
+    ):
+        assert not quiettick.quiet(acting, stored, lambda: True), acting
 
 
 def test_a_reconcile_thread_reads_the_indexes_while_kopf_changes_them() -> None:
