@@ -122,7 +122,9 @@ def test_auto_interval_is_chosen_followed_and_falls_with_failures(
         cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
         wait_for(lambda n=count: restarts(cluster, namespace) >= n, 60, message=f"failure {count} handled")
     after = wait_for(
-        lambda: (status := checkpoint_status(cluster, namespace)).get("failuresSeen", 0) >= 2 and status,
+        # Chosen again at the first failure or the second, whichever moved it by more than the change threshold
+        # (a small save cost can leave the second one's change below it).
+        lambda: (status := checkpoint_status(cluster, namespace)).get("failuresSeen", 0) >= 1 and status,
         60,
         message="the interval chosen again after the failures",
     )

@@ -17,8 +17,8 @@ from phalanx.worker.checkpoint import durable, layout, tiers
 
 from .conftest import Cluster, Operator, wait_for
 from .test_fault_scenarios import _checkpoint_claim, _claim_directory, _pod_processes, lease_annotations
-from .test_fault_tolerance import STEPS, fault_job, incidents_of, step_of
-from .test_operator import get_job, has_condition, job_pods, wait_succeeded
+from .test_fault_tolerance import STEPS, fault_job, incidents_of
+from .test_operator import get_job, has_condition, job_pods, live_step, wait_succeeded
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def lose_every_pod_when_local_is_ahead(
 ) -> tuple[int, list[int]]:
     """Once the local tier holds a newer checkpoint than the durable tier, SIGKILL every worker at once (no
     emergency save, no snapshot survives); returns the local tier's step and the durable steps then."""
-    wait_for(lambda: step_of(cluster, namespace, name) >= 30, 240, message="step 30")
+    wait_for(lambda: live_step(cluster, namespace, name) >= 30, 240, message="step 30")
     # Found before the wait, so that the kill follows the look at once: the group trains on meanwhile, and a
     # second's delay let a save reach the durable tier past the local step seen (CI, stop 38).
     processes = [

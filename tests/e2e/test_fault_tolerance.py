@@ -30,6 +30,7 @@ from .test_operator import (
     get_job,
     has_condition,
     job_pods,
+    live_step,
     trainingjob,
     wait_succeeded,
 )
@@ -69,7 +70,7 @@ def training_worker(
     cluster: Cluster, namespace: str, name: str, min_step: int = 15, avoid_nodes: frozenset[str] = frozenset()
 ) -> Any:
     """A worker pod whose heartbeat says it trains (on none of `avoid_nodes`), once the job passed `min_step`."""
-    wait_for(lambda: step_of(cluster, namespace, name) >= min_step, 240, message=f"step {min_step}")
+    wait_for(lambda: live_step(cluster, namespace, name) >= min_step, 240, message=f"step {min_step}")
 
     def pick() -> Any:
         by_hub = hub_phases(cluster, namespace, name)
@@ -311,7 +312,7 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
         cluster.kubectl("cordon", held)
     try:
         cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
-        wait_for(lambda: step_of(cluster, namespace, "crash") >= 15, 240, message="step 15")
+        wait_for(lambda: live_step(cluster, namespace, "crash") >= 15, 240, message="step 15")
         rendezvous = job_pods(cluster, namespace, "crash", "phalanx.dev/role=rendezvous")
         victim = training_worker(
             cluster, namespace, "crash", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
@@ -567,7 +568,7 @@ def test_crashed_node_with_a_worker_and_the_rendezvous_resumes_from_memory(
             {"name": variable.name, "value": variable.value} for variable in trainer.env or []
         ]
         node = victim.spec.node_name
-        wait_for(lambda: step_of(cluster, namespace, "both") >= 15, 240, message="step 15")
+        wait_for(lambda: live_step(cluster, namespace, "both") >= 15, 240, message="step 15")
         # After the crash only the other pool node is left: the new store and the new spare go there too.
         cluster.kubectl("label", "node", node, f"{POOL_LABEL}-")
         # Whether a pod on the node is a worker or a standing-by spare is judged from its heartbeat, by this test

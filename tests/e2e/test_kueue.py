@@ -22,7 +22,7 @@ from phalanx.worker.checkpoint import durable
 
 from .conftest import Cluster, Operator, wait_for
 from .test_fault_scenarios import _checkpoint_claim, _claim_directory
-from .test_operator import get_job, has_condition, job_pods, trainingjob, wait_succeeded
+from .test_operator import get_job, has_condition, job_pods, live_step, trainingjob, wait_succeeded
 
 pytestmark = pytest.mark.e2e
 
@@ -204,7 +204,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_save(
         queued_job("low", priority=low_class, steps=160, step_delay=0.1, checkpoint=checkpoint), namespace
     )
     wait_for(
-        lambda: (get_job(cluster, namespace, "low")["status"].get("step") or 0) >= 20,
+        lambda: live_step(cluster, namespace, "low") >= 20,
         240,
         message="low at step 20",
     )

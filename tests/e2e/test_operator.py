@@ -72,6 +72,20 @@ def lease_step(cluster: Cluster, namespace: str, pod: str) -> int:
     return int(lease["metadata"].get("annotations", {}).get("phalanx.dev/step", "0"))
 
 
+def live_step(cluster: Cluster, namespace: str, name: str) -> int:
+    """The newest step job `name` reached: its workers' heartbeat Leases carry every beat's, while its status
+    writes a step that moved alone only every `stepReportSeconds` (6 s or more here), longer than a short job
+    trains. (With a heartbeat hub the pods' own Leases go quiet after their first beat: the status's step then.)"""
+    leases = cluster.get_json("leases", "-n", namespace)["items"]
+    beats = [
+        int(annotations.get("phalanx.dev/step") or 0)
+        for lease in leases
+        if lease["metadata"]["name"].startswith(f"{name}-worker-")
+        and (annotations := lease["metadata"].get("annotations") or {})
+    ]
+    return max([*beats, get_job(cluster, namespace, name).get("status", {}).get("step") or 0])
+
+
 def condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind), None)
 
@@ -461,9 +475,7 @@ def test_deleted_rendezvous_is_recreated_and_job_finishes(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     cluster.apply(trainingjob("rdzv", replicas=2, steps=80, step_delay=0.1), namespace)
-    wait_for(
-        lambda: (get_job(cluster, namespace, "rdzv")["status"].get("step") or 0) >= 10, 180, message="step 10"
-    )
+    wait_for(lambda: live_step(cluster, namespace, "rdzv") >= 10, 180, message="step 10")
     (old,) = job_pods(cluster, namespace, "rdzv", "phalanx.dev/role=rendezvous")
     cluster.kubectl("delete", "pod", old.metadata.name, "-n", namespace, "--wait=false")
     wait_for(
@@ -485,9 +497,7 @@ def test_operator_restart_mid_job_creates_no_duplicates(
     # Long enough to be still training when a restarted operator is back on a loaded machine: a job that ended
     # meanwhile has cleaned up its rendezvous and spare, which is no duplicate and no replacement.
     cluster.apply(trainingjob("sturdy", replicas=2, spares=1, steps=400, step_delay=0.1), namespace)
-    wait_for(
-        lambda: (get_job(cluster, namespace, "sturdy")["status"].get("step") or 0) >= 5, 180, message="step 5"
-    )
+    wait_for(lambda: live_step(cluster, namespace, "sturdy") >= 5, 180, message="step 5")
     before = {p.metadata.name: p.metadata.uid for p in job_pods(cluster, namespace, "sturdy")}
     cluster.kubectl(
         "delete", "pod", "-n", operator.namespace, "-l", "app.kubernetes.io/name=phalanx", "--wait=true"
