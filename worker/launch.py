@@ -384,10 +384,7 @@ class PhalanxAgent(LocalElasticAgent):
             result = self._monitor_workers(self._worker_group)
             self._worker_group.state = result.state
             if result.state == WorkerState.SUCCEEDED:
-                self._reporter.group_started = None
-                self._reporter.launcher_phase = "finished"
-                self._exit_barrier()
-                return result
+                return self._group_finished(result)
             if result.state in {WorkerState.UNHEALTHY, WorkerState.FAILED}:
                 self._on_failure(result)
                 continue
@@ -395,26 +392,34 @@ class PhalanxAgent(LocalElasticAgent):
             if lingering is not None:
                 logger.warning("ending the training processes: %s", lingering)
                 self._end_lingering_trainers()
-                self._reporter.group_started = None
-                self._reporter.launcher_phase = "finished"
-                self._exit_barrier()
                 # A value for every worker: torch's agent records each one's end from them.
                 ended = {worker.global_rank: None for worker in self._worker_group.workers}
-                return RunResult(state=WorkerState.SUCCEEDED, return_values=ended)
+                return self._group_finished(RunResult(state=WorkerState.SUCCEEDED, return_values=ended))
             cause = self._live_departure() or self._membership_change()
             if cause is not None:
                 self._restart(cause, keep_trainers=True)
+
+    def _group_finished(self, result: RunResult) -> RunResult:
+        """The group ended well: meet the other nodes at torch's exit barrier, then return `result`."""
+        self._reporter.group_started = None
+        self._reporter.launcher_phase = "finished"
+        self._exit_barrier()
+        return result
 
     def _lingering_after_finish(self, now: float | None = None) -> str | None:
         """Why the group is over though its training processes still run (None: it is not): every one of
         them published `finished` (after its last save) more than `finished_grace` seconds ago."""
         pids = self.training_pids()
+        if not pids:
+            return None
         records = {record.pid: record for record in heartbeat.read_records(self._reporter.status_dir)}
-        mine = [records.get(pid) for pid in pids]
-        if not pids or any(record is None or record.phase != "finished" for record in mine):
+        finished = [
+            record for pid in pids if (record := records.get(pid)) is not None and record.phase == "finished"
+        ]
+        if len(finished) < len(pids):
             return None
         now = time.time() if now is None else now
-        finished_at = max((record.phase_since or now) for record in mine if record is not None)
+        finished_at = max((record.phase_since or now) for record in finished)
         if now - finished_at <= self._settings.finished_grace:
             return None
         where = ", ".join(f"pid {pid} {trainerwatch.where_it_waits(pid)}" for pid in pids)

@@ -19,7 +19,7 @@ Everything here but `process_state` is pure.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,14 +77,13 @@ def where_it_waits(pid: int, proc: Path = Path("/proc")) -> str:
     state = process_state(pid, proc)
     if state is None:
         return "gone"
-    waits: dict[str, int] = {}
-    for thread in sorted((proc / str(pid) / "task").glob("*")):
+    waits: Counter[str] = Counter()
+    for thread in (proc / str(pid) / "task").glob("*"):
         try:
             wchan = (thread / "wchan").read_text().strip()
         except OSError:
             continue
-        where = "running" if wchan in {"", "0"} else wchan
-        waits[where] = waits.get(where, 0) + 1
+        waits["running" if wchan in {"", "0"} else wchan] += 1
     threads = ", ".join(f"{wchan} x{count}" for wchan, count in sorted(waits.items()))
     return f"state {state}, threads: {threads or 'unknown'}"
 
