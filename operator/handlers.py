@@ -441,6 +441,10 @@ class JobReconciler:
         namespace = job["metadata"]["namespace"]
         key = (namespace, job["metadata"]["name"])
         foreign: list[str] = []
+        if plan.create_pods:
+            # New pods need every child (the store Secret and the PodGroup, which no watch covers, too): look
+            # again rather than trust the last check.
+            self.kube.forget(namespace, key[1])
         for child in plan.ensure:
             try:
                 self._guarded("ensure", self.kube.ensure, child)
@@ -814,13 +818,30 @@ def unseen_gang_pods(
     return unseen
 
 
+WATCHED_CHILDREN: dict[str, tuple[str, str, str]] = {
+    "Service": ("", "v1", "services"),
+    "ServiceAccount": ("", "v1", "serviceaccounts"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+}
+"""Kinds of a job's children whose deletion the operator watches, by kind: (group, version, plural). The job is
+reconciled at once and makes the child again, where a re-check by GET of every child of every job would cost
+a read per child per period (117 a second at 1,000 jobs every 60 s). Not the store Secret (the operator may
+not list or watch Secrets) nor the gang schedulers' PodGroups (their API may be absent): those are checked
+whenever the job creates pods, and after the re-check period."""
+
 WATCH_SELECTORS: dict[tuple[str, str], str] = {
     ("coordination.k8s.io", "leases"): contract.LEASE_SELECTOR,
     ("v1", "pods"): names.LABEL_JOB_NAME,
+    **{
+        (group or version, plural): names.LABEL_JOB_NAME
+        for group, version, plural in WATCHED_CHILDREN.values()
+    },
 }
-"""Label selectors of the operator's watches, by (group or version, plural): the only Leases and pods its handlers
-take (every Lease handler filters on annotations or labels that these Leases carry; every pod handler on the job's
-label)."""
+"""Label selectors of the operator's watches, by (group or version, plural): the only Leases, pods and children
+its handlers take (every Lease handler filters on annotations or labels that these Leases carry; every pod and
+child handler on the job's label)."""
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> None:
@@ -989,6 +1010,31 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         if type in ("MODIFIED", "DELETED"):
             kwargs.pop("name", None)  # the pod's name; the job's is its label
             await reconcile_off_loop(labels[names.LABEL_JOB_NAME], namespaced(namespace), logger, kwargs)
+
+    def watch_child(kind: str, group: str, version: str, plural: str) -> None:
+        resource = (group, version, plural) if group else (version, plural)
+
+        @kopf.on.event(
+            *resource, id=f"{plural}_changed", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry
+        )
+        async def child_changed(
+            namespace: str | None,
+            name: str,
+            labels: kopf.Labels,
+            type: str | None,
+            logger: Any,
+            **kwargs: Any,
+        ) -> None:
+            # A child was deleted: its job makes it again now (the cascade after the job's own deletion finds
+            # the job forgotten, and wakes nothing).
+            namespace = namespaced(namespace)
+            job_name = labels[names.LABEL_JOB_NAME]
+            if type == "DELETED" and reconciler.kube.unverify(kind, namespace, name, job_name):
+                logger.info(f"{kind} {name} of job {job_name} was deleted; making it again")
+                await reconcile_off_loop(job_name, namespace, logger, kwargs)
+
+    for kind, (group, version, plural) in WATCHED_CHILDREN.items():
+        watch_child(kind, group, version, plural)
 
     signals = HeartbeatSignals()
 

@@ -17,7 +17,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from phalanx import kubecredentials
-from phalanx.operator import api, names, queueing
+from phalanx.operator import api, names, queueing, spread
 from phalanx.operator import status as observe
 from phalanx.operator.reconcile import Event
 from phalanx.operator.timeutil import format_time, now
@@ -71,6 +71,17 @@ def with_drawn_secret(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "data": {names.STORE_SECRET_KEY: value}}
 
 
+def child_path(kind: str, namespace: str, name: str) -> str:
+    """The API path of one object of a kind the operator makes (one of `_RESOURCES`)."""
+    return f"{_collection_path({'kind': kind, 'metadata': {'namespace': namespace}})}/{name}"
+
+
+def _job_of(obj: dict[str, Any]) -> tuple[str, str]:
+    """(namespace, job name) of an object the operator made for a job."""
+    meta = obj["metadata"]
+    return meta["namespace"], (meta.get("labels") or {}).get(names.LABEL_JOB_NAME, "")
+
+
 def _collection_path(obj: dict[str, Any]) -> str:
     kind = obj["kind"]
     namespace = obj["metadata"]["namespace"]
@@ -106,10 +117,11 @@ class _PostedEvent:
 class Kube:
     """Create / delete / status / events for the reconcile handlers (thread-safe: one ApiClient)."""
 
-    def __init__(self, client: kubernetes.client.ApiClient, recheck_seconds: float = 60.0) -> None:
+    def __init__(self, client: kubernetes.client.ApiClient, recheck_seconds: float = 600.0) -> None:
         self.client = client
         self.recheck_seconds = recheck_seconds
-        self._verified: dict[str, float] = {}
+        # Per job, when each of its children was last found (or made) as it should be, by object path.
+        self._verified: dict[tuple[str, str], dict[str, float]] = {}
         self._events: OrderedDict[tuple[str, ...], _PostedEvent] = OrderedDict()
         self._lock = threading.Lock()
         self.fence: Callable[[], None] | None = None
@@ -161,13 +173,16 @@ class Kube:
             raise
 
     def ensure(self, obj: dict[str, Any]) -> None:
-        """Create `obj` if missing, checking again only every `recheck_seconds`. An object of that name whose
-        controller is not `obj`'s (another job's, another controller's, or none) is never adopted: raises
-        `ForeignObject`."""
+        """Create `obj` if missing. Once found, it is checked again only when `unverify` says it was deleted
+        (the operator watches most kinds of children), when the job creates pods (`forget`), or after its own
+        period (`recheck_seconds`, spread by object): the last bounds a deletion no watch reported. An object of
+        that name whose controller is not `obj`'s (another job's, another controller's, or none) is never
+        adopted: raises `ForeignObject`."""
         key = f"{_collection_path(obj)}/{obj['metadata']['name']}"
+        job = _job_of(obj)
         with self._lock:
-            checked = self._verified.get(key)
-        if checked is not None and time.monotonic() - checked < self.recheck_seconds:
+            checked = self._verified.get(job, {}).get(key)
+        if checked is not None and time.monotonic() - checked < spread.period_of(self.recheck_seconds, key):
             return
         try:
             existing = self.request("GET", key)
@@ -180,15 +195,21 @@ class Kube:
         else:
             _check_owner(obj, existing)
         with self._lock:
-            self._verified[key] = time.monotonic()
+            self._verified.setdefault(job, {})[key] = time.monotonic()
+
+    def unverify(self, kind: str, namespace: str, name: str, job_name: str) -> bool:
+        """A child of the job was deleted: its next `ensure` looks again. Whether it had been verified (a
+        child of a job already forgotten, or one never ensured, is no news)."""
+        with self._lock:
+            return (
+                self._verified.get((namespace, job_name), {}).pop(child_path(kind, namespace, name), None)
+                is not None
+            )
 
     def forget(self, namespace: str, job_name: str) -> None:
-        """Drop the cache of a deleted job's children."""
+        """Drop what is known of a job's children (it was deleted, or it creates pods, which need them all)."""
         with self._lock:
-            for key in [
-                key for key in self._verified if f"/namespaces/{namespace}/" in key and job_name in key
-            ]:
-                del self._verified[key]
+            self._verified.pop((namespace, job_name), None)
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         """Delete a pod; `grace_seconds=0` removes it at once (its node is gone, or it is frozen)."""

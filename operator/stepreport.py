@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from typing import Any
 
+from phalanx.operator import spread
+
 PROGRESS_FIELDS = frozenset({"step"})
 """Status fields that move with training alone."""
-
-SPREAD = 0.5
-"""A job's interval is `interval_seconds` times 1 to 1 + SPREAD, fixed by its namespace and name."""
 
 
 def progress_only(stored: dict[str, Any], planned: dict[str, Any]) -> bool:
@@ -49,8 +47,7 @@ class StepReports:
 
     def interval_of(self, key: tuple[str, str]) -> float:
         """This job's own interval: the same at every reconcile, different from job to job."""
-        share = zlib.crc32("/".join(key).encode()) / 2**32
-        return self.interval_seconds * (1 + SPREAD * share)
+        return spread.period_of(self.interval_seconds, "/".join(key))
 
     def wrote(self, key: tuple[str, str]) -> None:
         with self._guard:

@@ -491,6 +491,37 @@ def test_deleted_rendezvous_is_recreated_and_job_finishes(
     assert final["status"]["step"] == 80
 
 
+def test_a_deleted_service_or_role_binding_is_made_again_at_once_and_the_job_finishes(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # The operator watches a job's children: a deletion is undone in seconds, where the re-check by reading
+    # every child again comes only every 10 minutes.
+    cluster.apply(trainingjob("kept", replicas=2, steps=400, step_delay=0.1), namespace)
+    wait_for(lambda: live_step(cluster, namespace, "kept") >= 5, 180, message="step 5")
+    children = [
+        ("service", names.rendezvous_name("kept")),
+        ("rolebinding", names.worker_account_name("kept")),
+    ]
+
+    def uid(kind: str, name: str) -> str | None:
+        found = cluster.kubectl(
+            "get", kind, name, "-n", namespace, "-o", "jsonpath={.metadata.uid}", check=False
+        )
+        return (found.stdout.strip() or None) if found.returncode == 0 else None
+
+    before = {child: uid(*child) for child in children}
+    assert all(before.values()), before
+    for kind, name in children:
+        cluster.kubectl("delete", kind, name, "-n", namespace)
+    wait_for(
+        lambda: all(uid(*child) not in (None, before[child]) for child in children),
+        30,
+        message="the deleted Service and RoleBinding made again",
+    )
+    final = wait_succeeded(cluster, namespace, "kept", timeout=400)
+    assert final["status"]["step"] == 400
+
+
 def test_operator_restart_mid_job_creates_no_duplicates(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from phalanx.devcluster.binaries import KUBERNETES_VERSION
-from phalanx.operator import api, builders, crd, names, viewclock
+from phalanx.operator import api, builders, crd, handlers, names, viewclock
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "phalanx"
@@ -185,6 +185,10 @@ def test_cluster_scope_rbac_is_enough_and_least_privilege(make_job: Any) -> None
     ]
     for group, resource, verb in needed:
         assert _allows(rules, group, resource, verb), (group, resource, verb)
+    # Every kind of child whose deletion the operator watches (and no Secret: below).
+    for group, _, plural in handlers.WATCHED_CHILDREN.values():
+        for verb in ("get", "list", "watch", "create"):
+            assert _allows(rules, group, plural, verb), (group, plural, verb)
     # What the operator grants its workers in their job's Role it must hold itself (RBAC forbids escalation);
     # their Lease writes come from the chart's worker ClusterRole, which it may only bind.
     job = make_job()
@@ -229,6 +233,8 @@ def test_namespace_scope_has_a_role_per_namespace_and_peering_when_asked() -> No
     )
     roles = [o for o in objects if o["kind"] == "Role" and not o["metadata"]["name"].endswith("-leader")]
     assert sorted(o["metadata"]["namespace"] for o in roles) == ["team-a", "team-b"]
+    for group, _, plural in handlers.WATCHED_CHILDREN.values():
+        assert all(_allows(role["rules"], group, plural, "watch") for role in roles), plural
     # Cluster-wide: what the operator reads of nodes, and the roles tenants get through namespaced bindings.
     assert sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole") == sorted(
         ["phx-phalanx-cluster", WORKER_ROLE, "phx-phalanx-edit", "phx-phalanx-view"]

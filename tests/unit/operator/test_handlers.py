@@ -1246,6 +1246,53 @@ def test_an_existing_object_of_someone_elses_is_refused_never_adopted(
     assert kube.objects[path]["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
 
 
+class CountedReads(StoredObjects):
+    def __init__(self) -> None:
+        super().__init__({})
+        self.reads = 0
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        self.reads += method == "GET"
+        return super().request(method, path, body, content_type)
+
+
+def test_a_child_is_read_again_only_once_deleted_when_pods_are_made_or_after_its_period(
+    make_job: Callable[..., Any],
+) -> None:
+    job = make_job()
+    children = builders.build_fixed_children(job, api.TrainingJobSpec.model_validate(job["spec"]), None)
+    (service,) = [child for child in children if child["metadata"]["name"] == "demo-rdzv"]
+    kube = CountedReads()
+    for child in children:
+        kube.ensure(child)
+    assert kube.reads == len(children)
+    for child in children:
+        kube.ensure(child)
+    assert kube.reads == len(children), "a child found a moment ago is not read again"
+    # Its watch saw it deleted: read (and made) again, and only it.
+    assert kube.unverify("Service", "ml", "demo-rdzv", "demo")
+    del kube.objects["/api/v1/namespaces/ml/services/demo-rdzv"]
+    for child in children:
+        kube.ensure(child)
+    assert kube.reads == len(children) + 1
+    assert "/api/v1/namespaces/ml/services/demo-rdzv" in kube.objects
+    # The job creates pods: every child is read again.
+    kube.forget("ml", "demo")
+    for child in children:
+        kube.ensure(child)
+    assert kube.reads == 2 * len(children) + 1
+    # A deletion after the job was forgotten (the cascade of its own deletion) is no news.
+    kube.forget("ml", "demo")
+    assert not kube.unverify("Service", "ml", "demo-rdzv", "demo")
+    # Past its period a child is read again whatever the watch said.
+    kube.ensure(service)
+    kube.recheck_seconds = 0.0
+    kube.ensure(service)
+    assert kube.reads == 2 * len(children) + 3
+
+
 class SquattedService(FakeKube):
     def ensure(self, obj: dict[str, Any]) -> None:
         super().ensure(obj)

@@ -413,6 +413,9 @@ class FakeKube:
     def ensure(self, obj: dict[str, Any]) -> None:
         pass
 
+    def forget(self, namespace: str, name: str) -> None:
+        pass
+
     def create(self, obj: dict[str, Any]) -> bool:
         return True
 
