@@ -49,6 +49,11 @@ OPERATOR_RESOURCES = frozenset(
 )
 """What the operator writes besides Events (counted from the Events themselves: controllers post Events
 too). Leases (heartbeats, node agent) and nodes (node agent) are others' writes."""
+OPERATOR_READS = frozenset(
+    {"trainingjobs", "services", "serviceaccounts", "secrets", "roles", "rolebindings", "networkpolicies"}
+)
+"""Kinds only the operator reads one by one (GET) here: its jobs and their children. Pods are read by the node
+agent too."""
 OPERATOR_COMPONENT = "phalanx-operator"
 HEARTBEAT_INTERVAL = 5
 HEARTBEAT_TIMEOUT = 30
@@ -112,6 +117,14 @@ def job_manifest(name: str, workers: int) -> dict[str, Any]:
 
 def operator_writes(rows: list[prom.RequestCount]) -> float:
     return prom.writes(rows, lambda row: row.resource in OPERATOR_RESOURCES)
+
+
+def operator_reads(rows: list[prom.RequestCount]) -> float:
+    return sum(prom.by_resource(rows, _operator_read).values())
+
+
+def _operator_read(row: prom.RequestCount) -> bool:
+    return row.verb.upper() == "GET" and row.resource in OPERATOR_READS
 
 
 def status_writes(rows: list[prom.RequestCount]) -> float:
@@ -266,7 +279,9 @@ def steady_window(cluster: BenchCluster, scale: Scale, namespace: str) -> dict[s
             scrapes.append(scrape(cluster, namespace, process))
         job_events = jobs.events()
     operator_after = prom.parse(cluster.operator_metrics())
-    per_window: dict[str, list[float]] = {key: [] for key in ("operator", "status", "all", "events", "cpu")}
+    per_window: dict[str, list[float]] = {
+        key: [] for key in ("operator", "status", "all", "events", "cpu", "reads")
+    }
     for before, after in itertools.pairwise(scrapes):
         span = after.t - before.t
         rows = prom.request_deltas(before.requests, after.requests)
@@ -275,10 +290,12 @@ def steady_window(cluster: BenchCluster, scale: Scale, namespace: str) -> dict[s
         per_window["status"].append(status_writes(rows) / span)
         per_window["all"].append(prom.writes(rows) / span)
         per_window["events"].append(posted)
+        per_window["reads"].append(operator_reads(rows) / span)
         per_window["cpu"].append((after.operator_cpu - before.operator_cpu) / span * 100)
     rows = prom.request_deltas(scrapes[0].requests, scrapes[-1].requests)
     seconds = scrapes[-1].t - scrapes[0].t
     writes_by_resource = prom.by_resource(rows, lambda row: row.verb.upper() in prom.WRITE_VERBS)
+    reads_by_resource = prom.by_resource(rows, _operator_read)
     buckets = reconcile_buckets(operator_before, operator_after)
     updates, fields = churn(job_events, scrapes[0].t, scrapes[-1].t)
     return {
@@ -286,6 +303,9 @@ def steady_window(cluster: BenchCluster, scale: Scale, namespace: str) -> dict[s
         "seconds": seconds,
         "writes_per_second_by_resource": {
             key: round(value / seconds, 2) for key, value in sorted(writes_by_resource.items())
+        },
+        "reads_per_second_by_resource": {
+            key: round(value / seconds, 2) for key, value in sorted(reads_by_resource.items())
         },
         "operator_event_reasons": reasons_posted(scrapes[0].events, scrapes[-1].events, mine=True),
         "other_event_reasons": reasons_posted(scrapes[0].events, scrapes[-1].events, mine=False),
@@ -559,7 +579,12 @@ def result(
         + (", ".join(f"{key} {value}" for key, value in by_resource.items()) or "none")
         + ". Operator writes: trainingjobs, pods, services, serviceaccounts, secrets, roles, rolebindings, plus the "
         "Events the operator posted; leases and nodes are the heartbeats' and the node agent's, endpoints the "
-        "endpoints controller's.",
+        "endpoints controller's. The operator's reads of single objects (GET) per second by resource: "
+        + (
+            ", ".join(f"{key} {value}" for key, value in steady["reads_per_second_by_resource"].items())
+            or "none"
+        )
+        + ".",
         f"TrainingJob updates in the window: {steady['job_updates']}; fields they changed: "
         + (", ".join(f"{name} {count}x" for name, count in steady["changed_fields"].items()) or "none")
         + ". Events the operator posted in the window, by reason: "
@@ -638,6 +663,13 @@ def result(
                 unit="writes/s",
                 samples=windows["all"],
                 description="every write the apiserver served (heartbeats and node agent included)",
+            ),
+            Metric(
+                name="operator API reads per second",
+                unit="reads/s",
+                samples=windows["reads"],
+                description="the operator's GETs of its jobs and their children in each sub-window (a periodic "
+                "reconcile that finds nothing to do reads nothing; children are watched, not re-read)",
             ),
             Metric(
                 name="operator CPU",

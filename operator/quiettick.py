@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.operator import stepreport
+from phalanx.operator import spread, stepreport
 from phalanx.operator.reconcile import Plan
 
 FRESH_READ_SECONDS = 30.0
-"""A periodic reconcile reads the job from the API server at least this often."""
+"""A periodic reconcile reads the job from the API server at least this often (up to half as long again, by job,
+so that jobs started together do not come due together)."""
 
 
 def quiet(plan: Plan, stored_status: dict[str, Any], step_deferred: Callable[[], bool]) -> bool:
@@ -69,7 +70,9 @@ class FreshReads:
         """Whether the job's next reconcile must read it (never read, or read too long ago)."""
         with self._guard:
             read = self._read.get(key)
-        return read is None or self._clock() - read >= self.fresh_read_seconds
+        return read is None or self._clock() - read >= spread.period_of(
+            self.fresh_read_seconds, "/".join(key)
+        )
 
     def read(self, key: tuple[str, str]) -> None:
         with self._guard:

@@ -200,6 +200,17 @@ def test_operator_writes_leave_heartbeats_nodes_and_events_out() -> None:
     ]
     assert operator_scale.operator_writes(rows) == 14
     assert operator_scale.status_writes(rows) == 10
+    # Reads: the operator's GETs of its jobs and their children; not LIST/WATCH, not pods (the node agent reads
+    # them too), not leases.
+    rows += [
+        RequestCount("GET", "services", "", "200", 3),
+        RequestCount("GET", "secrets", "", "404", 1),
+        RequestCount("LIST", "trainingjobs", "", "200", 9),
+        RequestCount("WATCH", "services", "", "200", 2),
+        RequestCount("GET", "pods", "", "200", 8),
+        RequestCount("GET", "leases", "", "200", 6),
+    ]
+    assert operator_scale.operator_reads(rows) == 54
 
 
 def test_simulated_heartbeat_follows_the_lease_contract() -> None:

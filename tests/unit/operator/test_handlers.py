@@ -17,7 +17,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from phalanx import beatsummary
-from phalanx.operator import api, builders, gang, handlers, ownwrites, quiettick, stepreport
+from phalanx.operator import api, builders, gang, handlers, ownwrites, quiettick, spread, stepreport
 from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event, Plan
@@ -1453,8 +1453,12 @@ def test_a_periodic_reconcile_that_finds_nothing_to_do_reads_nothing(
     clock[0] += 5
     assert tick(copy.deepcopy(kube.job)) == []
     assert metrics.registry.get_sample_value("phalanx_quiet_ticks_total") == 1
-    clock[0] += 30
-    assert tick(copy.deepcopy(kube.job)) == [("get", "demo")]  # read anyway every 30 s
+    # Read anyway once the last read (the stale tick's) is the job's own period old: 30 to 45 s, by job.
+    last_read, period = clock[0] - 5, spread.period_of(30.0, "ml/demo")
+    clock[0] = last_read + period - 0.1
+    assert tick(copy.deepcopy(kube.job)) == []
+    clock[0] = last_read + period
+    assert tick(copy.deepcopy(kube.job)) == [("get", "demo")]
     # A job being deleted is never planned from a copy.
     clock[0] += 1
     going = copy.deepcopy(kube.job)
