@@ -441,10 +441,6 @@ class JobReconciler:
         namespace = job["metadata"]["namespace"]
         key = (namespace, job["metadata"]["name"])
         foreign: list[str] = []
-        if plan.create_pods:
-            # New pods need every child (the store Secret and the PodGroup, which no watch covers, too): look
-            # again rather than trust the last check.
-            self.kube.forget(namespace, key[1])
         for child in plan.ensure:
             try:
                 self._guarded("ensure", self.kube.ensure, child)
@@ -489,6 +485,11 @@ class JobReconciler:
                 )
         # Created or found existing, the pod index must show each of them soon (else its watch has stopped).
         self.unseen_pods.found_existing(key, [*existing, *created])
+        if created:
+            # New pods need the children no watch covers (the store Secret, the PodGroup): the next reconcile
+            # (their own events bring it) checks those again. Not before creating them: a replacement waits for
+            # no read, and a pod waits for a missing Secret until it is made.
+            self.kube.forget(namespace, key[1], keep=WATCHED_CHILDREN.keys())
         rejections = [outcome for outcome in outcomes if isinstance(outcome, throttle.Rejection)]
         if rejections:
             # The next reconcile (when the pause ends) puts it in the job's conditions.

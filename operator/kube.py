@@ -8,7 +8,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -120,8 +120,8 @@ class Kube:
     def __init__(self, client: kubernetes.client.ApiClient, recheck_seconds: float = 600.0) -> None:
         self.client = client
         self.recheck_seconds = recheck_seconds
-        # Per job, when each of its children was last found (or made) as it should be, by object path.
-        self._verified: dict[tuple[str, str], dict[str, float]] = {}
+        # Per job, when each of its children was last found (or made) as it should be: (kind, time) by path.
+        self._verified: dict[tuple[str, str], dict[str, tuple[str, float]]] = {}
         self._events: OrderedDict[tuple[str, ...], _PostedEvent] = OrderedDict()
         self._lock = threading.Lock()
         self.fence: Callable[[], None] | None = None
@@ -174,14 +174,14 @@ class Kube:
 
     def ensure(self, obj: dict[str, Any]) -> None:
         """Create `obj` if missing. Once found, it is checked again only when `unverify` says it was deleted
-        (the operator watches most kinds of children), when the job creates pods (`forget`), or after its own
+        (the operator watches most kinds of children), after the job created pods (`forget`), or after its own
         period (`recheck_seconds`, spread by object): the last bounds a deletion no watch reported. An object of
         that name whose controller is not `obj`'s (another job's, another controller's, or none) is never
         adopted: raises `ForeignObject`."""
         key = f"{_collection_path(obj)}/{obj['metadata']['name']}"
         job = _job_of(obj)
         with self._lock:
-            checked = self._verified.get(job, {}).get(key)
+            _, checked = self._verified.get(job, {}).get(key, ("", None))
         if checked is not None and time.monotonic() - checked < spread.period_of(self.recheck_seconds, key):
             return
         try:
@@ -195,7 +195,7 @@ class Kube:
         else:
             _check_owner(obj, existing)
         with self._lock:
-            self._verified.setdefault(job, {})[key] = time.monotonic()
+            self._verified.setdefault(job, {})[key] = (obj["kind"], time.monotonic())
 
     def unverify(self, kind: str, namespace: str, name: str, job_name: str) -> bool:
         """A child of the job was deleted: its next `ensure` looks again. Whether it had been verified (a
@@ -206,10 +206,14 @@ class Kube:
                 is not None
             )
 
-    def forget(self, namespace: str, job_name: str) -> None:
-        """Drop what is known of a job's children (it was deleted, or it creates pods, which need them all)."""
+    def forget(self, namespace: str, job_name: str, keep: Collection[str] = ()) -> None:
+        """Drop what is known of a job's children but those of the kinds in `keep`: all when the job was deleted;
+        those no watch covers when it created pods, which need them all (checked at its next reconcile)."""
         with self._lock:
-            self._verified.pop((namespace, job_name), None)
+            verified = self._verified.pop((namespace, job_name), {})
+            kept = {path: entry for path, entry in verified.items() if entry[0] in keep}
+            if kept:
+                self._verified[(namespace, job_name)] = kept
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         """Delete a pod; `grace_seconds=0` removes it at once (its node is gone, or it is frozen)."""

@@ -8,7 +8,7 @@ import inspect
 import json
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,7 +65,7 @@ class FakeKube:
     def post_event(self, job: dict[str, Any], event: Event) -> None:
         self.calls.append(("event", event.reason))
 
-    def forget(self, namespace: str, name: str) -> None:
+    def forget(self, namespace: str, name: str, keep: Collection[str] = ()) -> None:
         self.calls.append(("forget", name))
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -1258,7 +1258,7 @@ class CountedReads(StoredObjects):
         return super().request(method, path, body, content_type)
 
 
-def test_a_child_is_read_again_only_once_deleted_when_pods_are_made_or_after_its_period(
+def test_a_child_is_read_again_only_once_deleted_after_pods_were_made_or_after_its_period(
     make_job: Callable[..., Any],
 ) -> None:
     job = make_job()
@@ -1278,11 +1278,16 @@ def test_a_child_is_read_again_only_once_deleted_when_pods_are_made_or_after_its
         kube.ensure(child)
     assert kube.reads == len(children) + 1
     assert "/api/v1/namespaces/ml/services/demo-rdzv" in kube.objects
-    # The job creates pods: every child is read again.
+    # The job created pods: the children no watch covers (here the store Secret) are read again.
+    kube.forget("ml", "demo", keep=handlers.WATCHED_CHILDREN.keys())
+    for child in children:
+        kube.ensure(child)
+    assert kube.reads == len(children) + 2
+    # Forgotten whole (the job deleted, the operator restarted): all are read again.
     kube.forget("ml", "demo")
     for child in children:
         kube.ensure(child)
-    assert kube.reads == 2 * len(children) + 1
+    assert kube.reads == 2 * len(children) + 2
     # A deletion after the job was forgotten (the cascade of its own deletion) is no news.
     kube.forget("ml", "demo")
     assert not kube.unverify("Service", "ml", "demo-rdzv", "demo")
@@ -1290,7 +1295,19 @@ def test_a_child_is_read_again_only_once_deleted_when_pods_are_made_or_after_its
     kube.ensure(service)
     kube.recheck_seconds = 0.0
     kube.ensure(service)
-    assert kube.reads == 2 * len(children) + 3
+    assert kube.reads == 2 * len(children) + 4
+
+
+def test_children_no_watch_covers_are_checked_again_after_pods_are_made_never_before(
+    make_job: Callable[..., Any],
+) -> None:
+    kube = FakeKube(make_job())
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    reconciler.reconcile("ml", "demo", {}, {}, {}, logger)
+    creations = [index for index, call in enumerate(kube.calls) if call[0] == "create"]
+    forgets = [index for index, call in enumerate(kube.calls) if call[0] == "forget"]
+    assert creations and forgets and min(forgets) > max(creations), kube.calls
 
 
 class SquattedService(FakeKube):

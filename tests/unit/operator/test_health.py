@@ -4,7 +4,7 @@ of them (condition, status, Events, Pause)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -413,7 +413,7 @@ class FakeKube:
     def ensure(self, obj: dict[str, Any]) -> None:
         pass
 
-    def forget(self, namespace: str, name: str) -> None:
+    def forget(self, namespace: str, name: str, keep: Collection[str] = ()) -> None:
         pass
 
     def create(self, obj: dict[str, Any]) -> bool:
