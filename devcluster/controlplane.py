@@ -489,6 +489,16 @@ READY_TIMEOUT_SECONDS = {
     "node-agent": 180,
 }
 """Generous: on a loaded 2-core machine the apiserver alone has taken over a minute to become ready."""
+SIMULATED_NODES_PER_SECOND = 25
+"""The node agent's registration rate that the wait for it allows beyond its own timeout: thousands of simulated
+nodes (the scale benchmark's) take minutes to register on 2 cores."""
+
+
+def ready_timeout(name: str, config: ClusterConfig) -> float:
+    """Seconds `name` has to become ready in a cluster of `config`."""
+    if name == "node-agent":
+        return READY_TIMEOUT_SECONDS[name] + config.simulated_nodes / SIMULATED_NODES_PER_SECOND
+    return READY_TIMEOUT_SECONDS[name]
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -508,8 +518,10 @@ def _explain_failure(name: str, layout: Layout) -> str:
     return f"{name} did not become ready.{hint} Last lines of {layout.log_file(name)}:\n{tail}"
 
 
-def _wait_ready(name: str, record: processes.PidRecord, check: Callable[[], bool], layout: Layout) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS[name]
+def _wait_ready(
+    name: str, record: processes.PidRecord, check: Callable[[], bool], layout: Layout, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not record.alive():
             raise UserFacingError(_explain_failure(name, layout))
@@ -665,7 +677,13 @@ def up(
                     log_file=layout.log_file(name),
                     env=env,
                 )
-                _wait_ready(name, record, readiness_check(name, config, layout, pki), layout)
+                _wait_ready(
+                    name,
+                    record,
+                    readiness_check(name, config, layout, pki),
+                    layout,
+                    ready_timeout(name, config),
+                )
                 say(f"  {name:<24} ready (pid {record.pid})")
             if real_nodes:
                 _real_node_up(layout, config, pki, say)

@@ -250,3 +250,17 @@ def test_clusters_start_one_at_a_time_on_a_host(monkeypatch: pytest.MonkeyPatch,
             assert over.exists()
     finally:
         assert holder.wait(timeout=30) == 0
+
+
+def test_the_node_agent_has_longer_to_register_thousands_of_simulated_nodes() -> None:
+    def config(simulated: int) -> controlplane.ClusterConfig:
+        return controlplane.ClusterConfig(
+            nodes=1, simulated_nodes=simulated, gpus_per_node=8, cluster_octet=123, etcd_port=1, etcd_peer_port=2,
+            api_port=3, scheduler_port=4, controller_manager_port=5,
+        )  # fmt: skip
+
+    small, seeds = config(5), config(12_695)
+    assert controlplane.ready_timeout("node-agent", small) == pytest.approx(180.2)
+    # 12,695 nodes at 25 a second: about 8.5 minutes beyond the agent's own 3.
+    assert controlplane.ready_timeout("node-agent", seeds) == pytest.approx(180 + 12_695 / 25)
+    assert controlplane.ready_timeout("kube-apiserver", seeds) == 180
