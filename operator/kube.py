@@ -101,6 +101,8 @@ def load_client(connections: int = 10) -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
+DELETION_MEMORY_SECONDS = 60.0
+"""How long a child's seen deletion is remembered: longer than any one check of a child takes."""
 EVENT_AGGREGATION_SECONDS = 600.0
 """An Event repeated within this long of its first posting raises the first one's count (client-go's window)."""
 EVENTS_REMEMBERED = 4096
@@ -122,6 +124,9 @@ class Kube:
         self.recheck_seconds = recheck_seconds
         # Per job, when each of its children was last found (or made) as it should be: (kind, time) by path.
         self._verified: dict[tuple[str, str], dict[str, tuple[str, float]]] = {}
+        # When a child's deletion was last seen, by path, oldest first (kept DELETION_MEMORY_SECONDS): a check
+        # under way as it was deleted must not be remembered as verified.
+        self._deleted: OrderedDict[str, float] = OrderedDict()
         self._events: OrderedDict[tuple[str, ...], _PostedEvent] = OrderedDict()
         self._lock = threading.Lock()
         self.fence: Callable[[], None] | None = None
@@ -180,9 +185,10 @@ class Kube:
         adopted: raises `ForeignObject`."""
         key = f"{_collection_path(obj)}/{obj['metadata']['name']}"
         job = _job_of(obj)
+        started = time.monotonic()
         with self._lock:
             _, checked = self._verified.get(job, {}).get(key, ("", None))
-        if checked is not None and time.monotonic() - checked < spread.period_of(self.recheck_seconds, key):
+        if checked is not None and started - checked < spread.period_of(self.recheck_seconds, key):
             return
         try:
             existing = self.request("GET", key)
@@ -195,16 +201,26 @@ class Kube:
         else:
             _check_owner(obj, existing)
         with self._lock:
+            if self._deleted.get(key, -1.0) >= started:
+                return  # deleted while it was checked: the next reconcile looks again
             self._verified.setdefault(job, {})[key] = (obj["kind"], time.monotonic())
 
     def unverify(self, kind: str, namespace: str, name: str, job_name: str) -> bool:
-        """A child of the job was deleted: its next `ensure` looks again. Whether it had been verified (a
-        child of a job already forgotten, or one never ensured, is no news)."""
+        """A child of the job was deleted: its next `ensure` looks again, and so does one under way now. Whether
+        the job is one this operator keeps children for (the children of a job already forgotten, as its own
+        deletion takes them, are no news)."""
+        path = child_path(kind, namespace, name)
+        seen = time.monotonic()
         with self._lock:
-            return (
-                self._verified.get((namespace, job_name), {}).pop(child_path(kind, namespace, name), None)
-                is not None
-            )
+            self._deleted.pop(path, None)
+            self._deleted[path] = seen
+            while next(iter(self._deleted.values())) < seen - DELETION_MEMORY_SECONDS:
+                self._deleted.popitem(last=False)
+            verified = self._verified.get((namespace, job_name))
+            if verified is None:
+                return False
+            verified.pop(path, None)
+            return True
 
     def forget(self, namespace: str, job_name: str, keep: Collection[str] = ()) -> None:
         """Drop what is known of a job's children but those of the kinds in `keep`: all when the job was deleted;

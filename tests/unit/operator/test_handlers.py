@@ -1310,6 +1310,32 @@ def test_children_no_watch_covers_are_checked_again_after_pods_are_made_never_be
     assert creations and forgets and min(forgets) > max(creations), kube.calls
 
 
+class DeletedWhileRead(CountedReads):
+    """The Service is deleted (and its watch event handled) while its GET is answered."""
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        answer = super().request(method, path, body, content_type)
+        if method == "GET" and path.endswith("/services/demo-rdzv"):
+            del self.objects[path]
+            self.unverify("Service", "ml", "demo-rdzv", "demo")
+        return answer
+
+
+def test_a_child_deleted_while_it_is_checked_is_checked_again(make_job: Callable[..., Any]) -> None:
+    job = make_job()
+    children = builders.build_fixed_children(job, api.TrainingJobSpec.model_validate(job["spec"]), None)
+    (service,) = [child for child in children if child["metadata"]["name"] == "demo-rdzv"]
+    kube = DeletedWhileRead()
+    kube.objects["/api/v1/namespaces/ml/services/demo-rdzv"] = service
+    kube.ensure(service)
+    kube.__class__ = CountedReads
+    kube.ensure(service)  # not taken as verified: read again, found missing, made
+    assert kube.reads == 2
+    assert "/api/v1/namespaces/ml/services/demo-rdzv" in kube.objects
+
+
 class SquattedService(FakeKube):
     def ensure(self, obj: dict[str, Any]) -> None:
         super().ensure(obj)
