@@ -120,7 +120,7 @@ def operator_writes(rows: list[prom.RequestCount]) -> float:
 
 
 def operator_reads(rows: list[prom.RequestCount]) -> float:
-    return sum(prom.by_resource(rows, _operator_read).values())
+    return sum(row.count for row in rows if _operator_read(row))
 
 
 def _operator_read(row: prom.RequestCount) -> bool:

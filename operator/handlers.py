@@ -830,7 +830,7 @@ WATCHED_CHILDREN: dict[str, tuple[str, str, str]] = {
 reconciled at once and makes the child again, where a re-check by GET of every child of every job would cost
 a read per child per period (117 a second at 1,000 jobs every 60 s). Not the store Secret (the operator may
 not list or watch Secrets) nor the gang schedulers' PodGroups (their API may be absent): those are checked
-whenever the job creates pods, and after the re-check period."""
+again at the reconcile after the job created pods, and after the re-check period."""
 
 WATCH_SELECTORS: dict[tuple[str, str], str] = {
     ("coordination.k8s.io", "leases"): contract.LEASE_SELECTOR,

@@ -212,8 +212,8 @@ class Kube:
         path = child_path(kind, namespace, name)
         seen = time.monotonic()
         with self._lock:
-            self._deleted.pop(path, None)
             self._deleted[path] = seen
+            self._deleted.move_to_end(path)
             while next(iter(self._deleted.values())) < seen - DELETION_MEMORY_SECONDS:
                 self._deleted.popitem(last=False)
             verified = self._verified.get((namespace, job_name))

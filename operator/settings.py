@@ -58,8 +58,8 @@ class OperatorSettings(BaseModel):
     recheck_children_seconds: float = Field(default=600.0, gt=0)
     """Seconds after which a job's Services, RBAC objects, store Secret, NetworkPolicy and PodGroup are checked
     again (made again if deleted), each object 1 to 1.5 times this long, fixed by its name. Deletions of most of
-    them are seen at once by a watch, and all of them are checked when the job creates pods: this bounds what
-    neither caught."""
+    them are seen at once by a watch, and the store Secret and PodGroup, which no watch covers, are checked again
+    at the reconcile after the job created pods: this bounds what neither caught."""
     bind_host: str = "0.0.0.0"
     """Address the liveness and metrics endpoints listen on (the pod IP on a shared-port-space node)."""
     liveness_port: int = Field(default=8081, ge=0, le=65535)
