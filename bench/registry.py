@@ -97,6 +97,12 @@ BENCHMARKS: tuple[Entry, ...] = (
         "one reconcile of one job of 8 to 12,500 workers: time, and the status written against 64 KiB",
     ),
     Entry(
+        "kopf-startup",
+        "phalanx.bench.kopf_startup",
+        False,
+        "kopf's start-up wait for its indexes by objects listed: kopf's own set vs the operator's (12,500 objects)",
+    ),
+    Entry(
         "recovery",
         "phalanx.bench.recovery",
         True,

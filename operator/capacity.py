@@ -186,9 +186,14 @@ def _promised(view: ClusterView) -> tuple[dict[str, dict[str, Decimal]], list[st
     """What each node holds once the pending pods and the earlier gangs that fit are placed, and the names
     of those gangs."""
     used = {name: _used(view.bound.get(name, ())) for name in view.nodes}
+    # Alike pods are placed together: one pass over the nodes for a 12,500-pod gang not bound yet, not one each.
+    alike: dict[tuple[tuple[str, str], ...], int] = {}
     for pod in view.pending:
-        requests = {name: _quantity(value) for name, value in pod.items()}
-        _place(view.nodes, used, None, {**requests, PODS: Decimal(1)}, 1)
+        shape = tuple(sorted(pod.items()))
+        alike[shape] = alike.get(shape, 0) + 1
+    for shape, count in alike.items():
+        requests = {name: _quantity(value) for name, value in shape}
+        _place(view.nodes, used, None, {**requests, PODS: Decimal(1)}, count)
     admitted: list[str] = []
     for gang in view.earlier:
         trial = {name: dict(amounts) for name, amounts in used.items()}

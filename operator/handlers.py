@@ -185,6 +185,9 @@ class JobReconciler:
         self.unseen_pods = watchguard.UnseenPods()
         self.watch_stalled = threading.Event()
         """Set when the pod watch has stopped delivering (`watchguard`): the operator then stops, to restart."""
+        self.nodes: Mapping[str, Iterable[dict[str, Any]]] = {}
+        """Every node's summary by name (`status.summarize_node`): the operator's `nodeview.NodeView`, which
+        is complete before any handler runs."""
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -926,10 +929,6 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # A heartbeat Lease is named after its pod: this finds the job a Lease event belongs to.
         return {(namespace, name): labels[names.LABEL_JOB_NAME]}
 
-    @kopf.index("nodes", id="phalanx_nodes", registry=registry)
-    async def phalanx_nodes(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
-        return {name: observe.summarize_node(dict(body))}
-
     @kopf.index(api.GROUP, api.VERSION, api.PLURAL, id="phalanx_job_histories", registry=registry)
     async def phalanx_job_histories(body: kopf.Body, **_: Any) -> dict[Any, Any]:
         # Every job under one key: the automatic checkpoint interval weighs the cluster's failure history.
@@ -959,7 +958,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             name,
             kwargs["phalanx_pods"],
             kwargs["phalanx_leases"],
-            kwargs["phalanx_nodes"],
+            reconciler.nodes,  # not kopf's: operator/nodeview.py says why
             logger,
             histories=kwargs["phalanx_job_histories"].get(CLUSTER_KEY, ()),
             waiting=kwargs["phalanx_waiting_gangs"].get(CLUSTER_KEY, ()),

@@ -8,7 +8,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -101,6 +101,8 @@ def load_client(connections: int = 10) -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
+CONNECT_TIMEOUT_SECONDS = 10.0
+"""How long a watch's connection may take to open."""
 DELETION_MEMORY_SECONDS = 60.0
 """How long a child's seen deletion is remembered: longer than any one check of a child takes."""
 EVENT_AGGREGATION_SECONDS = 600.0
@@ -163,6 +165,37 @@ class Kube:
             error.headers = getattr(response, "headers", None)
             raise error
         return json.loads(data) if data else None
+
+    def stream(self, path: str, read_timeout_seconds: float) -> Iterator[dict[str, Any]]:
+        """The events of a watch (`path` carries `watch=true`), each decoded as its line arrives; an
+        ApiException when refused. A stream silent for `read_timeout_seconds` raises (a read timeout)."""
+        method, url, headers, payload, post = self.client.param_serialize(
+            "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
+        response = self.client.call_api(
+            method,
+            url,
+            headers,
+            payload,
+            post,
+            _request_timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout_seconds),
+        )
+        raw = response.response
+        try:
+            if not 200 <= response.status < 300:
+                raise ApiException(
+                    status=response.status, reason=response.reason, body=raw.read().decode(errors="replace")
+                )
+            pending = b""
+            # Each chunk as the API server sends it (a watch answers chunked): an event is taken in when it comes.
+            for chunk in raw.stream(None):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            # Closed, not returned to the pool: a stream left part-read would poison the next request on it.
+            raw.close()
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get_or_none(f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}")

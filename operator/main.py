@@ -14,13 +14,26 @@ from datetime import timedelta
 
 import kopf
 
-from phalanx.operator import builders, handlers, leadership, logformat, policy, validation, viewclock
+from phalanx.operator import (
+    builders,
+    handlers,
+    kopftoggles,
+    leadership,
+    logformat,
+    nodeview,
+    policy,
+    validation,
+    viewclock,
+)
 from phalanx.operator.kube import Kube, load_client
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.settings import OperatorSettings
 from phalanx.operator.throttle import CreationThrottle
 
 LOGGER = logging.getLogger(__name__)
+
+NODE_LIST_LOG_SECONDS = 10.0
+"""How often the operator says it still waits for its first list of nodes."""
 
 
 def peering_priority(settings: OperatorSettings) -> int:
@@ -33,6 +46,7 @@ def peering_priority(settings: OperatorSettings) -> int:
 def run(settings: OperatorSettings) -> int:
     """Run until interrupted; returns the exit code."""
     logformat.configure(settings.log_level, settings.log_format)
+    kopftoggles.install()  # kopf's own start-up wait is quadratic in the objects it lists (kopftoggles.py)
     if settings.log_level.upper() != "DEBUG":
         # kopf logs every successful timer run per job; at many jobs that drowns what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -85,6 +99,11 @@ def run(settings: OperatorSettings) -> int:
             interval_seconds=settings.view_interval_seconds,
         )
         canary.start()
+    nodes = nodeview.for_cluster(kube).start()
+    reconciler.nodes = nodes
+    # A bound node missing from the view reads as deleted: no handler may run before every node was listed.
+    while not nodes.synced.wait(NODE_LIST_LOG_SECONDS):
+        LOGGER.info("waiting for the first list of the cluster's nodes")
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings, reconciler)
 
