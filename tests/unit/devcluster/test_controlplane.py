@@ -264,3 +264,14 @@ def test_the_node_agent_has_longer_to_register_thousands_of_simulated_nodes() ->
     # 12,695 nodes at 25 a second: about 8.5 minutes beyond the agent's own 3.
     assert controlplane.ready_timeout("node-agent", seeds) == pytest.approx(180 + 12_695 / 25)
     assert controlplane.ready_timeout("kube-apiserver", seeds) == 180
+
+
+def test_ready_nodes_are_counted_from_the_api_servers_table() -> None:
+    table = (
+        "agent-0   Ready                      <none>   2m   v1.37.2\n"
+        "agent-1   Ready,SchedulingDisabled   <none>   2m   v1.37.2\n"
+        "sim-0     NotReady                   <none>   1m   v1.37.2\n"
+        "sim-1     Unknown                    <none>   1m   v1.37.2\n"
+        "\n"
+    )
+    assert controlplane.count_ready(table) == 2
