@@ -425,40 +425,34 @@ def http_ok(url: str, token: str | None = None, ca: Path | None = None) -> bool:
         return False
 
 
-def _kubectl_json(config: ClusterConfig, layout: Layout, *args: str) -> dict | None:
+def _kubectl_output(config: ClusterConfig, layout: Layout, *args: str, timeout: float = 20) -> str | None:
+    """kubectl's output, or None when it failed or took longer than `timeout` (a slow answer is no answer
+    yet: the readiness wait looks again)."""
     import subprocess
 
     try:
         result = subprocess.run(
-            [config.binaries["kubectl"], f"--kubeconfig={layout.kubeconfig}", *args, "-o", "json"],
+            [config.binaries["kubectl"], f"--kubeconfig={layout.kubeconfig}", *args],
             capture_output=True,
             text=True,
             check=False,
-            timeout=20,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return None  # a slow answer is no answer yet: the readiness wait looks again
-    return json.loads(result.stdout) if result.returncode == 0 else None
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def _kubectl_json(config: ClusterConfig, layout: Layout, *args: str) -> dict | None:
+    output = _kubectl_output(config, layout, *args, "-o", "json")
+    return json.loads(output) if output is not None else None
 
 
 def _nodes_ready(config: ClusterConfig, layout: Layout) -> bool:
-    import subprocess
-
     # The API server's table, not every Node as JSON: at 12,695 simulated nodes the JSON is tens of megabytes, and
     # decoding it took kubectl past any short timeout on 2 cores, over and over while the nodes registered.
-    try:
-        result = subprocess.run(
-            [config.binaries["kubectl"], f"--kubeconfig={layout.kubeconfig}", "get", "nodes", "--no-headers"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=NODE_LIST_TIMEOUT_SECONDS,
-        )
-    except subprocess.TimeoutExpired:
-        return False  # not ready as far as can be told: looked at again
-    if result.returncode != 0:
-        return False
-    return count_ready(result.stdout) >= config.nodes + config.simulated_nodes
+    table = _kubectl_output(config, layout, "get", "nodes", "--no-headers", timeout=NODE_LIST_TIMEOUT_SECONDS)
+    return table is not None and count_ready(table) >= config.nodes + config.simulated_nodes
 
 
 NODE_LIST_TIMEOUT_SECONDS = 60

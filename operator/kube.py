@@ -15,6 +15,7 @@ from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from phalanx import kubecredentials
 from phalanx.operator import api, names, queueing, spread
@@ -186,13 +187,10 @@ class Kube:
                 raise ApiException(
                     status=response.status, reason=response.reason, body=raw.read().decode(errors="replace")
                 )
-            pending = b""
-            # Each chunk as the API server sends it (a watch answers chunked): an event is taken in when it comes.
-            for chunk in raw.stream(None):
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
+            # Each line as its chunks come (the client's own splitter): an event is taken in when it arrives.
+            for line in iter_resp_lines(raw):
+                if line.strip():
+                    yield json.loads(line)
         finally:
             # Closed, not returned to the pool: a stream left part-read would poison the next request on it.
             raw.close()

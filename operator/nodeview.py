@@ -2,11 +2,11 @@
 
 The operator reads nodes twice: the health of the nodes its pods are bound to (a node lost, NotReady or tainted
 NoExecute) and, while a gang waits to be placed, every node's allocatable room (operator/capacity.py). Both
-need every Node, so every Node is watched. A kopf index did this before, and at the seeds' scale it was the
-operator's first limit: kopf runs each event through a worker task per object, and 12,695 nodes writing their
-status once a minute (about 210 events a second, plus the initial listing of all of them) held the operator's
-one interpreter at a whole core, so that no handler ran for minutes. Here an event costs one JSON decode and
-one small summary (`status.summarize_node`): a list-then-watch as client-go's reflector does it, the list paged,
+need every Node, so every Node is watched. A kopf index did this before: kopf runs each event through a worker
+task per object, and every listed object through its start-up wait (operator/kopftoggles.py), which with
+12,695 nodes held the operator's one interpreter at a whole core, so that no handler ran for minutes. Here an
+event costs one JSON decode and one small summary (`status.summarize_node`), and the nodes are out of kopf's
+start-up wait altogether: a list-then-watch as client-go's reflector does it, the list paged,
 the watch resumed from the newest resourceVersion it saw (bookmarks included), a fresh list when that version
 has expired (410 Gone), a pause that grows after other errors, and a stream silent past its read timeout
 treated as broken (the API server sends a bookmark about every minute).
