@@ -459,18 +459,41 @@ def beside_absurd_jobs(
 
 def all_running(cluster: BenchCluster, namespace: str, count: int) -> bool:
     """Whether `count` TrainingJobs in `namespace` have their `Running` condition True."""
-    listed = custom_object(cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL))[
-        "items"
-    ]
-    running = [
-        job
-        for job in listed
-        if any(
-            condition.get("type") == "Running" and condition.get("status") == "True"
-            for condition in (job.get("status") or {}).get("conditions") or []
+    jobs = listed_jobs(cluster, namespace)
+    return len(jobs) - len(not_running(jobs)) >= count
+
+
+def listed_jobs(cluster: BenchCluster, namespace: str) -> list[dict[str, Any]]:
+    listing = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    return list(custom_object(listing)["items"])
+
+
+def not_running(jobs: list[dict[str, Any]]) -> dict[str, str]:
+    """The jobs whose `Running` condition is not True, each with its state and the reason it gives (pure)."""
+    found = {}
+    for job in jobs:
+        status = job.get("status") or {}
+        conditions: list[dict[str, Any]] = status.get("conditions") or []
+        running: dict[str, Any] = next((c for c in conditions if c.get("type") == "Running"), {})
+        if running.get("status") != "True":
+            why = f"{running.get('reason')}: {running.get('message')}" if running else "no Running condition"
+            found[str(job["metadata"]["name"])] = f"{status.get('state')} ({why})"
+    return found
+
+
+def wait_every_job_running(cluster: BenchCluster, namespace: str, count: int, timeout: float) -> None:
+    """Wait until `count` jobs say they run; a BenchError naming a few that do not, and why, after `timeout`."""
+    try:
+        wait_for(
+            lambda: all_running(cluster, namespace, count),
+            timeout,
+            interval=1.0,
+            message="every job's Running condition",
         )
-    ]
-    return len(running) >= count
+    except BenchError as error:
+        late = not_running(listed_jobs(cluster, namespace))
+        sample = "; ".join(f"{name}: {why}" for name, why in sorted(late.items())[:5])
+        raise BenchError(f"{error}: {len(late)} not Running, e.g. {sample}") from None
 
 
 def run(context: Any, quick: bool) -> BenchResult:
@@ -492,11 +515,13 @@ def run(context: Any, quick: bool) -> BenchResult:
             log(
                 f"{scale.jobs} jobs created in {time.monotonic() - started:.1f} s; waiting for their workers to run"
             )
-            to_running = wait_all_running(pods, scale, 600 if not quick else 180)
+            # A launcher beats from its pod's start: a worker that ran for a heartbeat timeout before its first
+            # beat is rightly judged silent (at 1,000 jobs the last workers run minutes after the first).
             heartbeats = HeartbeatSimulator(
                 cluster.new_api_client, namespace, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, scale.workers
             ).start()
             try:
+                to_running = wait_all_running(pods, scale, 600 if not quick else 180)
                 settle = 2 * HEARTBEAT_INTERVAL + 2 * (
                     cluster.operator.reconcile_interval if cluster.operator else 5
                 )
@@ -506,12 +531,7 @@ def run(context: Any, quick: bool) -> BenchResult:
                 )
                 time.sleep(settle)
                 # The window starts once every job says it trains: a late job's `Training` Event is no churn.
-                wait_for(
-                    lambda: all_running(cluster, namespace, len(jobs)),
-                    120,
-                    interval=1.0,
-                    message="every job's Running condition",
-                )
+                wait_every_job_running(cluster, namespace, len(jobs), 120)
                 rss_from = len(sampler.rss)
                 steady = steady_window(cluster, scale, namespace)
                 rss_steady = sampler.rss[rss_from:]

@@ -7,6 +7,7 @@ import json
 import secrets
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
@@ -337,6 +338,12 @@ class Kube:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get_or_none(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def list_job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        """The pods that carry the job's label, as the API server has them now."""
+        selector = urllib.parse.quote(f"{names.LABEL_JOB_NAME}={job_name}")
+        listing = self.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+        return list((listing or {}).get("items") or [])
 
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Kueue Workload (None: none, or Kueue's API is not served)."""

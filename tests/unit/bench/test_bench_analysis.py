@@ -328,3 +328,16 @@ def test_operator_log_problems_are_told_by_their_level() -> None:
         "2 x WARNING phalanx.operator.handlers: create failed: 403 Forbidden",
         "1 x ERROR kopf.objects: handler failed",
     ]
+
+
+def test_jobs_not_running_are_named_with_the_reason_they_give() -> None:
+    def job(name: str, state: str, *conditions: dict[str, str]) -> dict[str, object]:
+        return {"metadata": {"name": name}, "status": {"state": state, "conditions": list(conditions)}}
+
+    running = {"type": "Running", "status": "True", "reason": "Training", "message": "2 workers running"}
+    waiting = {"type": "Running", "status": "False", "reason": "BelowMinReplicas", "message": "0 of 2"}
+    jobs = [job("a", "Running", running), job("b", "Pending", waiting), job("c", "Pending")]
+    assert operator_scale.not_running(jobs) == {
+        "b": "Pending (BelowMinReplicas: 0 of 2)",
+        "c": "Pending (no Running condition)",
+    }

@@ -33,6 +33,8 @@ class FakeKube:
         self.job = job
         self.calls: list[tuple[str, str]] = []
         self.status_errors = list(status_errors or [])
+        self.listed: list[dict[str, Any]] | None = None
+        """The job's pods as the API server lists them (None: a test that expects no listing)."""
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         self.calls.append(("get", name))
@@ -72,6 +74,11 @@ class FakeKube:
         self.calls.append(("get-pod", name))
         return None
 
+    def list_job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        self.calls.append(("list-pods", job_name))
+        assert self.listed is not None, "the job's pods were listed, which this test did not expect"
+        return copy.deepcopy(self.listed)
+
 
 def _run(
     job: dict[str, Any],
@@ -83,6 +90,7 @@ def _run(
 ) -> None:
     reconciler = handlers.JobReconciler(kube, metrics or OperatorMetrics())  # type: ignore[arg-type]
     index = {("ml", "demo"): pods or []}
+    kube.listed = pods or []  # the API server agrees with the index
     logger = kopf.LocalObjectLogger(body=job, settings=kopf.OperatorSettings())
     reconciler.reconcile("ml", "demo", index, leases or {}, nodes or {}, logger)
 
@@ -1559,3 +1567,38 @@ def test_a_reconcile_thread_reads_the_indexes_while_kopf_changes_them() -> None:
         sys.setswitchinterval(switch)
         stop.set()
         churning.join()
+
+
+def test_a_gang_is_deleted_for_its_schedule_timeout_only_when_the_api_server_agrees(
+    make_job: Callable[..., Any], make_pod: Callable[..., Any]
+) -> None:
+    """The index lags (with 1,000 jobs started at once it did): a gang it still shows unbound past its timeout
+    may be bound and running. The pods are listed before the gang is deleted."""
+    long_ago = "2026-01-01T00:00:00Z"  # far past any schedule timeout
+    roles = [("demo-worker-0", "worker"), ("demo-worker-1", "worker"), ("demo-worker-2", "worker")]
+    roles.append(("demo-rdzv", "rendezvous"))
+    unbound = [
+        make_pod(name, role=role, node=None, phase="Pending", created=long_ago) for name, role in roles
+    ]
+    stale = [summarize_pod(pod) for pod in unbound]
+    running = [make_pod(name, role=role, created=long_ago) for name, role in roles]
+    index = {("ml", "demo"): stale}
+    nodes = {"node-a": [{"labels": {}, "ready": "True", "noExecute": []}]}
+
+    kube = FakeKube(make_job())
+    kube.listed = running
+    reconciler = handlers.JobReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    logger = kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings())
+    plan = reconciler.reconcile("ml", "demo", index, {}, nodes, logger)
+    assert ("list-pods", "demo") in kube.calls
+    assert not [call for call in kube.calls if call[0].startswith("delete")], kube.calls
+    assert plan is not None and not [event for event in plan.events if event.reason == "ScheduleTimeout"]
+
+    # The API server lists them unscheduled too: the gang goes, as its timeout says.
+    late = FakeKube(make_job())
+    late.listed = unbound
+    reconciler = handlers.JobReconciler(late, OperatorMetrics())  # type: ignore[arg-type]
+    reconciler.reconcile("ml", "demo", index, {}, nodes, logger)
+    deleted = sorted(call[1] for call in late.calls if call[0].startswith("delete"))
+    assert deleted, late.calls
+    assert ("event", "ScheduleTimeout") in late.calls
