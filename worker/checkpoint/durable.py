@@ -113,6 +113,11 @@ def commit(
     ``hashes`` gives size and sha256 of files the writer hashed while writing (and fsynced); any other
     file in the folder is hashed and fsynced here. If a complete checkpoint of that step already exists
     it wins and ``tmp`` is discarded.
+
+    The manifest is written into ``tmp`` before the rename, so a step folder appears with its manifest or
+    not at all: two writers of one step (a trainer's emergency save on SIGTERM beside its persister's save of
+    the same step) each took the other's folder, renamed in and not yet given its manifest, for a dead
+    writer's and removed it under the other's manifest write.
     """
     known = dict(hashes or {})
     files: dict[str, tuple[int, str]] = {}
@@ -126,19 +131,24 @@ def commit(
         else:
             fsync_path(entry)
             files[entry.name] = hash_file(entry)
+    manifest = layout.build_manifest(step, files, kind, {"created_unix": time.time(), **(extra or {})})
+    write_file_atomic(tmp / layout.MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
     os.chmod(tmp, DIR_MODE)
     fsync_path(tmp)
     final = tmp.parent / layout.step_dir_name(step)
-    if final.exists():
-        if (final / layout.MANIFEST_NAME).exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-            return final
-        # A folder renamed but never given its manifest: a writer died between the two steps.
+    if final.exists() and not (final / layout.MANIFEST_NAME).exists():
+        # A folder without its manifest: left by a writer of an older release that died between its rename and
+        # its manifest (this one renames a complete folder).
         shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        # Another writer's complete folder of this step came first (a folder is renamed only onto nothing).
+        if not (final / layout.MANIFEST_NAME).exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return final
     fsync_path(final.parent)
-    manifest = layout.build_manifest(step, files, kind, {"created_unix": time.time(), **(extra or {})})
-    write_file_atomic(final / layout.MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
     return final
 
 

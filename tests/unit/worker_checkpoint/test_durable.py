@@ -216,3 +216,32 @@ def test_each_restore_names_only_what_it_passed_over(workdir: Path) -> None:
     assert ckpt.last_restore is not None and ckpt.last_restore.source == "memory"
     assert ckpt.last_restore.skipped == ()
     ckpt.close()
+
+
+def test_a_step_folder_appears_with_its_manifest_and_two_writers_of_one_step_both_end_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's emergency save on SIGTERM and its persister may commit the same step at once. Each used to
+    take the other's folder, renamed in but not yet given its manifest, for a dead writer's and remove it
+    under the other's manifest write (`FileNotFoundError` in the save on SIGTERM)."""
+    real_rename = durable.os.rename
+    renamed: list[bool] = []
+
+    def other_writer_first(source: str | Path, target: str | Path) -> None:
+        # Whatever is renamed into place already carries its manifest.
+        renamed.append((Path(source) / layout.MANIFEST_NAME).exists())
+        if not renamed[1:]:
+            rival = durable.new_tmp_dir(tmp_path, 8)
+            (rival / "state.bin").write_bytes(b"same state")
+            durable.commit(rival, 8, "replicated")  # the other writer wins the race to the name
+        real_rename(source, target)
+
+    monkeypatch.setattr(durable.os, "rename", other_writer_first)
+    mine = durable.new_tmp_dir(tmp_path, 8)
+    (mine / "state.bin").write_bytes(b"same state")
+    final = durable.commit(mine, 8, "replicated")
+    assert final == tmp_path / "step-8"
+    assert all(renamed) and len(renamed) == 2
+    manifest, problem = durable.verify(final, 8)
+    assert problem is None and manifest is not None
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step-8"]
