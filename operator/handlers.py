@@ -22,7 +22,7 @@ import threading
 import time
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from phalanx.operator import (
     health,
     hubview,
     names,
+    nodeview,
     ownwrites,
     policy,
     queueing,
@@ -52,6 +53,7 @@ from phalanx.operator import (
     watchguard,
 )
 from phalanx.operator import status as observe
+from phalanx.operator.jobqueue import JobQueue
 from phalanx.operator.kube import ForeignObject, Kube
 from phalanx.operator.metrics import OperatorMetrics
 from phalanx.operator.reconcile import Event, Plan
@@ -120,13 +122,14 @@ class HeartbeatSignals:
 
 
 class HandlerThreads:
-    """The threads kopf runs sync handlers on, once the operator has started: an async handler hands its
-    blocking work (a reconcile) to them, so the bound on the operator's threads holds (None: the loop's own).
-    The periodic reconciles have threads of their own (`periodic`): a hundred jobs' ticks come due every few
-    seconds, and on kopf's threads they would queue ahead of the reconciles that events call for."""
+    """Where reconciles run, once the operator has started. Those that watch events ask for go through a queue
+    (`events`, operator/jobqueue.py) onto the threads kopf runs sync handlers on, so the bound on the operator's
+    threads holds and no handler waits for its reconcile. The periodic reconciles have threads of their own
+    (`periodic`): a hundred jobs' ticks come due every few seconds, and on kopf's threads they would queue ahead
+    of the reconciles that events call for."""
 
     def __init__(self, max_workers: int) -> None:
-        self.executor: Executor | None = None
+        self.events = JobQueue(max_workers)
         self.periodic = ThreadPoolExecutor(
             max_workers=max(1, max_workers // 4), thread_name_prefix="phalanx-periodic"
         )
@@ -706,6 +709,15 @@ def _deletes_a_late_gang(plan: Plan) -> bool:
     )
 
 
+def jobs_on_node(pods: Mapping[Any, Iterable[dict[str, Any]]], node: str) -> list[tuple[str, str]]:
+    """The jobs (namespace, name) with a pod bound to `node`, from a copy of the pod index."""
+    return [
+        key
+        for key, job_pods in pods.items()
+        if any((pod.get("spec") or {}).get("nodeName") == node for pod in job_pods)
+    ]
+
+
 def index_copy(index: Mapping[Any, Iterable[Any]]) -> dict[Any, list[Any]]:
     """A copy of a whole kopf index, for a reconcile thread to loop over (`live_read`)."""
 
@@ -896,16 +908,20 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, max_workers: int) -> No
         kopf_settings.watching.label_selectors[resource] = selector
 
 
-def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconciler: JobReconciler) -> None:
-    """Register every handler of the operator on `registry`."""
+def register(
+    registry: kopf.OperatorRegistry, settings: OperatorSettings, reconciler: JobReconciler
+) -> JobQueue:
+    """Register every handler of the operator on `registry`; returns the queue of the reconciles that watch events
+    ask for."""
 
     max_workers = settings.max_workers
     handler_threads = HandlerThreads(max_workers)
+    reconciler.metrics.reconcile_queue_depth.set_function(handler_threads.events.depth)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, max_workers)
-        handler_threads.executor = settings.execution.executor
+        handler_threads.events.executor = settings.execution.executor
 
     @kopf.on.cleanup(registry=registry)
     def stop_periodic(**_: Any) -> None:
@@ -980,10 +996,14 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         return entries
 
     wakeups = Wakeups(settings.reconcile_interval_seconds)
+    # What a node's change needs to reconcile the jobs on it, from outside any handler: kopf's indexes (live
+    # objects, the same for every handler) and each job's logger, as the last reconcile of the job had them.
+    reconciled: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}
 
     def run(
         name: str, namespace: str, logger: Any, watched: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
+        reconciled[(namespace, name)] = (logger, kwargs)
         plan = reconciler.reconcile(
             namespace,
             name,
@@ -998,9 +1018,10 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             watched=watched,
         )
         if plan is not None:
-            # The indexes in kwargs are live: the wake-up reconciles with what is observed then.
+            # The indexes in kwargs are live: the wake-up reconciles with what is observed then. It goes through
+            # the queue, so it holds no thread beyond the handler threads and joins a reconcile already waiting.
             wakeups.schedule(
-                (namespace, name), plan.wake_after, lambda: run(name, namespace, logger, **kwargs)
+                (namespace, name), plan.wake_after, lambda: queue_reconcile(name, namespace, logger, kwargs)
             )
 
     def ours(spec: kopf.Spec, **_: Any) -> bool:
@@ -1040,7 +1061,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         # A child changed (scheduled, running, finished): reconcile its job now rather than at the next tick.
         if type in ("MODIFIED", "DELETED"):
             kwargs.pop("name", None)  # the pod's name; the job's is its label
-            await reconcile_off_loop(labels[names.LABEL_JOB_NAME], namespaced(namespace), logger, kwargs)
+            queue_reconcile(labels[names.LABEL_JOB_NAME], namespaced(namespace), logger, kwargs)
 
     def watch_child(kind: str, group: str, version: str, plural: str) -> None:
         resource = (group, version, plural) if group else (version, plural)
@@ -1062,7 +1083,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             job_name = labels[names.LABEL_JOB_NAME]
             if type == "DELETED" and reconciler.kube.unverify(kind, namespace, name, job_name):
                 logger.info(f"{kind} {name} of job {job_name} was deleted; making it again")
-                await reconcile_off_loop(job_name, namespace, logger, kwargs)
+                queue_reconcile(job_name, namespace, logger, kwargs)
 
     for kind, (group, version, plural) in WATCHED_CHILDREN.items():
         watch_child(kind, group, version, plural)
@@ -1099,14 +1120,30 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
             changed = True
         # The first sight of a Lease (the operator's start-up listing) is left to the resume handlers.
         if changed and type is not None and job_name is not None:
-            await reconcile_off_loop(job_name, namespace, logger, kwargs)
+            queue_reconcile(job_name, namespace, logger, kwargs)
 
-    async def reconcile_off_loop(job_name: str, namespace: str, logger: Any, kwargs: dict[str, Any]) -> None:
-        """Reconcile the job from a heartbeat handler: the reconcile blocks, so it runs off the event loop, on
-        kopf's handler threads, as a sync handler would."""
-        await asyncio.get_running_loop().run_in_executor(
-            handler_threads.executor, functools.partial(run, job_name, namespace, logger, **kwargs)
-        )
+    def queue_reconcile(job_name: str, namespace: str, logger: Any, kwargs: dict[str, Any]) -> None:
+        """Queue a reconcile of the job from a watch handler, to run on kopf's handler threads; never waited for,
+        so the watched object's next event reaches its index at once (operator/jobqueue.py says why)."""
+        if not handler_threads.events.wake(
+            (namespace, job_name), functools.partial(run, job_name, namespace, logger, **kwargs)
+        ):
+            reconciler.metrics.reconciles_coalesced.inc()
+
+    def node_changed(node: str) -> None:
+        """A node turned NotReady, unreachable or tainted NoExecute, came back, or was deleted: reconcile the jobs
+        with pods on it now (on the node view's thread; the reconciles go through the queue)."""
+        known = dict(reconciled)
+        if not known:
+            return  # no job reconciled yet: the start-up (resume) reconciles look at every node
+        _, indexes = next(iter(known.values()))
+        for key in jobs_on_node(index_copy(indexes["phalanx_pods"]), node):
+            if key in known:
+                logger, kwargs = known[key]
+                queue_reconcile(key[1], key[0], logger, kwargs)
+
+    if isinstance(reconciler.nodes, nodeview.NodeView):
+        reconciler.nodes.on_change = node_changed
 
     hub_signals = HeartbeatSignals()
     # The settled hang verdict of each hub's last summary (touched on the event loop only).
@@ -1144,7 +1181,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         for pod, said in beatsummary.real_beats(hub.summary).items():
             changed = reconciler.health.observe((namespace, job_name), pod, said) or changed
         if changed and type is not None:
-            await reconcile_off_loop(job_name, namespace, logger, kwargs)
+            queue_reconcile(job_name, namespace, logger, kwargs)
 
     @kopf.on.event(
         "coordination.k8s.io",
@@ -1196,5 +1233,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, reconc
         namespace = namespaced(namespace)
         reconciler.forget(namespace, name, uid)
         wakeups.cancel((namespace, name))
+        reconciled.pop((namespace, name), None)
         reconciler.metrics.forget_job(namespace, name)
         reconciler.kube.forget(namespace, name)
+
+    return handler_threads.events

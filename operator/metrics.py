@@ -47,7 +47,12 @@ class OperatorMetrics:
         )
         self.reconciles_coalesced = Counter(
             "phalanx_reconciles_coalesced",
-            "Reconcile triggers dropped because a reconcile of the same job was already waiting to run.",
+            "Reconcile triggers dropped because a reconcile of the same job was already waiting to run (it covers them).",
+            registry=self.registry,
+        )
+        self.reconcile_queue_depth = Gauge(
+            "phalanx_reconcile_queue_depth",
+            "Jobs whose reconcile, asked for by a watch event, waits for a handler thread.",
             registry=self.registry,
         )
         self.quiet_ticks = Counter(

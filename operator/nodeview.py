@@ -73,6 +73,9 @@ class NodeView(Mapping[str, tuple[Summary, ...]]):
         """Watch events taken in (bookmarks not counted)."""
         self.lists = 0
         """Complete lists read: 1 at the start, 1 more for each expired resourceVersion."""
+        self.on_change: Callable[[str], None] | None = None
+        """Called on the watch's thread with a node's name when a watch event changes its health (`health`) or
+        deletes it: the jobs bound to it are looked at then, not at their next periodic reconcile."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.run, name="phalanx-node-view", daemon=True)
 
@@ -150,11 +153,33 @@ class NodeView(Mapping[str, tuple[Summary, ...]]):
             metadata = node.get("metadata") or {}
             if kind != "BOOKMARK":
                 self.events += 1
+                name = metadata["name"]
+                before = self._nodes.get(name)
                 if kind == "DELETED":
-                    self._nodes.pop(metadata["name"], None)
+                    self._nodes.pop(name, None)
+                    after = None
                 else:
-                    self._nodes[metadata["name"]] = (self._summarize(node),)
+                    after = self._nodes[name] = (self._summarize(node),)
+                if health(before) != health(after):
+                    self._changed(name)
             self._version = str(metadata.get("resourceVersion") or self._version)
+
+    def _changed(self, name: str) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(name)
+        except Exception:  # the view must go on; the jobs' periodic reconciles still see the node
+            LOGGER.exception("acting on node %s's change", name)
+
+
+def health(entry: tuple[Summary, ...] | None) -> tuple[Any, ...] | None:
+    """What of a node's summary a job acts on (Ready, NoExecute taints, a drill's crash); its heartbeat times,
+    labels and room change without concerning a running job. None: no such node."""
+    if not entry:
+        return None
+    summary = entry[0]
+    return (summary.get("ready"), tuple(summary.get("noExecute") or ()), summary.get("drillCrash"))
 
 
 def list_query(token: str | None) -> str:

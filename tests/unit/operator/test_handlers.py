@@ -406,7 +406,7 @@ def test_pod_summaries_keep_the_scheduling_gates_a_forming_gang_opens() -> None:
 def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..., Any]) -> None:
     registry = kopf.OperatorRegistry()
     kube = FakeKube(make_job())
-    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    queue = handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
     (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "pod_changed"]
     handled = handler.fn(
         name="demo-worker-0",
@@ -422,7 +422,57 @@ def test_a_pod_event_reconciles_the_job_named_by_its_label(make_job: Callable[..
         phalanx_hubs={},
     )
     asyncio.run(handled)
+    assert queue.join(30)
     assert ("get", "demo") in kube.calls and any(call[0] == "status" for call in kube.calls)
+
+
+@pytest.mark.parametrize("handler_id", ["pod_changed", "lease_changed"])
+def test_a_watch_handler_returns_before_the_reconcile_it_asked_for_runs(
+    make_job: Callable[..., Any], handler_id: str
+) -> None:
+    """kopf takes one object's events one at a time, index first: a pod or Lease handler that waited for its
+    job's reconcile held that object's index entry back for as long as the reconcile queued. With 1,000 jobs
+    started at once that was minutes, and running gangs were deleted as unplaced, live workers as silent."""
+    released = threading.Event()
+
+    class HeldKube(FakeKube):
+        def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+            assert released.wait(30)
+            return super().get_job(namespace, name)
+
+    registry = kopf.OperatorRegistry()
+    kube = HeldKube(make_job())
+    queue = handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == handler_id]
+    lease = _lease_body("demo-worker-0", "2026-01-01T12:00:00.1Z", phase="training", rank="0", step="1")
+    release_later = threading.Timer(5.0, released.set)
+    release_later.start()
+    try:
+        asyncio.run(
+            handler.fn(
+                name="demo-worker-0",
+                namespace="ml",
+                labels={"phalanx.dev/job-name": "demo"},
+                body=lease,
+                type="MODIFIED",
+                logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+                phalanx_pods={},
+                phalanx_pod_jobs={("ml", "demo-worker-0"): ["demo"]},
+                phalanx_leases={},
+                phalanx_job_histories={},
+                phalanx_waiting_gangs={},
+                phalanx_priorities={},
+                phalanx_hubs={},
+            )
+        )
+        # Returned while the reconcile it queued still waits for the job.
+        assert not released.is_set()
+        assert not any(call[0] == "status" for call in kube.calls)
+    finally:
+        released.set()
+        release_later.cancel()
+    assert queue.join(30)
+    assert any(call[0] == "status" for call in kube.calls)
 
 
 def test_the_job_is_read_under_its_lock(make_job: Callable[..., Any]) -> None:
@@ -461,7 +511,7 @@ def lease_events(
     reconciles of the job that the event caused."""
     registry = kopf.OperatorRegistry()
     kube = FakeKube(make_job())
-    handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    queue = handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
     (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == handler_id]
 
     def event(kind: str | None, body: dict[str, Any]) -> int:
@@ -483,6 +533,7 @@ def lease_events(
         # On kopf's event loop (the handler is async, so renewals never hop to a thread).
         assert inspect.iscoroutine(handled)
         asyncio.run(handled)
+        assert queue.join(30)
         return kube.calls.count(("get", "demo")) - before
 
     return event
@@ -1602,3 +1653,47 @@ def test_a_gang_is_deleted_for_its_schedule_timeout_only_when_the_api_server_agr
     deleted = sorted(call[1] for call in late.calls if call[0].startswith("delete"))
     assert deleted, late.calls
     assert ("event", "ScheduleTimeout") in late.calls
+
+
+def test_a_node_s_health_change_reconciles_the_jobs_bound_to_it_now(make_job: Callable[..., Any]) -> None:
+    """A node turning NotReady (or deleted) is acted on at once, not at its jobs' next periodic reconcile."""
+    from phalanx.operator import nodeview
+
+    reconciled: list[tuple[str, str]] = []
+
+    class RecordingReconciler(handlers.JobReconciler):
+        def reconcile(self, namespace: str, name: str, *args: Any, **kwargs: Any) -> Plan | None:
+            reconciled.append((namespace, name))
+            return None
+
+    kube = FakeKube(make_job())
+    reconciler = RecordingReconciler(kube, OperatorMetrics())  # type: ignore[arg-type]
+    view = nodeview.NodeView(lambda token: {}, lambda version: iter(()))
+    reconciler.nodes = view
+    registry = kopf.OperatorRegistry()
+    queue = handlers.register(registry, settings_from({}), reconciler)
+    assert view.on_change is not None
+    view.on_change("node-a")  # before any reconcile: the start-up reconciles cover every job
+    assert queue.join(10) and reconciled == []
+
+    def bound(name: str, node: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+
+    pods = {("ml", "demo"): [bound("demo-worker-0", "node-a")], ("ml", "other"): [bound("other-0", "node-b")]}
+    indexes = registry._indexing.get_all_handlers()
+    (tick,) = [h for h in registry._spawning.get_all_handlers() if h.id == "tick"]
+    for job in ("demo", "other"):
+        asyncio.run(
+            tick.fn(
+                name=job,
+                namespace="ml",
+                logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+                body=kube.job,
+                **{index.id: pods if index.id == "phalanx_pods" else {} for index in indexes},
+            )
+        )
+    reconciled.clear()
+    view.on_change("node-a")
+    assert queue.join(10) and reconciled == [("ml", "demo")]
+    view.on_change("node-c")
+    assert queue.join(10) and reconciled == [("ml", "demo")]

@@ -58,8 +58,9 @@ class ScriptedApi:
                 raise item
             yield item
 
-    def run(self) -> nodeview.NodeView:
+    def run(self, on_change: Any = None) -> nodeview.NodeView:
         view = nodeview.NodeView(self.list_page, self.watch_from, backoff=(0.0, 0.0))
+        view.on_change = on_change
         self.view = view
         view.run()
         return view
@@ -107,6 +108,47 @@ def test_events_change_the_view_and_the_next_watch_starts_after_the_newest_versi
     assert view["n1"][0]["ready"] == "False"
     assert view.get("n2") is None
     assert (view.events, view.lists) == (3, 1)
+
+
+def test_a_node_s_health_changing_or_its_deletion_is_told_its_heartbeat_labels_and_room_are_not() -> None:
+    def renewed(name: str, version: str, ready: str = "True") -> dict[str, Any]:
+        body = node(name, version, ready)
+        body["status"]["conditions"][0]["lastHeartbeatTime"] = f"2026-01-01T00:00:{version}Z"
+        body["metadata"]["labels"] = {"zone": "b"}
+        return body
+
+    tainted = node("n2", "15")
+    tainted["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}
+    told: list[str] = []
+    api = ScriptedApi(
+        lists=[page([node("n1", "5"), node("n2", "6")], "10")],
+        watches=[
+            [
+                event("MODIFIED", renewed("n1", "11")),
+                event("MODIFIED", renewed("n1", "12", ready="Unknown")),
+                event("MODIFIED", renewed("n1", "13", ready="Unknown")),
+                event("MODIFIED", renewed("n1", "14")),
+                event("MODIFIED", tainted),
+                event("DELETED", node("n2", "16")),
+                event("ADDED", node("n3", "17")),
+            ]
+        ],
+    )
+    api.run(told.append)
+    assert told == ["n1", "n1", "n2", "n2", "n3"]
+
+
+def test_a_failing_change_callback_leaves_the_view_watching() -> None:
+    def refuse(name: str) -> None:
+        raise RuntimeError("no")
+
+    api = ScriptedApi(
+        lists=[page([node("n1", "5")], "10")],
+        watches=[[event("MODIFIED", node("n1", "11", ready="False")), event("ADDED", node("n2", "12"))]],
+    )
+    view = api.run(refuse)
+    assert view["n1"][0]["ready"] == "False" and "n2" in view
+    assert api.watched_from == ["10", "12"]
 
 
 @pytest.mark.parametrize("expiry", ["error event", "410 answer"])
