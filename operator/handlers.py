@@ -996,14 +996,16 @@ def register(
         return entries
 
     wakeups = Wakeups(settings.reconcile_interval_seconds)
-    # What a node's change needs to reconcile the jobs on it, from outside any handler: kopf's indexes (live
-    # objects, the same for every handler) and each job's logger, as the last reconcile of the job had them.
-    reconciled: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}
+    # kopf's indexes (live objects, the same for every handler), for the reconciles a node's change asks for
+    # from outside any handler. Empty until a handler has run: kopf runs none before every index has taken in its
+    # first listing, and a reconcile from a half-filled pod index would make pods that exist again.
+    indexes: dict[str, Any] = {}
 
     def run(
         name: str, namespace: str, logger: Any, watched: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        reconciled[(namespace, name)] = (logger, kwargs)
+        if not indexes:
+            indexes.update({key: value for key, value in kwargs.items() if key.startswith("phalanx_")})
         plan = reconciler.reconcile(
             namespace,
             name,
@@ -1133,14 +1135,20 @@ def register(
     def node_changed(node: str) -> None:
         """A node turned NotReady, unreachable or tainted NoExecute, came back, or was deleted: reconcile the jobs
         with pods on it now (on the node view's thread; the reconciles go through the queue)."""
-        known = dict(reconciled)
-        if not known:
-            return  # no job reconciled yet: the start-up (resume) reconciles look at every node
-        _, indexes = next(iter(known.values()))
-        for key in jobs_on_node(index_copy(indexes["phalanx_pods"]), node):
-            if key in known:
-                logger, kwargs = known[key]
-                queue_reconcile(key[1], key[0], logger, kwargs)
+        if not indexes:
+            return  # before kopf's first handler: the start-up (resume) reconciles look at every node
+        for namespace, name in jobs_on_node(index_copy(indexes["phalanx_pods"]), node):
+            logger = kopf.LocalObjectLogger(
+                body=kopf.Body(
+                    {
+                        "apiVersion": api.API_VERSION,
+                        "kind": api.KIND,
+                        "metadata": {"namespace": namespace, "name": name},
+                    }
+                ),
+                settings=kopf.OperatorSettings(),
+            )
+            queue_reconcile(name, namespace, logger, indexes)
 
     if isinstance(reconciler.nodes, nodeview.NodeView):
         reconciler.nodes.on_change = node_changed
@@ -1233,7 +1241,6 @@ def register(
         namespace = namespaced(namespace)
         reconciler.forget(namespace, name, uid)
         wakeups.cancel((namespace, name))
-        reconciled.pop((namespace, name), None)
         reconciler.metrics.forget_job(namespace, name)
         reconciler.kube.forget(namespace, name)
 
