@@ -153,9 +153,12 @@ class HeartbeatSimulator(PacedRounds):
         self._created: set[str] = set()
         self._last: dict[str, float] = {}
         self.writes = 0
+        self._listed: dict[str, float] = {}
+        """When each pod was first listed Running: its first renewal's gap counts from then."""
         self.max_gap = 0.0
-        """Longest time between two renewals of one Lease (above the heartbeat timeout, the operator
-        rightly declares the pod dead: this process, not the operator, fell behind)."""
+        """Longest time a Running pod's Lease went unrenewed: between two renewals, or from the pod's first
+        listing as Running to its first renewal (above the heartbeat timeout, the operator rightly declares the
+        pod dead: this process, not the operator, fell behind)."""
 
     def _call(self, method: str, path: str) -> tuple[int, bytes]:
         return raw_call(self._api, method, path)
@@ -201,9 +204,15 @@ class HeartbeatSimulator(PacedRounds):
         with self._lock:
             self._created.add(uid)
             self.writes += 1
-            if uid in self._last:
-                self.max_gap = max(self.max_gap, now - self._last[uid])
+            since = self._last.get(uid, self._listed.get(uid))
+            if since is not None:
+                self.max_gap = max(self.max_gap, now - since)
             self._last[uid] = now
 
     def _round(self) -> None:
-        list(self._pool.map(self._beat, self._workers()))
+        workers = self._workers()
+        listed = time.monotonic()
+        with self._lock:
+            for pod in workers:
+                self._listed.setdefault(pod["metadata"]["uid"], listed)
+        list(self._pool.map(self._beat, workers))

@@ -587,7 +587,7 @@ def result(
         f"{scale.jobs} TrainingJobs x {scale.workers} workers (+ 1 rendezvous pod each) on simulated nodes; "
         f"this process renewed {scale.jobs * scale.workers} heartbeat Leases every {HEARTBEAT_INTERVAL} s "
         f"({heartbeats.writes} renewals, {heartbeats.failures} failed, {heartbeats.late_rounds} late rounds, "
-        f"longest gap between two renewals of one Lease {heartbeats.max_gap:.1f} s"
+        f"longest a Running pod's Lease went unrenewed {heartbeats.max_gap:.1f} s"
         + (
             "; above the heartbeat timeout, so some pods were rightly declared dead because this process "
             "fell behind)."

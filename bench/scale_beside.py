@@ -45,7 +45,8 @@ class BesideFigures:
     largest_status_bytes: int = 0
     """The largest status among the small jobs, as JSON."""
     heartbeat_gap: float = 0.0
-    """The longest gap between two renewals of one small job's Lease (this process falling behind, if large)."""
+    """The longest a small job's Running pod went without a renewal of its Lease (this process falling behind, if
+    large)."""
     leaders: list[str] = field(default_factory=list)
     """The operator pod that acted, at the start and at the end (two names: the leadership moved)."""
     operator_warnings: list[str] = field(default_factory=list)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 
@@ -341,3 +343,29 @@ def test_jobs_not_running_are_named_with_the_reason_they_give() -> None:
         "b": "Pending (BelowMinReplicas: 0 of 2)",
         "c": "Pending (no Running condition)",
     }
+
+
+def test_the_heartbeat_emulator_s_longest_gap_counts_a_lease_s_wait_for_its_first_renewal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pod whose first renewals fail went unrenewed from its first listing: that wait is a gap like any other
+    (left out, a pod silent past the timeout before its first beat read as the operator's false alarm)."""
+    from phalanx.bench import heartbeats
+
+    refusals = [True, True, False, False]
+
+    def write(api: object, namespace: str, name: str, body: object, known: bool) -> None:
+        if refusals.pop(0):
+            raise RuntimeError("503")
+
+    monkeypatch.setattr(heartbeats, "write_lease", write)
+    emulator = heartbeats.HeartbeatSimulator(lambda: None, "ns", 0.1, 30, 1, threads=1)
+    pod = {"metadata": {"uid": "u1", "name": "job-worker-0", "labels": {}}}
+    monkeypatch.setattr(emulator, "_workers", lambda: [pod])
+    for _ in range(3):
+        emulator._round()
+        time.sleep(0.2)
+    assert emulator.failures == 2 and emulator.writes == 1
+    assert emulator.max_gap >= 0.4
+    emulator._round()
+    assert emulator.writes == 2 and emulator.max_gap < 1.0
