@@ -113,6 +113,16 @@ groups:
         annotations:
           summary: Node {{ "{{ $labels.node }}" }} had {{ "{{ $value }}" }} training failures in {{ $rule.nodeFailureWindow }}.
           description: Failures keep landing on the same node. Cordon it and check its hardware.
+      - alert: PhalanxOperatorBacklogged
+        # Reconciles that pod and heartbeat events asked for waited for a thread at every look for the whole
+        # window: the operator acts on failures late. Its queue holds one entry per job at most: this counts jobs.
+        expr: phalanx_reconcile_queue_depth >= {{ $rule.backlogJobs }}
+        for: {{ $rule.backlogFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: Operator {{ "{{ $labels.pod }}" }} has had at least {{ $rule.backlogJobs }} jobs waiting for a reconcile for {{ $rule.backlogFor }}.
+          description: It acts on pod failures and heartbeats late. Give it more CPU (resources.limits.cpu); phalanx_reconcile_duration_seconds says what each reconcile costs.
 {{- end }}
 
 {{/* The Lease the operator's replicas compete for (leader election). */}}
