@@ -1137,6 +1137,7 @@ def register(
         with pods on it now (on the node view's thread; the reconciles go through the queue)."""
         if not indexes:
             return  # before kopf's first handler: the start-up (resume) reconciles look at every node
+        logger_settings = kopf.OperatorSettings()
         for namespace, name in jobs_on_node(index_copy(indexes["phalanx_pods"]), node):
             logger = kopf.LocalObjectLogger(
                 body=kopf.Body(
@@ -1146,7 +1147,7 @@ def register(
                         "metadata": {"namespace": namespace, "name": name},
                     }
                 ),
-                settings=kopf.OperatorSettings(),
+                settings=logger_settings,
             )
             queue_reconcile(name, namespace, logger, indexes)
 
