@@ -1035,7 +1035,9 @@ def register(
     @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, id="resumed", when=ours, registry=registry)
     def trainingjob_changed(name: str, namespace: str | None, logger: Any, **kwargs: Any) -> None:
         fence()  # kopf writes its own annotations after this handler: only the leader's may be written
-        run(name, namespaced(namespace), logger, **kwargs)
+        # Queued, as a child's event is: kopf takes the job's next event (and its entries in the job indexes)
+        # only after this handler returns. A reconcile that fails is logged; the job's tick tries again.
+        queue_reconcile(name, namespaced(namespace), logger, kwargs)
 
     def fence() -> None:
         check = getattr(reconciler.kube, "fence", None)  # (a test's stand-in for Kube may have none)
@@ -1232,7 +1234,7 @@ def register(
             reconciler.release_workload(workload)
             return
         kwargs.pop("name", None)  # the Workload's name; the job's is its owner's
-        run(job_name, namespace, logger, **kwargs)
+        queue_reconcile(job_name, namespace, logger, kwargs)
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="deleted", when=ours, registry=registry)
     def trainingjob_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:

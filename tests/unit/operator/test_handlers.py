@@ -475,6 +475,44 @@ def test_a_watch_handler_returns_before_the_reconcile_it_asked_for_runs(
     assert any(call[0] == "status" for call in kube.calls)
 
 
+def test_the_job_s_own_handler_returns_before_its_reconcile_runs(make_job: Callable[..., Any]) -> None:
+    """kopf takes the job's next event, and its entries in the job indexes (failure history, waiting gangs),
+    only after the create/update/resume handler returns: it queues the reconcile as a child's event does."""
+    released = threading.Event()
+
+    class HeldKube(FakeKube):
+        def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+            assert released.wait(30)
+            return super().get_job(namespace, name)
+
+    registry = kopf.OperatorRegistry()
+    kube = HeldKube(make_job())
+    queue = handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
+    (handler,) = [h for h in registry._changing.get_all_handlers() if h.id == "created"]
+    release_later = threading.Timer(5.0, released.set)
+    release_later.start()
+    try:
+        handler.fn(
+            name="demo",
+            namespace="ml",
+            logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
+            phalanx_pods={},
+            phalanx_leases={},
+            phalanx_job_histories={},
+            phalanx_waiting_gangs={},
+            phalanx_priorities={},
+            phalanx_hubs={},
+        )
+        assert not released.is_set()
+        assert not any(call[0] == "create" for call in kube.calls)
+    finally:
+        released.set()
+        release_later.cancel()
+    assert queue.join(30)
+    created = sorted(name for kind, name in kube.calls if kind == "create")
+    assert created == ["demo-rdzv", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
+
+
 def test_the_job_is_read_under_its_lock(make_job: Callable[..., Any]) -> None:
     """A reconcile queued behind another must plan from the status that one stored: reading the job before
     taking the lock once let a reconcile take the operator's own deletions for someone else's."""
