@@ -475,9 +475,13 @@ def test_a_watch_handler_returns_before_the_reconcile_it_asked_for_runs(
     assert any(call[0] == "status" for call in kube.calls)
 
 
-def test_the_job_s_own_handler_returns_before_its_reconcile_runs(make_job: Callable[..., Any]) -> None:
+@pytest.mark.parametrize("handler_id", ["created", "workload_changed"])
+def test_the_job_s_own_handler_and_its_workload_s_return_before_the_reconcile_runs(
+    make_job: Callable[..., Any], handler_id: str
+) -> None:
     """kopf takes the job's next event, and its entries in the job indexes (failure history, waiting gangs),
-    only after the create/update/resume handler returns: it queues the reconcile as a child's event does."""
+    only after the create/update/resume handler returns: it queues the reconcile as a child's event does; so
+    does the handler of the job's Kueue Workload."""
     released = threading.Event()
 
     class HeldKube(FakeKube):
@@ -488,12 +492,26 @@ def test_the_job_s_own_handler_returns_before_its_reconcile_runs(make_job: Calla
     registry = kopf.OperatorRegistry()
     kube = HeldKube(make_job())
     queue = handlers.register(registry, settings_from({}), handlers.JobReconciler(kube, OperatorMetrics()))  # type: ignore[arg-type]
-    (handler,) = [h for h in registry._changing.get_all_handlers() if h.id == "created"]
+    every = [*registry._changing.get_all_handlers(), *registry._watching.get_all_handlers()]
+    (handler,) = [h for h in every if h.id == handler_id]
+    workload = {
+        "metadata": {
+            "name": "demo-workload",
+            "ownerReferences": [
+                {"kind": api.KIND, "apiVersion": api.API_VERSION, "controller": True, "name": "demo"}
+            ],
+        }
+    }
+    asked = (
+        {"name": "demo"}
+        if handler_id == "created"
+        else {"name": "demo-workload", "body": workload, "type": "MODIFIED"}
+    )
     release_later = threading.Timer(5.0, released.set)
     release_later.start()
     try:
         handler.fn(
-            name="demo",
+            **asked,
             namespace="ml",
             logger=kopf.LocalObjectLogger(body=kube.job, settings=kopf.OperatorSettings()),
             phalanx_pods={},
