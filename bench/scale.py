@@ -87,9 +87,10 @@ DETECTION_BOUND = 3.0
 VERDICT_BOUND = 1.0
 HUB_HANG_WAIT = (
     "a hang verdict waits until every peer renewed its heartbeat after it (a peer that did not may be the frozen "
-    "culprit); the heartbeat hub publishes as soon as they have, so the wait is an interval plus the time the "
-    "emulated launchers take to send a round of every pod's beat (this one process sends all 520; see its rounds "
-    "longer than the interval) and the summary's trip to the operator"
+    "culprit); the heartbeat hub publishes as soon as they have, so the wait is up to an interval (each launcher "
+    "beats at a phase of its own) plus the summary's trip to the operator; the emulated launchers send all 520 "
+    "pods' beats from this one process, and a beat late for it (see its rounds longer than the interval) is late "
+    "for the verdict too"
 )
 """The operator acts on a launcher's news within the API's own p99 bound."""
 GANG_BOUND_SECONDS = 180.0

@@ -24,6 +24,7 @@ import contextlib
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -35,6 +36,11 @@ from phalanx.bench.heartbeats import PacedRounds, raw_call, write_lease
 from phalanx.worker import beathub, heartbeat
 
 STEPS_PER_BEAT = 10
+BEAT_SPREAD = 0.8
+"""Each launcher beats at a phase of its own within the first `BEAT_SPREAD` of every interval, as real launchers,
+each started on its own, do; the rest of the interval is the round's slack. A round that sent every pod's beat
+at once kept this one process busy for a second at 520 pods, so the last pods' beats trailed the first by that:
+a wait for every peer's next beat (a hang verdict's) measured this process's round, not the job's."""
 HANG_THRESHOLD = 5.0
 """The hang threshold the emulated launchers report (a real one's is adaptive: worker/trainerwatch.py)."""
 CONNECTING_THREADS = 64
@@ -93,6 +99,12 @@ def regroup(group: list[str], pods: list[EmulatedPod], replicas: int, silent: se
     return kept
 
 
+def beat_phase(pod: EmulatedPod, interval: float) -> float:
+    """Seconds into each round at which `pod`'s launcher beats: fixed per pod, spread evenly over the pods by a
+    hash of its uid (pure)."""
+    return (zlib.crc32(pod.uid.encode()) / 2**32) * BEAT_SPREAD * interval
+
+
 def beat_body(
     pod: EmulatedPod,
     namespace: str,
@@ -136,7 +148,8 @@ def beat_body(
 
 
 class EmulatedLaunchers(PacedRounds):
-    """Beats for every Running trainer pod of one job, every `interval`, in a thread.
+    """Beats for every Running trainer pod of one job, every `interval`, each at its own phase (`beat_phase`),
+    in a thread.
 
     `connect`: a store connection through the job's gate (None: no hub; every beat renews the pod's Lease)."""
 
@@ -346,13 +359,13 @@ class EmulatedLaunchers(PacedRounds):
             self._group_started = time.time()
         self._group = group
         self._step += STEPS_PER_BEAT
-        members, count = set(group), len(pods)
-        list(
-            self._pool.map(
-                self._beat,
-                pods,
-                [self._step] * count,
-                [self._group_started] * count,
-                [pod.uid in members for pod in pods],
+        members, started = set(group), time.monotonic()
+        sent = []
+        for pod in sorted(pods, key=lambda pod: beat_phase(pod, self.interval)):
+            if self._stop.wait(max(0.0, started + beat_phase(pod, self.interval) - time.monotonic())):
+                break
+            sent.append(
+                self._pool.submit(self._beat, pod, self._step, self._group_started, pod.uid in members)
             )
-        )
+        for beat in sent:
+            beat.result()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from phalanx import beatsummary, contract
@@ -55,6 +56,38 @@ def test_the_emulated_launchers_beat_for_running_workers_and_spares_only() -> No
     assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-big-worker-0"
     assert beatsummary.lease_summary(spare)["phase"] == "standby"
     assert "step" not in beatsummary.lease_summary(spare) or not beatsummary.lease_summary(spare)["step"]
+
+
+def test_each_emulated_launcher_beats_at_a_phase_of_its_own_as_real_launchers_do() -> None:
+    """A round that sent 520 beats at once kept the emulating process busy for a second, so the last pods' beats
+    trailed the first by that, and a wait for every peer's next beat measured the emulation, not the job."""
+    pods = scale_launchers.pods_of({"items": [_pod(f"big-worker-{i}", "worker", i) for i in range(512)]})
+    phases = [scale_launchers.beat_phase(pod, 2.0) for pod in pods]
+    assert phases == [scale_launchers.beat_phase(pod, 2.0) for pod in pods]  # the same every round
+    assert all(0 <= phase < scale_launchers.BEAT_SPREAD * 2.0 for phase in phases)
+    tenths = {int(phase / (scale_launchers.BEAT_SPREAD * 2.0) * 10) for phase in phases}
+    assert tenths == set(range(10))  # spread over the round, not bunched
+
+    class NoApi:
+        def close(self) -> None:
+            pass
+
+    launchers = scale_launchers.EmulatedLaunchers(NoApi, "ml", "big", interval=0.5, timeout=10, replicas=20)
+    launchers._listed = pods[:20]
+    sent: list[tuple[float, str]] = []
+    launchers._beat = lambda pod, *_: sent.append((time.monotonic(), pod.uid))  # type: ignore[method-assign]
+    started = time.monotonic()
+    try:
+        launchers._round()
+    finally:
+        launchers._pool.shutdown()
+        launchers._connections.shutdown()
+    by_uid = {pod.uid: pod for pod in pods}
+    assert len(sent) == 20
+    assert [uid for _, uid in sent] == sorted(
+        (uid for _, uid in sent), key=lambda uid: scale_launchers.beat_phase(by_uid[uid], 0.5)
+    )
+    assert all(at - started >= scale_launchers.beat_phase(by_uid[uid], 0.5) - 0.01 for at, uid in sent)
 
 
 def _figures(workers: int, hub: bool, leases: float, detection: list[float]) -> scale.SizeFigures:
