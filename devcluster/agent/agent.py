@@ -36,6 +36,9 @@ from phalanx.devcluster.agent.simulated import SimulatedPods
 log = logging.getLogger("phalanx.devcluster.agent")
 
 SHUTDOWN_GRACE = 10.0
+NODE_RETURN_SECONDS = 20.0
+"""Seconds a crashed node whose Node was deleted stays away before it registers again (a replacement machine's
+boot): long enough for a test to see what its deletion alone caused."""
 
 
 def retry_forever(action: Callable[[], Any], what: str, stop: threading.Event) -> Any:
@@ -204,7 +207,19 @@ class Agent:
 
     def _on_node(self, kind: str, node: dict[str, Any]) -> None:
         name = node["metadata"]["name"]
-        if name not in self.ctx.nodes or kind == "DELETED":
+        if name not in self.ctx.nodes:
+            return
+        if kind == "DELETED":
+            if self.ctx.heartbeats.is_crashed(name):
+                # A crashed machine's Node deleted, as a cloud's controller deletes one whose machine is gone: it
+                # stays away (a live node's would register again at its next status) until a machine of that
+                # name boots, then registers afresh, without the crash annotation, which brings it back.
+                log.warning(
+                    "crashed node %s was deleted; it registers again in %.0f s", name, NODE_RETURN_SECONDS
+                )
+                comes_back = threading.Timer(NODE_RETURN_SECONDS, self._register_again, args=(name,))
+                comes_back.daemon = True
+                comes_back.start()
             return
         crashed = (node["metadata"].get("annotations") or {}).get(CRASH_ANNOTATION, "").lower() == "true"
         if self.ctx.heartbeats.set_crashed(name, crashed):
@@ -223,6 +238,14 @@ class Agent:
                 for pod in self.pods.items():
                     if (pod.get("spec") or {}).get("nodeName") == name:
                         self.simulated.handle("MODIFIED", pod)
+
+    def _register_again(self, name: str) -> None:
+        if self.stop.is_set():
+            return
+        try:
+            with_retry(lambda: self.ctx.heartbeats.register_again(name), f"registration of {name}", self.stop)
+        except Exception as error:  # the agent goes on; the node stays away
+            log.warning("node %s not registered again: %s", name, error)
 
     def _on_service(self, kind: str, service: dict[str, Any]) -> None:
         self.dns.set_service(service, kind != "DELETED")

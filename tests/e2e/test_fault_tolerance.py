@@ -333,6 +333,42 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
     )
 
 
+def test_a_crashed_node_whose_node_is_deleted_is_handled_at_once(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """A cloud's controller deletes the Node of a machine that is gone: the node view's deletion wakes the job,
+    and the workers bound there are replaced at once, before the node would even have turned NotReady (8 s
+    here) and long before the heartbeat timeout."""
+    slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
+    operator_nodes = sorted({pod.spec.node_name for pod in operator.pods(cluster) if pod.spec.node_name})
+    for held in operator_nodes:
+        cluster.kubectl("cordon", held)
+    try:
+        cluster.apply(fault_job("gone", heartbeat=slow_heartbeat), namespace)
+        wait_for(lambda: live_step(cluster, namespace, "gone") >= 15, 240, message="step 15")
+        rendezvous = job_pods(cluster, namespace, "gone", "phalanx.dev/role=rendezvous")
+        victim = training_worker(
+            cluster, namespace, "gone", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
+        )
+        node = victim.spec.node_name
+        on_node = workers_on(cluster, namespace, "gone", node)
+        try:
+            # The machine dies, then its Node is deleted: the local cluster's agent keeps a crashed node's
+            # deleted Node away for 20 s (a live one's it would register again at its next status).
+            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+            cluster.kubectl("delete", "node", node, "--wait=false")
+            job = wait_succeeded(cluster, namespace, "gone", timeout=400)
+        finally:
+            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
+            cluster.wait_node_healthy(node)
+    finally:
+        for held in operator_nodes:
+            cluster.kubectl("uncordon", held, check=False)
+    incident = assert_recovered(job, victim.metadata.name, "NodeLost", pods_lost=on_node)
+    assert incident["node"] == node
+    assert f"its node {node} was deleted" in incident["message"], incident
+
+
 def test_a_job_whose_training_never_runs_fails_and_never_reports_success(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
