@@ -273,6 +273,15 @@ class EmulatedLaunchers(PacedRounds):
         training stopped advancing: `freeze`, else now) or a restart of its group (`restarted`: a training
         process died). Sent at once, and carried by its later beats as a launcher keeps saying it; returns the
         monotonic time it went out."""
+        # The pod as the launchers last listed it (a real launcher lists nothing: the time of a fresh listing of
+        # every pod of the job is this emulation's, not the report's); listed afresh only when it is not there.
+        with self._lock:
+            listed = self._listed or []
+        target = next((each for each in listed if each.uid == uid), None)
+        if target is None:
+            target = next((each for each in self._pods() if each.uid == uid), None)
+        if target is None:
+            raise RuntimeError(f"{pod} is not a Running trainer pod of the job")
         if fault:
             self.freeze(pod, uid)
         with self._lock:
@@ -286,9 +295,6 @@ class EmulatedLaunchers(PacedRounds):
             group, group_started, step = set(self._group), self._group_started, self._step
         # From here on every beat of the pod carries the news, a round's as well as this one.
         sent = time.monotonic()
-        target = next((each for each in self._pods() if each.uid == uid), None)
-        if target is None:
-            raise RuntimeError(f"{pod} is not a Running trainer pod of the job")
         self._beat(target, step, group_started, uid in group, urgent=True)
         return sent
 
