@@ -38,9 +38,10 @@ from phalanx.worker import beathub, heartbeat
 STEPS_PER_BEAT = 10
 BEAT_SPREAD = 0.8
 """Each launcher beats at a phase of its own within the first `BEAT_SPREAD` of every interval, as real launchers,
-each started on its own, do; the rest of the interval is the round's slack. A round that sent every pod's beat
-at once kept this one process busy for a second at 520 pods, so the last pods' beats trailed the first by that:
-a wait for every peer's next beat (a hang verdict's) measured this process's round, not the job's."""
+each started on its own, do; the rest of the interval is the round's slack. Rounds that sent every pod's beat at
+once had all peers renew within a moment of each other, so a wait for every peer's next beat (a hang verdict's)
+lasted until the next round, half an interval on average; with real launchers' phases some peer has always just
+beaten, and the wait is nearly a whole interval."""
 HANG_THRESHOLD = 5.0
 """The hang threshold the emulated launchers report (a real one's is adaptive: worker/trainerwatch.py)."""
 CONNECTING_THREADS = 64
