@@ -289,20 +289,29 @@ def stands_by(cluster: Cluster, namespace: str, pod: Any) -> bool:
     return observe.standing_by({"metadata": {"labels": pod.metadata.labels or {}}}, {"phase": phase})
 
 
-def crash_until_succeeded(cluster: Cluster, namespace: str, name: str, node: str) -> dict[str, Any]:
-    """Crash `node` (the node agent stops it, as a power loss would) until the job succeeds; bring it back."""
+def crash_until_succeeded(
+    cluster: Cluster, namespace: str, name: str, node: str, delete_node: bool = False
+) -> dict[str, Any]:
+    """Crash `node` (the node agent stops it, as a power loss would) until the job succeeds; bring it back. With
+    `delete_node` its Node is deleted too, as a cloud's controller deletes one whose machine is gone (the local
+    cluster's agent keeps a crashed node's deleted Node away for 20 s; a live one's it registers again at once)."""
     try:
         cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
+        if delete_node:
+            cluster.kubectl("delete", "node", node, "--wait=false")
         return wait_succeeded(cluster, namespace, name, timeout=400)
     finally:
         cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
         cluster.wait_node_healthy(node)
 
 
-@pytest.mark.compat
-@pytest.mark.long
-def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here) is what catches it.
+def crash_a_worker_s_node(
+    cluster: Cluster, operator: Operator, namespace: str, name: str, delete_node: bool = False
+) -> tuple[dict[str, Any], str, str, int]:
+    """Fault job `name` trained to step 15, then the node of a training worker crashed until the job succeeds
+    (`crash_until_succeeded`); returns the finished job, the struck worker, its node and how many of the job's
+    workers were on it (the spare may share the victim's node: the crash takes it too, replaced, not counted)."""
+    # A long heartbeat timeout, so the node's own signal (NotReady after 8 s here, or its deletion) catches it.
     slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
     # Only the worker's node: a crash of the operator's node is the operator-restart case, and of the
     # rendezvous pod's node the rendezvous-loss case, each tested on its own. The job is kept off the
@@ -311,20 +320,26 @@ def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, n
     for held in operator_nodes:
         cluster.kubectl("cordon", held)
     try:
-        cluster.apply(fault_job("crash", heartbeat=slow_heartbeat), namespace)
-        wait_for(lambda: live_step(cluster, namespace, "crash") >= 15, 240, message="step 15")
-        rendezvous = job_pods(cluster, namespace, "crash", "phalanx.dev/role=rendezvous")
+        cluster.apply(fault_job(name, heartbeat=slow_heartbeat), namespace)
+        wait_for(lambda: live_step(cluster, namespace, name) >= 15, 240, message="step 15")
+        rendezvous = job_pods(cluster, namespace, name, "phalanx.dev/role=rendezvous")
         victim = training_worker(
-            cluster, namespace, "crash", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
+            cluster, namespace, name, avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
         )
         node = victim.spec.node_name
-        # The spare may share the victim's node: the crash takes it too, and it is replaced, not counted.
-        on_node = workers_on(cluster, namespace, "crash", node)
-        job = crash_until_succeeded(cluster, namespace, "crash", node)
+        on_node = workers_on(cluster, namespace, name, node)
+        job = crash_until_succeeded(cluster, namespace, name, node, delete_node=delete_node)
     finally:
         for held in operator_nodes:
             cluster.kubectl("uncordon", held, check=False)
-    incident = assert_recovered(job, victim.metadata.name, "NodeLost", pods_lost=on_node)
+    return job, victim.metadata.name, node, on_node
+
+
+@pytest.mark.compat
+@pytest.mark.long
+def test_crashed_node_is_handled_at_once(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    job, victim, node, on_node = crash_a_worker_s_node(cluster, operator, namespace, "crash")
+    incident = assert_recovered(job, victim, "NodeLost", pods_lost=on_node)
     assert incident["node"] == node
     wait_for(
         lambda: all(p.spec.node_name != node for p in job_pods(cluster, namespace, "crash")),
@@ -339,32 +354,8 @@ def test_a_crashed_node_whose_node_is_deleted_is_handled_at_once(
     """A cloud's controller deletes the Node of a machine that is gone: the node view's deletion wakes the job,
     and the workers bound there are replaced at once, before the node would even have turned NotReady (8 s
     here) and long before the heartbeat timeout."""
-    slow_heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 30, "progressTimeoutSeconds": 60}
-    operator_nodes = sorted({pod.spec.node_name for pod in operator.pods(cluster) if pod.spec.node_name})
-    for held in operator_nodes:
-        cluster.kubectl("cordon", held)
-    try:
-        cluster.apply(fault_job("gone", heartbeat=slow_heartbeat), namespace)
-        wait_for(lambda: live_step(cluster, namespace, "gone") >= 15, 240, message="step 15")
-        rendezvous = job_pods(cluster, namespace, "gone", "phalanx.dev/role=rendezvous")
-        victim = training_worker(
-            cluster, namespace, "gone", avoid_nodes=frozenset(pod.spec.node_name for pod in rendezvous)
-        )
-        node = victim.spec.node_name
-        on_node = workers_on(cluster, namespace, "gone", node)
-        try:
-            # The machine dies, then its Node is deleted: the local cluster's agent keeps a crashed node's
-            # deleted Node away for 20 s (a live one's it would register again at its next status).
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash=true")
-            cluster.kubectl("delete", "node", node, "--wait=false")
-            job = wait_succeeded(cluster, namespace, "gone", timeout=400)
-        finally:
-            cluster.kubectl("annotate", "node", node, "phalanx.dev/crash-", check=False)
-            cluster.wait_node_healthy(node)
-    finally:
-        for held in operator_nodes:
-            cluster.kubectl("uncordon", held, check=False)
-    incident = assert_recovered(job, victim.metadata.name, "NodeLost", pods_lost=on_node)
+    job, victim, node, on_node = crash_a_worker_s_node(cluster, operator, namespace, "gone", delete_node=True)
+    incident = assert_recovered(job, victim, "NodeLost", pods_lost=on_node)
     assert incident["node"] == node
     assert f"its node {node} was deleted" in incident["message"], incident
 
