@@ -263,7 +263,8 @@ def test_jobs_applied_together_are_admitted_one_by_one(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
     """Three gangs in one `kubectl apply` with room for two (each worker takes 5 of a node's 8 CPUs, four
-    nodes): the last-ranked job is held with 0 pods until one ends, and no gang is ever left partly bound."""
+    nodes): the last-ranked job is held with 0 pods until two of the others' workers end, and no gang is ever
+    left partly bound."""
     jobs = [trainingjob(name, replicas=2, cpu="5", steps=150, step_delay=0.1) for name in ("a", "b", "c")]
     for job in jobs:
         job["spec"]["gang"] = {"scheduleTimeoutSeconds": 120}
@@ -294,21 +295,24 @@ def test_jobs_applied_together_are_admitted_one_by_one(
     def succeeded(name: str) -> bool:
         return (get_job(cluster, namespace, name).get("status") or {}).get("state") == "Succeeded"
 
-    def made_room(name: str) -> bool:
-        """Whether job `name` gave its room back: its trainers ended (the operator counts only live pods, so
-        this comes before its status says Succeeded) or it succeeded."""
-        live = [
-            pod
+    def live_trainers(name: str) -> int:
+        return sum(
+            pod.status.phase not in ("Succeeded", "Failed")
             for pod in job_pods(cluster, namespace, name, TRAINERS)
-            if pod.status.phase not in ("Succeeded", "Failed")
-        ]
-        return not live or succeeded(name)
+        )
+
+    def made_room() -> bool:
+        """Whether the two jobs gave back room for the held gang's two workers: each worker has a node of its
+        own, so two nodes are free once at most two of the others' workers still run, from one job or both (a
+        job's workers end moments apart: the first to end of each job together make the room). The operator
+        counts only live pods, so this comes before either job's status says Succeeded."""
+        return live_trainers(first) + live_trainers(second) <= 2
 
     def still_held() -> None:
-        """The held job has no pod, or got them only after one of the two made room. Its pods are read first:
-        room once made stays made, so reading the two jobs after sees whatever let the held one start."""
+        """The held job has no pod, or got them only after the two made room. Its pods are read first: room
+        once made stays made, so reading the two jobs after sees whatever let the held one start."""
         if job_pods(cluster, namespace, held, TRAINERS):
-            assert made_room(first) or made_room(second), f"{held} got pods while held"
+            assert made_room(), f"{held} got pods while held"
 
     def both_running() -> bool:
         watch_gangs()
@@ -319,7 +323,7 @@ def test_jobs_applied_together_are_admitted_one_by_one(
     held_job = get_job(cluster, namespace, held)
     gang = next(c for c in held_job["status"]["conditions"] if c["type"] == "GangScheduled")
     assert (gang["status"], gang["reason"]) == ("False", "InsufficientCapacity"), gang
-    # Held, with no pod, until one of the two ends; then it starts and trains to the end.
+    # Held, with no pod, until the two make room; then it starts and trains to the end.
     while not any(succeeded(name) for name in (first, second)):
         watch_gangs()
         still_held()
