@@ -368,8 +368,9 @@ class EmulatedLaunchers(PacedRounds):
         self._step += STEPS_PER_BEAT
         members, started = set(group), time.monotonic()
         sent = []
-        for pod in sorted(pods, key=lambda pod: beat_phase(pod, self.interval)):
-            if self._stop.wait(max(0.0, started + beat_phase(pod, self.interval) - time.monotonic())):
+        phased = sorted(((beat_phase(pod, self.interval), pod) for pod in pods), key=lambda each: each[0])
+        for phase, pod in phased:
+            if self._stop.wait(max(0.0, started + phase - time.monotonic())):
                 break
             sent.append(
                 self._pool.submit(self._beat, pod, self._step, self._group_started, pod.uid in members)

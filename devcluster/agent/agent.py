@@ -243,7 +243,8 @@ class Agent:
         if self.stop.is_set():
             return
         try:
-            with_retry(lambda: self.ctx.heartbeats.register_again(name), f"registration of {name}", self.stop)
+            spec = self.ctx.nodes[name]
+            with_retry(lambda: self.ctx.heartbeats.register_again(spec), f"registration of {name}", self.stop)
         except Exception as error:  # the agent goes on; the node stays away
             log.warning("node %s not registered again: %s", name, error)
 

@@ -255,9 +255,8 @@ class NodeHeartbeats:
             self._register_one(spec)
         log.info("registered %d nodes", len(self.specs))
 
-    def register_again(self, name: str) -> None:
-        """Register node `name` anew (its object was deleted): as a machine booting under that name would."""
-        spec = next(spec for spec in self.specs if spec.name == name)
+    def register_again(self, spec: NodeSpec) -> None:
+        """Register the node anew (its object was deleted): as a machine booting under that name would."""
         self._register_one(spec)
 
     def _register_one(self, spec: NodeSpec) -> None:
